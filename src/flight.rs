@@ -1,0 +1,161 @@
+//! In-process single flight: at most one leader per key per process.
+//!
+//! The map holds a `watch::Receiver` per running flight; the leader's task
+//! owns the `Sender` inside a [`FlightHandle`]. Waiters subscribe and wait for
+//! the state to leave `Running`. The handle's `Drop` covers a leader task that
+//! ends without an outcome (runtime shutdown): the flight is removed and
+//! waiters are told it was aborted, so the next call elects a new leader.
+
+#![allow(dead_code, reason = "the shared-store parts are wired in by the Redis store")]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::error::Error;
+use crate::key::CacheKey;
+use crate::store::memory::Stored;
+
+/// The observable state of one flight.
+#[derive(Debug)]
+pub(crate) enum FlightState<V> {
+    Running,
+    /// A stale copy may be served while the leader keeps refreshing.
+    Stale(Arc<Stored<V>>),
+    Done(Outcome<V>),
+}
+
+/// How a flight ended; cloned out to every waiter.
+#[derive(Debug)]
+pub(crate) enum Outcome<V> {
+    /// A value everyone may use. `stored` says whether it was also cached.
+    Value { entry: Arc<Stored<V>>, stored: bool },
+    /// Not shareable: only the initiating request may use the value, every
+    /// other waiter goes to the origin on its own.
+    Pass(Option<V>),
+    Failed(Error),
+}
+
+impl<V: Clone> Clone for Outcome<V> {
+    fn clone(&self) -> Self {
+        match self {
+            Outcome::Value { entry, stored } => Outcome::Value {
+                entry: Arc::clone(entry),
+                stored: *stored,
+            },
+            Outcome::Pass(v) => Outcome::Pass(v.clone()),
+            Outcome::Failed(e) => Outcome::Failed(e.clone()),
+        }
+    }
+}
+
+/// The running flights of one cache.
+///
+/// A std `Mutex` is right here: it is held only for a map operation, never
+/// across an `.await`, and never while notifying waiters.
+#[derive(Debug)]
+pub(crate) struct Flights<V> {
+    map: Mutex<HashMap<CacheKey, (u64, watch::Receiver<FlightState<V>>)>>,
+    next_id: AtomicU64,
+}
+
+/// Whether the caller leads a new flight or follows a running one.
+#[derive(Debug)]
+pub(crate) enum Role<V> {
+    Leader(FlightHandle<V>),
+    Follower(watch::Receiver<FlightState<V>>),
+}
+
+impl<V> Flights<V> {
+    pub(crate) fn new() -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    pub(crate) fn join_or_lead(self: &Arc<Self>, key: CacheKey) -> Role<V> {
+        // A poisoned map only means a panic elsewhere mid-insert; the map
+        // itself is still consistent, so keep using it.
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, rx)) = map.get(&key) {
+            return Role::Follower(rx.clone());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = watch::channel(FlightState::Running);
+        map.insert(key, (id, rx));
+        drop(map);
+        Role::Leader(FlightHandle {
+            flights: Arc::clone(self),
+            key,
+            id,
+            tx: Some(tx),
+        })
+    }
+
+    /// Whether a flight for `key` is running.
+    pub(crate) fn is_running(&self, key: &CacheKey) -> bool {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(key)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    fn remove(&self, key: &CacheKey, id: u64) {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.get(key).is_some_and(|(current, _)| *current == id) {
+            map.remove(key);
+        }
+    }
+}
+
+/// Held by the leader of one flight.
+#[derive(Debug)]
+pub(crate) struct FlightHandle<V> {
+    flights: Arc<Flights<V>>,
+    key: CacheKey,
+    id: u64,
+    tx: Option<watch::Sender<FlightState<V>>>,
+}
+
+impl<V> FlightHandle<V> {
+    pub(crate) fn subscribe(&self) -> Option<watch::Receiver<FlightState<V>>> {
+        self.tx.as_ref().map(watch::Sender::subscribe)
+    }
+
+    pub(crate) fn key(&self) -> CacheKey {
+        self.key
+    }
+
+    /// Let waiters take a stale copy now while the refresh goes on.
+    pub(crate) fn publish_stale(&self, entry: Arc<Stored<V>>) {
+        if let Some(tx) = &self.tx {
+            tx.send_replace(FlightState::Stale(entry));
+        }
+    }
+
+    /// End the flight. The caller must have filled the memory tier first:
+    /// a request arriving after removal looks there before leading anew.
+    pub(crate) fn complete(mut self, outcome: Outcome<V>) {
+        self.finish(outcome);
+    }
+
+    fn finish(&mut self, outcome: Outcome<V>) {
+        if let Some(tx) = self.tx.take() {
+            self.flights.remove(&self.key, self.id);
+            tx.send_replace(FlightState::Done(outcome));
+        }
+    }
+}
+
+impl<V> Drop for FlightHandle<V> {
+    fn drop(&mut self) {
+        self.finish(Outcome::Failed(Error::Aborted));
+    }
+}

@@ -1,0 +1,116 @@
+//! The named response future. A hit is `Ready` (no box, no await); a bypass
+//! wraps the inner future; only the miss path is boxed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use futures_util::future::BoxFuture;
+use http::{HeaderValue, Response};
+use pin_project_lite::pin_project;
+
+use crate::body::CacheBody;
+use crate::key::CacheKey;
+use crate::layer::LayerState;
+use crate::service::CACHE_STATUS;
+
+pin_project! {
+    /// Response future of [`CacheService`](crate::CacheService).
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        kind: Kind<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B, E> {
+        Ready { response: Option<Response<CacheBody<B>>> },
+        Bypass {
+            #[pin]
+            fut: F,
+            cache_status: Option<HeaderValue>,
+            invalidate: Option<(Arc<LayerState>, Vec<CacheKey>)>,
+        },
+        Boxed { fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>> },
+    }
+}
+
+impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Ready { .. } => "ready",
+            Kind::Bypass { .. } => "bypass",
+            Kind::Boxed { .. } => "boxed",
+        };
+        f.debug_struct("ResponseFuture").field("kind", &kind).finish()
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    pub(crate) fn ready(response: Response<CacheBody<B>>) -> Self {
+        Self {
+            kind: Kind::Ready {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn bypass(
+        fut: F,
+        cache_status: HeaderValue,
+        invalidate: Option<(Arc<LayerState>, Vec<CacheKey>)>,
+    ) -> Self {
+        Self {
+            kind: Kind::Bypass {
+                fut,
+                cache_status: Some(cache_status),
+                invalidate,
+            },
+        }
+    }
+
+    pub(crate) fn boxed(fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>) -> Self {
+        Self {
+            kind: Kind::Boxed { fut },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<CacheBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Ready { response } => match response.take() {
+                Some(r) => Poll::Ready(Ok(r)),
+                // Polled after completion: a contract violation by the caller.
+                None => Poll::Pending,
+            },
+            KindProj::Bypass {
+                fut,
+                cache_status,
+                invalidate,
+            } => {
+                let response = ready!(fut.poll(cx))?;
+                let (mut parts, body) = response.into_parts();
+                if let Some(v) = cache_status.take() {
+                    parts.headers.insert(CACHE_STATUS, v);
+                }
+                if let Some((state, keys)) = invalidate.take() {
+                    if parts.status.is_success() || parts.status.is_redirection() {
+                        for key in &keys {
+                            state.invalidate(key);
+                        }
+                    }
+                }
+                Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
+            }
+            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
+        }
+    }
+}

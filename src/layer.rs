@@ -1,0 +1,193 @@
+//! [`CacheLayer`]: configuration plus the shared state every route uses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use tower_layer::Layer;
+
+use crate::engine::{EngineConfig, Shared};
+use crate::entry::CachedResponse;
+use crate::error::BuildError;
+use crate::metrics::Stats;
+use crate::policy::ResponseRules;
+use crate::service::CacheService;
+
+/// HTTP-side settings.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpConfig {
+    pub(crate) max_body_bytes: usize,
+    pub(crate) rules: ResponseRules,
+    pub(crate) cache_name: String,
+    pub(crate) key_headers: Vec<HeaderName>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 * 1024 * 1024,
+            rules: ResponseRules::default(),
+            cache_name: "herdguard".to_owned(),
+            key_headers: Vec::new(),
+        }
+    }
+}
+
+/// What every clone of a layer, and every service it makes, shares.
+#[derive(Debug)]
+pub(crate) struct LayerState {
+    pub(crate) engine: Arc<Shared<CachedResponse>>,
+    pub(crate) http: HttpConfig,
+}
+
+/// A Tower layer that caches GET and HEAD responses and lets exactly one
+/// request per key compute a missing entry.
+///
+/// Clones share all state (entries, flights, counters), so one layer added to
+/// several routes coalesces across all of them.
+#[derive(Debug, Clone)]
+pub struct CacheLayer {
+    state: Arc<LayerState>,
+}
+
+impl CacheLayer {
+    /// A layer with the documented defaults: in-memory store of 256 MiB,
+    /// 8 MiB body limit, no default TTL, 30 s maximum wait.
+    pub fn new() -> Self {
+        Self::builder()
+            .build()
+            .unwrap_or_else(|_| unreachable!("the default configuration is valid"))
+    }
+
+    /// Configure a layer.
+    pub fn builder() -> CacheLayerBuilder {
+        CacheLayerBuilder {
+            engine: EngineConfig::default(),
+            http: HttpConfig::default(),
+        }
+    }
+
+    /// Counters since the layer was built, across all routes.
+    pub fn stats(&self) -> Stats {
+        self.state.engine.counters.snapshot()
+    }
+
+    /// Entries held in memory right now.
+    pub fn entry_count(&self) -> u64 {
+        self.state.engine.memory.entry_count()
+    }
+}
+
+impl Default for CacheLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for CacheLayer {
+    type Service = CacheService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CacheService::new(inner, Arc::clone(&self.state))
+    }
+}
+
+/// Builder for [`CacheLayer`]. Every wait and size has a bound by default.
+#[derive(Debug, Clone)]
+pub struct CacheLayerBuilder {
+    engine: EngineConfig,
+    http: HttpConfig,
+}
+
+impl CacheLayerBuilder {
+    /// Largest response body that is buffered and stored (default 8 MiB).
+    /// Larger responses stream through uncached and are never buffered whole.
+    #[must_use]
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.http.max_body_bytes = bytes;
+        self
+    }
+
+    /// Freshness for responses that carry none of s-maxage, max-age or
+    /// Expires (default: none, such responses are not stored). Applies only
+    /// to statuses that are cacheable by default (200, 404, 301, …).
+    #[must_use]
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.http.rules.default_ttl = Some(ttl);
+        self
+    }
+
+    /// The cache's name in `Cache-Status` (default `herdguard`). Must be a token.
+    #[must_use]
+    pub fn cache_name(mut self, name: impl Into<String>) -> Self {
+        self.http.cache_name = name.into();
+        self
+    }
+
+    /// Request headers whose values become part of the cache key.
+    #[must_use]
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.http.key_headers.push(name);
+        self
+    }
+
+    /// Total bytes the in-process store may hold (default 256 MiB).
+    #[must_use]
+    pub fn capacity_bytes(mut self, bytes: u64) -> Self {
+        self.engine.capacity_bytes = bytes;
+        self
+    }
+
+    /// Longest a request waits for another request's origin call (default
+    /// 30 s). After that it goes to the origin itself, uncached, under the
+    /// fallback cap.
+    #[must_use]
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.engine.max_wait = wait;
+        self
+    }
+
+    /// Longest an origin call (response and body) may take before waiters are
+    /// answered with 504 (default 60 s).
+    #[must_use]
+    pub fn origin_timeout(mut self, timeout: Duration) -> Self {
+        self.engine.origin_timeout = timeout;
+        self
+    }
+
+    /// How long an uncacheable verdict sends requests straight to the origin
+    /// instead of queueing them (default 5 s).
+    #[must_use]
+    pub fn pass_ttl(mut self, ttl: Duration) -> Self {
+        self.engine.pass_ttl = ttl;
+        self
+    }
+
+    /// Most concurrent origin calls by requests whose wait ran out (default 64).
+    #[must_use]
+    pub fn fallback_limit(mut self, limit: usize) -> Self {
+        self.engine.fallback_limit = limit;
+        self
+    }
+
+    /// Build the layer.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the cache name is not an RFC 9651 token.
+    pub fn build(self) -> Result<CacheLayer, BuildError> {
+        let name = &self.http.cache_name;
+        let first_ok = name.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'*');
+        let rest_ok = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
+        if !first_ok || !rest_ok {
+            return Err(BuildError::new(format!("cache name {name:?} is not a token")));
+        }
+        Ok(CacheLayer {
+            state: Arc::new(LayerState {
+                engine: Arc::new(Shared::new(self.engine)),
+                http: self.http,
+            }),
+        })
+    }
+}

@@ -1,0 +1,121 @@
+//! Metric names and recording, through the `metrics` facade, plus the plain
+//! counters behind [`Stats`].
+//!
+//! With no recorder installed the facade calls are a few atomic loads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How a request or lookup was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Source {
+    /// A fresh stored entry.
+    Hit,
+    /// A stale entry, served at once while one refresh runs in the background.
+    Stale,
+    /// Nothing usable was stored; this caller led the computation.
+    Miss,
+    /// Another caller's computation was shared with this one.
+    Coalesced,
+    /// The cache stood aside: the origin was called directly and nothing was
+    /// stored for this caller (uncacheable request or response, a wait that
+    /// ran out, or a response that must not be shared).
+    Bypass,
+}
+
+impl Source {
+    /// The label used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Hit => "hit",
+            Source::Stale => "stale",
+            Source::Miss => "miss",
+            Source::Coalesced => "coalesced",
+            Source::Bypass => "bypass",
+        }
+    }
+}
+
+/// Metric names, kept stable: dashboards depend on them.
+pub(crate) mod names {
+    pub(crate) const REQUESTS: &str = "herdguard_requests_total";
+    pub(crate) const ORIGIN_CALLS: &str = "herdguard_origin_calls_total";
+    pub(crate) const WAIT_SECONDS: &str = "herdguard_wait_seconds";
+    pub(crate) const ENTRY_BYTES: &str = "herdguard_entry_bytes";
+}
+
+/// A snapshot of one cache's counters since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Answers from a fresh stored entry.
+    pub hits: u64,
+    /// Answers from a stale entry.
+    pub stale: u64,
+    /// Answers that led a computation.
+    pub misses: u64,
+    /// Answers that shared another caller's computation.
+    pub coalesced: u64,
+    /// Answers that bypassed the cache.
+    pub bypasses: u64,
+    /// Computations (origin calls) started by the cache, leaders and fallbacks alike.
+    pub origin_calls: u64,
+    /// Answers that were an error (shared computation error, panic, timeout).
+    pub errors: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    hits: AtomicU64,
+    stale: AtomicU64,
+    misses: AtomicU64,
+    coalesced: AtomicU64,
+    bypasses: AtomicU64,
+    origin_calls: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn record(&self, source: Source) {
+        let c = match source {
+            Source::Hit => &self.hits,
+            Source::Stale => &self.stale,
+            Source::Miss => &self.misses,
+            Source::Coalesced => &self.coalesced,
+            Source::Bypass => &self.bypasses,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(names::REQUESTS, "outcome" => source.as_str()).increment(1);
+    }
+
+    pub(crate) fn record_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(names::REQUESTS, "outcome" => "error").increment(1);
+    }
+
+    pub(crate) fn origin_call(&self) {
+        self.origin_calls.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(names::ORIGIN_CALLS).increment(1);
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            hits: l(&self.hits),
+            stale: l(&self.stale),
+            misses: l(&self.misses),
+            coalesced: l(&self.coalesced),
+            bypasses: l(&self.bypasses),
+            origin_calls: l(&self.origin_calls),
+            errors: l(&self.errors),
+        }
+    }
+}
+
+pub(crate) fn record_wait(seconds: f64) {
+    metrics::histogram!(names::WAIT_SECONDS).record(seconds);
+}
+
+pub(crate) fn record_entry_bytes(bytes: usize) {
+    metrics::histogram!(names::ENTRY_BYTES).record(bytes as f64);
+}

@@ -1,0 +1,245 @@
+//! In-process store on moka: the embedded default, and the L1 tier in front of
+//! Redis.
+//!
+//! We use `moka::sync::Cache` rather than the future cache: its `get` needs no
+//! `.await`, so a hit is answered inside `Service::call` with a ready future and
+//! no boxed state machine. moka only evicts (by weight and by a generous
+//! wall-clock expiry); whether an entry is fresh or stale is decided here from
+//! tokio `Instant`s, so tests can pause time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moka::sync::Cache as MokaCache;
+use moka::Expiry;
+use tokio::time::Instant;
+
+use crate::entry::{EntryMeta, Value};
+use crate::key::CacheKey;
+
+/// One entry as held in memory, with its deadlines on the local clock.
+#[derive(Debug)]
+pub(crate) struct Stored<V> {
+    pub(crate) value: V,
+    pub(crate) meta: EntryMeta,
+    loaded_at: Instant,
+    age_at_load: Duration,
+    pub(crate) fresh_until: Instant,
+    /// The end of use from this tier: the stale grace, cut short by the L1
+    /// bound when a shared store is the source of truth.
+    pub(crate) usable_until: Instant,
+}
+
+impl<V> Stored<V> {
+    /// `fresh_left` and `usable_left` are measured from now.
+    pub(crate) fn new(
+        value: V,
+        meta: EntryMeta,
+        fresh_left: Duration,
+        usable_left: Duration,
+        age_at_load: Duration,
+    ) -> Self {
+        let now = Instant::now();
+        let usable_until = now + usable_left;
+        Self {
+            value,
+            meta,
+            loaded_at: now,
+            age_at_load,
+            fresh_until: (now + fresh_left).min(usable_until),
+            usable_until,
+        }
+    }
+
+    /// The entry's age now: its age when loaded plus local time since.
+    pub(crate) fn age(&self) -> Duration {
+        self.age_at_load + self.loaded_at.elapsed()
+    }
+
+    /// Seconds of freshness left (negative once stale), for `Cache-Status: ttl`.
+    pub(crate) fn ttl_secs(&self) -> i64 {
+        let now = Instant::now();
+        if now < self.fresh_until {
+            (self.fresh_until - now).as_secs() as i64
+        } else {
+            -((now - self.fresh_until).as_secs() as i64)
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Slot<V> {
+    Entry(Arc<Stored<V>>),
+    /// Hit-for-pass: the origin said this is uncacheable; do not queue behind it.
+    Pass { until: Instant },
+}
+
+impl<V> Clone for Slot<V> {
+    fn clone(&self) -> Self {
+        match self {
+            Slot::Entry(e) => Slot::Entry(Arc::clone(e)),
+            Slot::Pass { until } => Slot::Pass { until: *until },
+        }
+    }
+}
+
+impl<V> Slot<V> {
+    fn until(&self) -> Instant {
+        match self {
+            Slot::Entry(e) => e.usable_until,
+            Slot::Pass { until } => *until,
+        }
+    }
+}
+
+/// What the memory tier knows about a key right now.
+#[derive(Debug)]
+pub(crate) enum Probe<V> {
+    Fresh(Arc<Stored<V>>),
+    Stale(Arc<Stored<V>>),
+    Pass,
+    Miss,
+}
+
+struct SlotExpiry;
+
+impl<V> Expiry<CacheKey, Slot<V>> for SlotExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &CacheKey,
+        value: &Slot<V>,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(eviction_delay(value.until()))
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &CacheKey,
+        value: &Slot<V>,
+        _updated_at: std::time::Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(eviction_delay(value.until()))
+    }
+}
+
+/// Real-time eviction a little after the logical end, so paused test clocks
+/// and scheduling jitter never evict an entry that is still usable.
+fn eviction_delay(until: Instant) -> Duration {
+    until.saturating_duration_since(Instant::now()) + Duration::from_secs(1)
+}
+
+/// The byte-bounded in-process store.
+#[derive(Clone)]
+pub(crate) struct MemoryStore<V: Value> {
+    cache: MokaCache<CacheKey, Slot<V>>,
+}
+
+impl<V: Value> std::fmt::Debug for MemoryStore<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("entries", &self.cache.entry_count())
+            .field("weighted_bytes", &self.cache.weighted_size())
+            .finish()
+    }
+}
+
+impl<V: Value> MemoryStore<V> {
+    pub(crate) fn new(capacity_bytes: u64) -> Self {
+        let cache = MokaCache::builder()
+            .max_capacity(capacity_bytes)
+            .weigher(|_k: &CacheKey, slot: &Slot<V>| -> u32 {
+                let w = match slot {
+                    Slot::Entry(e) => e.value.weight() + 128,
+                    Slot::Pass { .. } => 64,
+                };
+                w.min(u32::MAX as usize) as u32
+            })
+            .expire_after(SlotExpiry)
+            .build();
+        Self { cache }
+    }
+
+    pub(crate) fn probe(&self, key: &CacheKey) -> Probe<V> {
+        let Some(slot) = self.cache.get(key) else {
+            return Probe::Miss;
+        };
+        let now = Instant::now();
+        match slot {
+            Slot::Entry(e) if now < e.fresh_until => Probe::Fresh(e),
+            Slot::Entry(e) if now < e.usable_until => Probe::Stale(e),
+            Slot::Pass { until } if now < until => Probe::Pass,
+            _ => Probe::Miss,
+        }
+    }
+
+    pub(crate) fn insert(&self, key: CacheKey, stored: Arc<Stored<V>>) {
+        self.cache.insert(key, Slot::Entry(stored));
+    }
+
+    pub(crate) fn insert_pass(&self, key: CacheKey, ttl: Duration) {
+        if !ttl.is_zero() {
+            self.cache.insert(
+                key,
+                Slot::Pass {
+                    until: Instant::now() + ttl,
+                },
+            );
+        }
+    }
+
+    pub(crate) fn remove(&self, key: &CacheKey) {
+        self.cache.invalidate(key);
+    }
+
+    pub(crate) fn entry_count(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.entry_count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn stored(fresh: u64, usable: u64) -> Arc<Stored<Bytes>> {
+        let meta = EntryMeta::now(Duration::from_secs(fresh), Duration::ZERO, 0);
+        Arc::new(Stored::new(
+            Bytes::from_static(b"v"),
+            meta,
+            Duration::from_secs(fresh),
+            Duration::from_secs(usable),
+            Duration::ZERO,
+        ))
+    }
+
+    /// An entry is fresh, then stale, then gone, by the paused tokio clock.
+    #[tokio::test(start_paused = true)]
+    async fn fresh_then_stale_then_miss() {
+        let store = MemoryStore::new(1 << 20);
+        let key = CacheKey::new("k");
+        store.insert(key, stored(5, 10));
+        assert!(matches!(store.probe(&key), Probe::Fresh(_)));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(matches!(store.probe(&key), Probe::Stale(_)));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(matches!(store.probe(&key), Probe::Miss));
+    }
+
+    /// The byte bound evicts: far more bytes than the capacity never stay resident.
+    #[tokio::test]
+    async fn byte_bound_is_enforced() {
+        let store: MemoryStore<Bytes> = MemoryStore::new(64 * 1024);
+        for i in 0..200u32 {
+            let meta = EntryMeta::now(Duration::from_secs(60), Duration::ZERO, 0);
+            let v = Bytes::from(vec![0u8; 4096]);
+            let s = Stored::new(v, meta, Duration::from_secs(60), Duration::from_secs(60), Duration::ZERO);
+            store.insert(CacheKey::new(i.to_le_bytes()), Arc::new(s));
+        }
+        store.cache.run_pending_tasks();
+        assert!(store.cache.weighted_size() <= 64 * 1024);
+        assert!(store.entry_count() < 200);
+    }
+}

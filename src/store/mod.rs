@@ -1,0 +1,4 @@
+//! Where entries live: [`memory`] is the embedded default and the L1 in front
+//! of a shared store.
+
+pub(crate) mod memory;
