@@ -36,7 +36,10 @@ async fn report(State(app): State<App>, Path(id): Path<String>) -> impl IntoResp
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
     (
-        [(header::CACHE_CONTROL, "max-age=5, stale-while-revalidate=30")],
+        [(
+            header::CACHE_CONTROL,
+            "max-age=5, stale-while-revalidate=30",
+        )],
         Json(json!({ "id": id, "origin_call": call, "generated_at_ms": generated_at_ms })),
     )
 }
@@ -58,7 +61,9 @@ async fn stats(State(app): State<App>) -> impl IntoResponse {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::var("HERDGUARD_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let delay_ms: u64 = match std::env::var("HERDGUARD_ORIGIN_DELAY_MS") {
-        Ok(v) => v.parse().map_err(|_| format!("HERDGUARD_ORIGIN_DELAY_MS must be a number, got {v:?}"))?,
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("HERDGUARD_ORIGIN_DELAY_MS must be a number, got {v:?}"))?,
         Err(_) => 200,
     };
     let cache = CacheLayer::new();

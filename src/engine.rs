@@ -68,7 +68,10 @@ impl<V, F: FnOnce() -> ComputeFuture<V>> Compute<V> for FnCompute<F> {
 /// The result of the miss path, for the caller to turn into an answer.
 #[derive(Debug)]
 pub(crate) enum Resolved<V> {
-    Value { entry: Arc<Stored<V>>, source: Source },
+    Value {
+        entry: Arc<Stored<V>>,
+        source: Source,
+    },
     /// Not shareable: `Some` only for the caller that led the computation.
     Pass(Option<V>),
     Failed(Error),
@@ -165,11 +168,7 @@ impl<V: Value> Shared<V> {
     }
 
     /// Start one background refresh of `key` unless a flight already runs.
-    pub(crate) fn refresh_in_background(
-        self: &Arc<Self>,
-        key: CacheKey,
-        compute: impl Compute<V>,
-    ) {
+    pub(crate) fn refresh_in_background(self: &Arc<Self>, key: CacheKey, compute: impl Compute<V>) {
         if self.flights.is_running(&key) {
             return;
         }
@@ -245,7 +244,12 @@ impl<V: Value> Shared<V> {
 
     /// Run a computation with the origin timeout, turning a panic into an error.
     pub(crate) async fn run_compute(&self, fut: ComputeFuture<V>) -> Result<Fill<V>, Error> {
-        match tokio::time::timeout(self.config.origin_timeout, AssertUnwindSafe(fut).catch_unwind()).await {
+        match tokio::time::timeout(
+            self.config.origin_timeout,
+            AssertUnwindSafe(fut).catch_unwind(),
+        )
+        .await
+        {
             Err(_) => Err(Error::OriginTimeout),
             Ok(Err(_panic)) => Err(Error::Panicked),
             Ok(Ok(Err(e))) => Err(Error::Compute(Arc::from(e))),
@@ -311,7 +315,11 @@ impl<V: Value> Shared<V> {
         if !initiator {
             metrics::record_wait(started.elapsed().as_secs_f64());
         }
-        let shared_source = if initiator { Source::Miss } else { Source::Coalesced };
+        let shared_source = if initiator {
+            Source::Miss
+        } else {
+            Source::Coalesced
+        };
         match waited {
             Err(_elapsed) => Resolved::WaitTimedOut,
             Ok(Err(error)) => Resolved::Failed(error),

@@ -5,7 +5,10 @@
 //! or an unknown version are a [`DecodeError`], which the engine treats as a
 //! miss and overwrites.
 
-#![allow(dead_code, reason = "the shared-store parts are wired in by the Redis store")]
+#![allow(
+    dead_code,
+    reason = "the shared-store parts are wired in by the Redis store"
+)]
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

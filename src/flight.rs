@@ -6,7 +6,10 @@
 //! ends without an outcome (runtime shutdown): the flight is removed and
 //! waiters are told it was aborted, so the next call elects a new leader.
 
-#![allow(dead_code, reason = "the shared-store parts are wired in by the Redis store")]
+#![allow(
+    dead_code,
+    reason = "the shared-store parts are wired in by the Redis store"
+)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +34,10 @@ pub(crate) enum FlightState<V> {
 #[derive(Debug)]
 pub(crate) enum Outcome<V> {
     /// A value everyone may use. `stored` says whether it was also cached.
-    Value { entry: Arc<Stored<V>>, stored: bool },
+    Value {
+        entry: Arc<Stored<V>>,
+        stored: bool,
+    },
     /// Not shareable: only the initiating request may use the value, every
     /// other waiter goes to the origin on its own.
     Pass(Option<V>),
@@ -57,9 +63,13 @@ impl<V: Clone> Clone for Outcome<V> {
 /// across an `.await`, and never while notifying waiters.
 #[derive(Debug)]
 pub(crate) struct Flights<V> {
-    map: Mutex<HashMap<CacheKey, (u64, watch::Receiver<FlightState<V>>)>>,
+    map: Mutex<HashMap<CacheKey, Running<V>>>,
     next_id: AtomicU64,
 }
+
+/// A running flight's id (so a finished leader never removes its successor)
+/// and the receiver new waiters clone.
+type Running<V> = (u64, watch::Receiver<FlightState<V>>);
 
 /// Whether the caller leads a new flight or follows a running one.
 #[derive(Debug)]
@@ -104,7 +114,10 @@ impl<V> Flights<V> {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     fn remove(&self, key: &CacheKey, id: u64) {

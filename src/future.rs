@@ -44,7 +44,9 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
             Kind::Bypass { .. } => "bypass",
             Kind::Boxed { .. } => "boxed",
         };
-        f.debug_struct("ResponseFuture").field("kind", &kind).finish()
+        f.debug_struct("ResponseFuture")
+            .field("kind", &kind)
+            .finish()
     }
 }
 

@@ -176,12 +176,17 @@ impl CacheLayerBuilder {
     /// [`BuildError`] when the cache name is not an RFC 9651 token.
     pub fn build(self) -> Result<CacheLayer, BuildError> {
         let name = &self.http.cache_name;
-        let first_ok = name.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'*');
+        let first_ok = name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'*');
         let rest_ok = name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
         if !first_ok || !rest_ok {
-            return Err(BuildError::new(format!("cache name {name:?} is not a token")));
+            return Err(BuildError::new(format!(
+                "cache name {name:?} is not a token"
+            )));
         }
         Ok(CacheLayer {
             state: Arc::new(LayerState {

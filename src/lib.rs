@@ -104,3 +104,8 @@ pub use key::CacheKey;
 pub use layer::{CacheLayer, CacheLayerBuilder};
 pub use metrics::{Source, Stats};
 pub use service::CacheService;
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -78,7 +78,11 @@ fn parse_delta(s: &str) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    Some(s.parse::<u64>().unwrap_or(MAX_DELTA_SECS).min(MAX_DELTA_SECS))
+    Some(
+        s.parse::<u64>()
+            .unwrap_or(MAX_DELTA_SECS)
+            .min(MAX_DELTA_SECS),
+    )
 }
 
 /// Whether a request may be answered from the cache.
@@ -122,7 +126,11 @@ pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestV
         .get_all(header::PRAGMA)
         .iter()
         .any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"));
-    if cc.no_store || cc.no_cache || cc.max_age == Some(0) || (pragma_no_cache && !headers.contains_key(header::CACHE_CONTROL)) {
+    if cc.no_store
+        || cc.no_cache
+        || cc.max_age == Some(0)
+        || (pragma_no_cache && !headers.contains_key(header::CACHE_CONTROL))
+    {
         return RequestVerdict::Bypass(Forward::Request);
     }
     RequestVerdict::Cacheable
@@ -130,7 +138,10 @@ pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestV
 
 /// Whether a method is unsafe, so a success must invalidate the target URI.
 pub(crate) fn invalidates(method: &Method) -> bool {
-    matches!(*method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE)
+    matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    )
 }
 
 /// What may be done with an origin response.
@@ -186,7 +197,10 @@ pub(crate) fn classify_response(
     if request_had_authorization && !(cc.public || cc.s_maxage.is_some() || cc.must_revalidate) {
         return ResponseVerdict::Pass("authorization");
     }
-    if status == StatusCode::PARTIAL_CONTENT || status.is_informational() || status == StatusCode::NOT_MODIFIED {
+    if status == StatusCode::PARTIAL_CONTENT
+        || status.is_informational()
+        || status == StatusCode::NOT_MODIFIED
+    {
         return ResponseVerdict::Pass("status");
     }
     if cc.no_cache {
@@ -239,7 +253,11 @@ fn freshness_lifetime(cc: &CacheControl, headers: &HeaderMap) -> Option<Duration
 }
 
 /// RFC 9111 §4.2.3.
-fn corrected_initial_age(headers: &HeaderMap, request_time: SystemTime, response_time: SystemTime) -> Duration {
+fn corrected_initial_age(
+    headers: &HeaderMap,
+    request_time: SystemTime,
+    response_time: SystemTime,
+) -> Duration {
     let age_value = headers
         .get(header::AGE)
         .and_then(|v| v.to_str().ok())
@@ -251,7 +269,9 @@ fn corrected_initial_age(headers: &HeaderMap, request_time: SystemTime, response
         .and_then(|d| http_date(d.as_bytes()))
         .and_then(|date| response_time.duration_since(date).ok())
         .unwrap_or(Duration::ZERO);
-    let response_delay = response_time.duration_since(request_time).unwrap_or(Duration::ZERO);
+    let response_delay = response_time
+        .duration_since(request_time)
+        .unwrap_or(Duration::ZERO);
     apparent_age.max(age_value + response_delay)
 }
 
@@ -261,7 +281,10 @@ fn http_date(bytes: &[u8]) -> Option<SystemTime> {
 
 /// RFC 9110 §15.1: statuses cacheable by default (heuristic freshness).
 fn heuristically_cacheable(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501)
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
 }
 
 /// The header names a response varies on; `None` for `Vary: *`.
@@ -294,27 +317,42 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
 
     fn classify(pairs: &[(&str, &str)], auth: bool) -> ResponseVerdict {
         let now = SystemTime::now();
-        classify_response(&ResponseRules::default(), auth, StatusCode::OK, &headers(pairs), now, now)
+        classify_response(
+            &ResponseRules::default(),
+            auth,
+            StatusCode::OK,
+            &headers(pairs),
+            now,
+            now,
+        )
     }
 
     /// s-maxage wins over max-age for a shared cache.
     #[test]
     fn s_maxage_wins() {
         let v = classify(&[("cache-control", "max-age=5, s-maxage=60")], false);
-        assert!(matches!(v, ResponseVerdict::Store { fresh_for, .. } if fresh_for == Duration::from_secs(60)));
+        assert!(
+            matches!(v, ResponseVerdict::Store { fresh_for, .. } if fresh_for == Duration::from_secs(60))
+        );
     }
 
     /// A duplicated max-age is treated as stale, not as the larger value.
     #[test]
     fn duplicate_max_age_is_zero() {
-        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=60"), ("cache-control", "max-age=5")]));
+        let cc = CacheControl::parse(&headers(&[
+            ("cache-control", "max-age=60"),
+            ("cache-control", "max-age=5"),
+        ]));
         assert_eq!(cc.max_age, Some(0));
     }
 
@@ -322,13 +360,21 @@ mod tests {
     #[test]
     fn age_header_is_subtracted() {
         let v = classify(&[("cache-control", "max-age=60"), ("age", "50")], false);
-        assert!(matches!(v, ResponseVerdict::Store { fresh_for, .. } if fresh_for == Duration::from_secs(10)));
+        assert!(
+            matches!(v, ResponseVerdict::Store { fresh_for, .. } if fresh_for == Duration::from_secs(10))
+        );
     }
 
     /// must-revalidate removes the stale grace.
     #[test]
     fn must_revalidate_forbids_stale() {
-        let v = classify(&[("cache-control", "max-age=5, stale-while-revalidate=30, must-revalidate")], false);
+        let v = classify(
+            &[(
+                "cache-control",
+                "max-age=5, stale-while-revalidate=30, must-revalidate",
+            )],
+            false,
+        );
         assert!(matches!(v, ResponseVerdict::Store { stale_for, .. } if stale_for.is_zero()));
     }
 
@@ -339,14 +385,19 @@ mod tests {
         let d = httpdate::fmt_http_date(date);
         let e = httpdate::fmt_http_date(date + Duration::from_secs(120));
         let v = classify(&[("date", &d), ("expires", &e)], false);
-        assert!(matches!(v, ResponseVerdict::Store { fresh_for, .. } if fresh_for >= Duration::from_secs(119)));
+        assert!(
+            matches!(v, ResponseVerdict::Store { fresh_for, .. } if fresh_for >= Duration::from_secs(119))
+        );
         assert_eq!(classify(&[("expires", "0")], false), ResponseVerdict::Share);
     }
 
     /// Huge max-age values saturate instead of overflowing.
     #[test]
     fn huge_max_age_saturates() {
-        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=99999999999999999999999")]));
+        let cc = CacheControl::parse(&headers(&[(
+            "cache-control",
+            "max-age=99999999999999999999999",
+        )]));
         assert_eq!(cc.max_age, Some(MAX_DELTA_SECS));
     }
 
@@ -354,6 +405,11 @@ mod tests {
     #[test]
     fn unreadable_vary_is_star() {
         assert_eq!(vary_names(&headers(&[("vary", "accept, bad name")])), None);
-        assert_eq!(vary_names(&headers(&[("vary", "Accept, accept")])).unwrap().len(), 1);
+        assert_eq!(
+            vary_names(&headers(&[("vary", "Accept, accept")]))
+                .unwrap()
+                .len(),
+            1
+        );
     }
 }

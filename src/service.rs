@@ -103,7 +103,8 @@ where
             }
             Probe::Stale(entry) if entry.value.vary_matches(req.headers()) => {
                 state.engine.counters.record(Source::Stale);
-                let refresh = OriginCall::new(inner, refresh_request(&req), Arc::clone(state), None);
+                let refresh =
+                    OriginCall::new(inner, refresh_request(&req), Arc::clone(state), None);
                 state.engine.refresh_in_background(key, refresh);
                 ResponseFuture::ready(state.respond(&entry, head, Source::Stale))
             }
@@ -117,7 +118,9 @@ where
                 let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
                 ResponseFuture::bypass(inner.call(req), status, None)
             }
-            Probe::Miss => ResponseFuture::boxed(Box::pin(miss(Arc::clone(state), key, head, inner, req))),
+            Probe::Miss => {
+                ResponseFuture::boxed(Box::pin(miss(Arc::clone(state), key, head, inner, req)))
+            }
         }
     }
 }
@@ -174,11 +177,20 @@ where
                 response.headers_mut().insert(CACHE_STATUS, status);
                 return Ok(response);
             }
-            direct(&state, compute, state.status_fwd(Forward::UriMiss, Some("uncacheable"))).await
+            direct(
+                &state,
+                compute,
+                state.status_fwd(Forward::UriMiss, Some("uncacheable")),
+            )
+            .await
         }
         Resolved::Failed(error) => {
             // The inner service's own error goes back to the caller that made it.
-            if let Some(e) = error_slot.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            if let Some(e) = error_slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
                 counters.record_error();
                 return Err(e);
             }
@@ -190,7 +202,12 @@ where
                 counters.record_error();
                 return Ok(state.error_response(&Error::Overloaded));
             };
-            direct(&state, compute, state.status_fwd(Forward::UriMiss, Some("wait-timeout"))).await
+            direct(
+                &state,
+                compute,
+                state.status_fwd(Forward::UriMiss, Some("wait-timeout")),
+            )
+            .await
         }
     }
 }
@@ -247,7 +264,12 @@ struct OriginCall<S, ReqB, ResB, E> {
 }
 
 impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
-    fn new(inner: S, req: Request<ReqB>, state: Arc<LayerState>, initiator: Option<Initiator<ResB, E>>) -> Self {
+    fn new(
+        inner: S,
+        req: Request<ReqB>,
+        state: Arc<LayerState>,
+        initiator: Option<Initiator<ResB, E>>,
+    ) -> Self {
         Self {
             inner,
             req,
@@ -355,7 +377,9 @@ where
         while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             let frame = frame.map_err(Into::into)?;
             // Trailers are not stored; the data is.
-            let Ok(data) = frame.into_data() else { continue };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
             total += data.len();
             chunks.push_back(data);
             if total > limit {
@@ -465,7 +489,10 @@ impl LayerState {
 
     /// The entries an unsafe request to this URI invalidates.
     pub(crate) fn keys_for_uri_of<B>(&self, req: &Request<B>) -> Vec<CacheKey> {
-        vec![self.key_with_auth(req, false), self.key_with_auth(req, true)]
+        vec![
+            self.key_with_auth(req, false),
+            self.key_with_auth(req, true),
+        ]
     }
 
     pub(crate) fn invalidate(&self, key: &CacheKey) {
@@ -486,11 +513,18 @@ impl LayerState {
     }
 
     /// A response built from a stored (or shared) entry.
-    pub(crate) fn respond<B>(&self, entry: &Stored<CachedResponse>, head: bool, source: Source) -> Response<CacheBody<B>> {
+    pub(crate) fn respond<B>(
+        &self,
+        entry: &Stored<CachedResponse>,
+        head: bool,
+        source: Source,
+    ) -> Response<CacheBody<B>> {
         let value = &entry.value;
         let status = match source {
             Source::Hit => self.status(format_args!("hit; ttl={}", entry.ttl_secs())),
-            Source::Stale => self.status(format_args!("hit; ttl={}; detail=stale", entry.ttl_secs())),
+            Source::Stale => {
+                self.status(format_args!("hit; ttl={}; detail=stale", entry.ttl_secs()))
+            }
             Source::Miss => self.status(format_args!(
                 "fwd=uri-miss; fwd-status={}; stored; ttl={}",
                 value.status.as_u16(),
@@ -500,11 +534,17 @@ impl LayerState {
                 "fwd=uri-miss; fwd-status={}; collapsed",
                 value.status.as_u16()
             )),
-            Source::Bypass => self.status(format_args!("fwd=uri-miss; fwd-status={}", value.status.as_u16())),
+            Source::Bypass => self.status(format_args!(
+                "fwd=uri-miss; fwd-status={}",
+                value.status.as_u16()
+            )),
         };
         let stored = !entry.meta.fresh_for.is_zero() || !entry.meta.stale_for.is_zero();
         let status = if source == Source::Miss && !stored {
-            self.status(format_args!("fwd=uri-miss; fwd-status={}", value.status.as_u16()))
+            self.status(format_args!(
+                "fwd=uri-miss; fwd-status={}",
+                value.status.as_u16()
+            ))
         } else {
             status
         };
@@ -521,7 +561,13 @@ impl LayerState {
         self.build(&value, head, status, None)
     }
 
-    fn build<B>(&self, value: &CachedResponse, head: bool, status: HeaderValue, age: Option<u64>) -> Response<CacheBody<B>> {
+    fn build<B>(
+        &self,
+        value: &CachedResponse,
+        head: bool,
+        status: HeaderValue,
+        age: Option<u64>,
+    ) -> Response<CacheBody<B>> {
         let body = if head {
             CacheBody::empty()
         } else {

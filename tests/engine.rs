@@ -45,10 +45,22 @@ async fn burst(
 async fn cold_burst_computes_once() {
     let cache: Cache<String> = Cache::builder().build();
     let calls = Arc::new(AtomicUsize::new(0));
-    let results = burst(&cache, CacheKey::new("cold"), 1000, &calls, Duration::from_millis(50)).await;
+    let results = burst(
+        &cache,
+        CacheKey::new("cold"),
+        1000,
+        &calls,
+        Duration::from_millis(50),
+    )
+    .await;
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert!(results.iter().all(|r| r.as_ref().unwrap().value == "value-1"));
-    let misses = results.iter().filter(|r| r.as_ref().unwrap().source == Source::Miss).count();
+    assert!(results
+        .iter()
+        .all(|r| r.as_ref().unwrap().value == "value-1"));
+    let misses = results
+        .iter()
+        .filter(|r| r.as_ref().unwrap().source == Source::Miss)
+        .count();
     assert_eq!(misses, 1, "exactly one caller led");
 }
 
@@ -63,13 +75,21 @@ async fn stale_burst_refreshes_once_without_waiting() {
 
     let start = tokio::time::Instant::now();
     let results = burst(&cache, key, 500, &calls, Duration::from_millis(200)).await;
-    assert_eq!(start.elapsed(), Duration::ZERO, "no caller waited for the origin");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "no caller waited for the origin"
+    );
     assert!(results.iter().all(|r| {
         let l = r.as_ref().unwrap();
         l.source == Source::Stale && l.value == "value-1"
     }));
     tokio::time::sleep(Duration::from_millis(250)).await; // let the refresh land
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "one initial fill + exactly one refresh");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "one initial fill + exactly one refresh"
+    );
     let after = burst(&cache, key, 1, &calls, Duration::ZERO).await;
     let l = after[0].as_ref().unwrap();
     assert_eq!((l.source, l.value.as_str()), (Source::Hit, "value-2"));
@@ -130,7 +150,9 @@ async fn panic_fails_waiters_and_next_call_recovers() {
     }
     assert_eq!(cache.flights_running(), 0, "the panicked flight is gone");
     let ok = cache
-        .get_or_compute(&key, fresh(5, 0), || async { Ok::<_, std::io::Error>("fine".to_string()) })
+        .get_or_compute(&key, fresh(5, 0), || async {
+            Ok::<_, std::io::Error>("fine".to_string())
+        })
         .await
         .unwrap();
     assert_eq!((ok.source, ok.value.as_str()), (Source::Miss, "fine"));
@@ -161,13 +183,16 @@ async fn dropped_leader_still_completes_for_waiters() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(results
         .iter()
-        .all(|r| r.as_ref().unwrap().value == "from-leader" && r.as_ref().unwrap().source == Source::Coalesced));
+        .all(|r| r.as_ref().unwrap().value == "from-leader"
+            && r.as_ref().unwrap().source == Source::Coalesced));
 }
 
 /// A waiter gives up after `max_wait` and computes on its own, uncached.
 #[tokio::test(start_paused = true)]
 async fn wait_is_bounded() {
-    let cache: Cache<String> = Cache::builder().max_wait(Duration::from_millis(500)).build();
+    let cache: Cache<String> = Cache::builder()
+        .max_wait(Duration::from_millis(500))
+        .build();
     let key = CacheKey::new("slow");
     let slow = {
         let cache = cache.clone();
@@ -183,7 +208,9 @@ async fn wait_is_bounded() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     let start = tokio::time::Instant::now();
     let own = cache
-        .get_or_compute(&key, fresh(5, 0), || async { Ok::<_, std::io::Error>("own".to_string()) })
+        .get_or_compute(&key, fresh(5, 0), || async {
+            Ok::<_, std::io::Error>("own".to_string())
+        })
         .await
         .unwrap();
     assert_eq!((own.source, own.value.as_str()), (Source::Bypass, "own"));
@@ -194,7 +221,9 @@ async fn wait_is_bounded() {
 /// A computation longer than the origin timeout fails every waiter with `OriginTimeout`.
 #[tokio::test(start_paused = true)]
 async fn origin_timeout_bounds_the_leader() {
-    let cache: Cache<String> = Cache::builder().origin_timeout(Duration::from_secs(2)).build();
+    let cache: Cache<String> = Cache::builder()
+        .origin_timeout(Duration::from_secs(2))
+        .build();
     let r = cache
         .get_or_compute(&CacheKey::new("hang"), fresh(5, 0), || async {
             std::future::pending::<Result<String, std::io::Error>>().await

@@ -58,11 +58,14 @@ impl<V> Stored<V> {
 
     /// Seconds of freshness left (negative once stale), for `Cache-Status: ttl`.
     pub(crate) fn ttl_secs(&self) -> i64 {
+        // Rounded to the nearest second: the response delay trims a few
+        // milliseconds off the lifetime, which should not show as a whole second.
+        let round = |d: Duration| ((d.as_millis() + 500) / 1000) as i64;
         let now = Instant::now();
         if now < self.fresh_until {
-            (self.fresh_until - now).as_secs() as i64
+            round(self.fresh_until - now)
         } else {
-            -((now - self.fresh_until).as_secs() as i64)
+            -round(now - self.fresh_until)
         }
     }
 }
@@ -71,7 +74,9 @@ impl<V> Stored<V> {
 pub(crate) enum Slot<V> {
     Entry(Arc<Stored<V>>),
     /// Hit-for-pass: the origin said this is uncacheable; do not queue behind it.
-    Pass { until: Instant },
+    Pass {
+        until: Instant,
+    },
 }
 
 impl<V> Clone for Slot<V> {
@@ -235,7 +240,13 @@ mod tests {
         for i in 0..200u32 {
             let meta = EntryMeta::now(Duration::from_secs(60), Duration::ZERO, 0);
             let v = Bytes::from(vec![0u8; 4096]);
-            let s = Stored::new(v, meta, Duration::from_secs(60), Duration::from_secs(60), Duration::ZERO);
+            let s = Stored::new(
+                v,
+                meta,
+                Duration::from_secs(60),
+                Duration::from_secs(60),
+                Duration::ZERO,
+            );
             store.insert(CacheKey::new(i.to_le_bytes()), Arc::new(s));
         }
         store.cache.run_pending_tasks();
