@@ -23,12 +23,15 @@ use futures_util::FutureExt;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
-use crate::entry::{EntryMeta, Value};
-use crate::error::{BoxError, Error};
+use crate::entry::{decode_entry, encode_entry, EntryMeta, Value};
+use crate::error::{BoxError, BuildError, Error};
 use crate::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use crate::key::CacheKey;
+use crate::lock::watchdog::Watchdog;
+use crate::lock::{self, FenceToken, LeaseToken};
 use crate::metrics::{self, Counters, Source, Stats};
 use crate::store::memory::{MemoryStore, Probe, Stored};
+use crate::store::redis::{FillSubscription, RedisOptions, RedisStore, RemoteLookup, WriteMode};
 
 /// What a computation produced, and what may be done with it.
 #[derive(Debug)]
@@ -124,6 +127,7 @@ pub(crate) struct EngineConfig {
     pub(crate) origin_timeout: Duration,
     pub(crate) pass_ttl: Duration,
     pub(crate) fallback_limit: usize,
+    pub(crate) redis: Option<RedisOptions>,
 }
 
 impl Default for EngineConfig {
@@ -136,6 +140,7 @@ impl Default for EngineConfig {
             origin_timeout: Duration::from_secs(60),
             pass_ttl: Duration::from_secs(5),
             fallback_limit: 64,
+            redis: None,
         }
     }
 }
@@ -150,16 +155,38 @@ pub(crate) struct Shared<V: Value> {
     /// cannot turn into an unbounded herd.
     fallback: Semaphore,
     pub(crate) counters: Counters,
+    /// The shared store; `None` runs on memory alone (the embedded default).
+    pub(crate) remote: Option<Arc<RedisStore>>,
 }
 
 impl<V: Value> Shared<V> {
-    pub(crate) fn new(config: EngineConfig) -> Self {
-        Self {
+    pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
+        let remote = match &config.redis {
+            Some(opts) => Some(Arc::new(RedisStore::new(opts.clone())?)),
+            None => None,
+        };
+        Ok(Self {
             memory: MemoryStore::new(config.capacity_bytes),
             flights: Arc::new(Flights::new()),
             fallback: Semaphore::new(config.fallback_limit.max(1)),
             config,
             counters: Counters::default(),
+            remote,
+        })
+    }
+
+    /// Drop an entry here and, with Redis, there too (in the background,
+    /// bounded by the Redis timeouts).
+    pub(crate) fn invalidate(&self, key: &CacheKey) {
+        self.memory.remove(key);
+        if let Some(remote) = &self.remote {
+            let remote = Arc::clone(remote);
+            let key = *key;
+            tokio::spawn(async move {
+                if let Err(e) = remote.purge(&key).await {
+                    tracing::warn!(key = %key.short(), error = %e, "purge in redis failed");
+                }
+            });
         }
     }
 
@@ -195,7 +222,7 @@ impl<V: Value> Shared<V> {
                     Probe::Fresh(entry) => {
                         handle.complete(Outcome::Value {
                             entry: Arc::clone(&entry),
-                            stored: true,
+                            source: Source::Hit,
                         });
                         return Resolved::Value {
                             entry,
@@ -228,18 +255,267 @@ impl<V: Value> Shared<V> {
         tokio::spawn(async move { shared.drive(handle, fut).await });
     }
 
-    /// The leader's task: run the computation and publish its outcome.
+    /// The leader's task: find the value in Redis, or win the lease and
+    /// compute it, or wait for whoever holds the lease; then publish the
+    /// outcome to this process's waiters.
     async fn drive(self: Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
         let key = handle.key();
+        let outcome = match &self.remote {
+            Some(remote) if remote.available() => self.drive_remote(remote, &handle, fut).await,
+            _ => self.compute_locally(key, fut).await,
+        };
+        handle.complete(outcome);
+    }
+
+    /// Memory alone: the embedded default, and the fail-open path when Redis
+    /// is down (memory then keeps entries for their whole lifetime).
+    async fn compute_locally(&self, key: CacheKey, fut: ComputeFuture<V>) -> Outcome<V> {
         self.counters.origin_call();
-        let outcome = match self.run_compute(fut).await {
+        match self.run_compute(fut).await {
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
             }
-            Ok(fill) => self.fill_memory(key, fill),
+            Ok(fill) => self.fill_memory(key, fill, 0),
+        }
+    }
+
+    async fn drive_remote(
+        &self,
+        remote: &Arc<RedisStore>,
+        handle: &FlightHandle<V>,
+        fut: ComputeFuture<V>,
+    ) -> Outcome<V> {
+        let key = handle.key();
+        let deadline = Instant::now() + self.config.max_wait;
+        let mut skip_entry = false;
+        let mut subscription: Option<FillSubscription> = None;
+        loop {
+            let token = LeaseToken::random();
+            let found = match remote.lookup_or_lease(&key, &token, skip_entry).await {
+                Ok(found) => found,
+                Err(e) => {
+                    tracing::debug!(key = %key.short(), error = %e, "redis lookup failed; computing locally");
+                    return self.compute_locally(key, fut).await;
+                }
+            };
+            match found {
+                RemoteLookup::Fresh {
+                    bytes,
+                    fresh_left,
+                    hard_left,
+                } => match decode_entry::<V>(bytes) {
+                    Ok((meta, value)) => {
+                        let entry = self.fill_l1(key, value, meta, fresh_left, hard_left);
+                        return Outcome::Value {
+                            entry,
+                            source: Source::Hit,
+                        };
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                        skip_entry = true;
+                    }
+                },
+                RemoteLookup::Stale {
+                    bytes,
+                    hard_left,
+                    fence,
+                } => {
+                    let decoded = decode_entry::<V>(bytes);
+                    if let Err(e) = &decoded {
+                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                    }
+                    match (decoded, fence) {
+                        (Ok((meta, value)), Some(fence)) => {
+                            let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
+                            handle.publish_stale(entry);
+                            return self.lead_remote(remote, key, token, fence, fut).await;
+                        }
+                        (Ok((meta, value)), None) => {
+                            let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
+                            return Outcome::Value {
+                                entry,
+                                source: Source::Stale,
+                            };
+                        }
+                        (Err(_), Some(fence)) => {
+                            return self.lead_remote(remote, key, token, fence, fut).await
+                        }
+                        (Err(_), None) => skip_entry = true,
+                    }
+                }
+                RemoteLookup::Leased { fence } => {
+                    return self.lead_remote(remote, key, token, fence, fut).await
+                }
+                RemoteLookup::Pass { left } => {
+                    self.memory.insert_pass(key, left.min(self.config.pass_ttl));
+                    return Outcome::Pass(None);
+                }
+                RemoteLookup::Held { lease_left } => {
+                    lock::record_acquire("contended");
+                    let now = Instant::now();
+                    if now >= deadline {
+                        // Waited as long as allowed: one uncached call for this
+                        // whole process, shared with its waiters.
+                        return self.compute_unshared(fut).await;
+                    }
+                    match &mut subscription {
+                        // First time: subscribe, then look again before waiting,
+                        // so a fill published in between is not missed.
+                        None => subscription = Some(remote.subscribe_fills(key)),
+                        Some(sub) => {
+                            let poll = if remote.notifications_live() {
+                                remote.options.poll_interval
+                            } else {
+                                remote.options.poll_interval.min(Duration::from_millis(50))
+                            };
+                            let wait = poll
+                                .min(lease_left + Duration::from_millis(5))
+                                .min(deadline - now);
+                            sub.wait(wait).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Holding the lease: compute under the watchdog, then fenced write.
+    async fn lead_remote(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        token: LeaseToken,
+        fence: FenceToken,
+        fut: ComputeFuture<V>,
+    ) -> Outcome<V> {
+        lock::record_acquire("acquired");
+        let held_since = Instant::now();
+        let lease_ttl = remote.options.lease_ttl;
+        let watchdog = if remote.options.watchdog {
+            Watchdog::start(Arc::clone(remote), key, token.clone(), lease_ttl)
+        } else {
+            Watchdog::disabled()
         };
-        handle.complete(outcome);
+        self.counters.origin_call();
+        let result = self.run_compute(fut).await;
+        let lost = watchdog.stop();
+        let fill = match result {
+            Ok(fill) => fill,
+            Err(error) => {
+                tracing::debug!(key = %key.short(), %error, "computation failed");
+                // Release and wake waiters: the next request elects a new leader.
+                let _ = remote
+                    .write_and_release(&key, &token, fence, WriteMode::Release)
+                    .await;
+                lock::record_held(held_since.elapsed().as_secs_f64());
+                return Outcome::Failed(error);
+            }
+        };
+        let written = match &fill {
+            Fill::Store {
+                value,
+                fresh_for,
+                stale_for,
+            } => {
+                let meta = EntryMeta::now(*fresh_for, *stale_for, fence.0);
+                let bytes = encode_entry(&meta, value);
+                let hard = fresh_for.saturating_add(*stale_for);
+                let mode = WriteMode::Store {
+                    bytes: &bytes,
+                    fresh: *fresh_for,
+                    hard,
+                };
+                remote
+                    .write_and_release(&key, &token, fence, mode)
+                    .await
+                    .map(|w| (w, Some(meta)))
+            }
+            Fill::Share(_) => remote
+                .write_and_release(&key, &token, fence, WriteMode::Release)
+                .await
+                .map(|w| (w, None)),
+            Fill::Pass(_) => {
+                let mode = WriteMode::Pass {
+                    ttl: self.config.pass_ttl,
+                };
+                remote
+                    .write_and_release(&key, &token, fence, mode)
+                    .await
+                    .map(|w| (w, None))
+            }
+        };
+        lock::record_held(held_since.elapsed().as_secs_f64());
+        match written {
+            Err(e) => {
+                // Redis went away mid-flight: memory carries the entry.
+                tracing::debug!(key = %key.short(), error = %e, "fenced write failed; keeping the value in memory");
+                self.fill_memory(key, fill, fence.0)
+            }
+            Ok((w, meta)) => {
+                if !w.released && !lost {
+                    lock::record_acquire("expired_mid_work");
+                }
+                if !w.accepted && !matches!(fill, Fill::Share(_)) {
+                    self.counters.fenced_rejection();
+                    tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
+                }
+                match (fill, meta) {
+                    (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
+                        metrics::record_entry_bytes(value.weight());
+                        let hard = meta.fresh_for.saturating_add(meta.stale_for);
+                        let entry = self.fill_l1(key, value, meta, meta.fresh_for, hard);
+                        Outcome::Value {
+                            entry,
+                            source: Source::Miss,
+                        }
+                    }
+                    // Rejected: our value is still a correct answer for the
+                    // requests that waited on it, but it is not stored.
+                    (Fill::Store { value, .. }, _) | (Fill::Share(value), _) => Outcome::Value {
+                        entry: unstored(value),
+                        source: Source::Miss,
+                    },
+                    (Fill::Pass(value), _) => {
+                        self.memory.insert_pass(key, self.config.pass_ttl);
+                        Outcome::Pass(value)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The remote wait ran out: compute once for this process, store nothing.
+    async fn compute_unshared(&self, fut: ComputeFuture<V>) -> Outcome<V> {
+        self.counters.origin_call();
+        match self.run_compute(fut).await {
+            Err(e) => Outcome::Failed(e),
+            Ok(Fill::Store { value, .. }) | Ok(Fill::Share(value)) => Outcome::Value {
+                entry: unstored(value),
+                source: Source::Miss,
+            },
+            Ok(Fill::Pass(v)) => Outcome::Pass(v),
+        }
+    }
+
+    /// Put an entry read from (or written to) Redis into memory for at most
+    /// the L1 lifetime, and never as fresh beyond its freshness.
+    fn fill_l1(
+        &self,
+        key: CacheKey,
+        value: V,
+        meta: EntryMeta,
+        fresh_left: Duration,
+        hard_left: Duration,
+    ) -> Arc<Stored<V>> {
+        let l1 = self.remote.as_ref().map_or(hard_left, |r| r.options.l1_ttl);
+        let usable = hard_left.min(l1);
+        let entry = Arc::new(Stored::new(value, meta, fresh_left, usable, meta.elapsed()));
+        if !usable.is_zero() {
+            self.memory.insert(key, Arc::clone(&entry));
+        }
+        entry
     }
 
     /// Run a computation with the origin timeout, turning a panic into an error.
@@ -257,8 +533,8 @@ impl<V: Value> Shared<V> {
         }
     }
 
-    /// Put a fill into memory and say what waiters get.
-    fn fill_memory(&self, key: CacheKey, fill: Fill<V>) -> Outcome<V> {
+    /// Put a fill into memory for its whole lifetime and say what waiters get.
+    fn fill_memory(&self, key: CacheKey, fill: Fill<V>, fence: u64) -> Outcome<V> {
         match fill {
             Fill::Store {
                 value,
@@ -267,23 +543,19 @@ impl<V: Value> Shared<V> {
             } => {
                 let usable = fresh_for.saturating_add(stale_for);
                 metrics::record_entry_bytes(value.weight());
-                let meta = EntryMeta::now(fresh_for, stale_for, 0);
+                let meta = EntryMeta::now(fresh_for, stale_for, fence);
                 let entry = Arc::new(Stored::new(value, meta, fresh_for, usable, Duration::ZERO));
-                let stored = !usable.is_zero();
-                if stored {
+                if !usable.is_zero() {
                     self.memory.insert(key, Arc::clone(&entry));
                 }
-                Outcome::Value { entry, stored }
+                Outcome::Value {
+                    entry,
+                    source: Source::Miss,
+                }
             }
             Fill::Share(value) => Outcome::Value {
-                entry: Arc::new(Stored::new(
-                    value,
-                    EntryMeta::now(Duration::ZERO, Duration::ZERO, 0),
-                    Duration::ZERO,
-                    Duration::ZERO,
-                    Duration::ZERO,
-                )),
-                stored: false,
+                entry: unstored(value),
+                source: Source::Miss,
             },
             Fill::Pass(value) => {
                 self.memory.insert_pass(key, self.config.pass_ttl);
@@ -327,9 +599,13 @@ impl<V: Value> Shared<V> {
                 entry: stale,
                 source: Source::Stale,
             },
-            Ok(Ok(Ok(Outcome::Value { entry, .. }))) => Resolved::Value {
+            Ok(Ok(Ok(Outcome::Value { entry, source }))) => Resolved::Value {
                 entry,
-                source: shared_source,
+                source: if source == Source::Miss {
+                    shared_source
+                } else {
+                    source
+                },
             },
             Ok(Ok(Ok(Outcome::Pass(v)))) => Resolved::Pass(if initiator { v } else { None }),
             Ok(Ok(Ok(Outcome::Failed(e)))) => Resolved::Failed(e),
@@ -345,6 +621,17 @@ impl<V: Value> Shared<V> {
     }
 }
 
+/// A value handed to the requests waiting now, with no lifetime in memory.
+fn unstored<V>(value: V) -> Arc<Stored<V>> {
+    Arc::new(Stored::new(
+        value,
+        EntryMeta::now(Duration::ZERO, Duration::ZERO, 0),
+        Duration::ZERO,
+        Duration::ZERO,
+        Duration::ZERO,
+    ))
+}
+
 /// The read-through cache engine, usable without HTTP.
 ///
 /// Clones share one store and one set of flights. Concurrent callers of one
@@ -358,7 +645,7 @@ impl<V: Value> Shared<V> {
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let cache: Cache<String> = Cache::builder().build();
+/// let cache: Cache<String> = Cache::builder().build().unwrap();
 /// let calls = Arc::new(AtomicUsize::new(0));
 /// let key = CacheKey::new("report:7");
 /// let fresh = Freshness::new(Duration::from_secs(5)).with_stale(Duration::from_secs(30));
@@ -494,9 +781,9 @@ impl<V: Value> Cache<V> {
         })
     }
 
-    /// Drop the entry for `key` from this process.
+    /// Drop the entry for `key` from this process and, with Redis, from Redis.
     pub fn invalidate(&self, key: &CacheKey) {
-        self.shared.memory.remove(key);
+        self.shared.invalidate(key);
     }
 
     /// Counters since the cache was built.
@@ -558,10 +845,22 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// Share entries, leases and fills through Redis: one computation per
+    /// key across every process using the same Redis and namespace.
+    #[must_use]
+    pub fn redis(mut self, options: RedisOptions) -> Self {
+        self.config.redis = Some(options);
+        self
+    }
+
     /// Build the cache.
-    pub fn build(self) -> Cache<V> {
-        Cache {
-            shared: Arc::new(Shared::new(self.config)),
-        }
+    ///
+    /// # Errors
+    /// [`BuildError`] for an invalid Redis URL or namespace. Nothing connects
+    /// here: an unreachable Redis only makes the cache fall back to memory.
+    pub fn build(self) -> Result<Cache<V>, BuildError> {
+        Ok(Cache {
+            shared: Arc::new(Shared::new(self.config)?),
+        })
     }
 }

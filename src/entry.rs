@@ -69,8 +69,9 @@ impl Value for String {
     }
 }
 
-const MAGIC: &[u8; 2] = b"HG";
-const VERSION: u8 = 1;
+/// The first bytes of every encoded entry; the Lua lookup checks them too.
+pub(crate) const MAGIC: &[u8; 2] = b"HG";
+pub(crate) const VERSION: u8 = 1;
 const HEADER_LEN: usize = 2 + 1 + 1 + 8 * 4;
 
 /// When an entry was stored and how long it may be used.

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::key::CacheKey;
+use crate::metrics::Source;
 use crate::store::memory::Stored;
 
 /// The observable state of one flight.
@@ -33,10 +34,11 @@ pub(crate) enum FlightState<V> {
 /// How a flight ended; cloned out to every waiter.
 #[derive(Debug)]
 pub(crate) enum Outcome<V> {
-    /// A value everyone may use. `stored` says whether it was also cached.
+    /// A value everyone may use. `source` is how the leader got it (a
+    /// computed value is `Miss` for the leader, `Coalesced` for waiters).
     Value {
         entry: Arc<Stored<V>>,
-        stored: bool,
+        source: Source,
     },
     /// Not shareable: only the initiating request may use the value, every
     /// other waiter goes to the origin on its own.
@@ -47,9 +49,9 @@ pub(crate) enum Outcome<V> {
 impl<V: Clone> Clone for Outcome<V> {
     fn clone(&self) -> Self {
         match self {
-            Outcome::Value { entry, stored } => Outcome::Value {
+            Outcome::Value { entry, source } => Outcome::Value {
                 entry: Arc::clone(entry),
-                stored: *stored,
+                source: *source,
             },
             Outcome::Pass(v) => Outcome::Pass(v.clone()),
             Outcome::Failed(e) => Outcome::Failed(e.clone()),

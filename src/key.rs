@@ -53,6 +53,23 @@ impl CacheKey {
         s
     }
 
+    /// Parse the 32-digit lowercase hex form back into a key.
+    pub(crate) fn from_hex(hex: &[u8]) -> Option<Self> {
+        if hex.len() != 32 {
+            return None;
+        }
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut out = [0u8; 16];
+        for (i, pair) in hex.chunks_exact(2).enumerate() {
+            out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(CacheKey(out))
+    }
+
     /// The first 8 hex digits, for logs and spans.
     pub fn short(&self) -> String {
         let mut s = self.to_hex();
@@ -124,6 +141,15 @@ mod tests {
         let mut b = KeyHasher::new();
         b.opt_part(Some(b""));
         assert_ne!(a.finish(), b.finish());
+    }
+
+    /// Hex round-trips, and malformed hex is refused.
+    #[test]
+    fn hex_round_trips() {
+        let k = CacheKey::new("x");
+        assert_eq!(CacheKey::from_hex(k.to_hex().as_bytes()), Some(k));
+        assert_eq!(CacheKey::from_hex(b"zz"), None);
+        assert_eq!(CacheKey::from_hex(&[b'g'; 32]), None);
     }
 
     /// The hex form only ever contains [0-9a-f], so it is safe inside a hash tag.

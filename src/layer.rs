@@ -9,9 +9,11 @@ use tower_layer::Layer;
 use crate::engine::{EngineConfig, Shared};
 use crate::entry::CachedResponse;
 use crate::error::BuildError;
+use crate::key::CacheKey;
 use crate::metrics::Stats;
 use crate::policy::ResponseRules;
 use crate::service::CacheService;
+use crate::store::redis::RedisOptions;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
@@ -75,6 +77,17 @@ impl CacheLayer {
     /// Entries held in memory right now.
     pub fn entry_count(&self) -> u64 {
         self.state.engine.memory.entry_count()
+    }
+
+    /// The cache key this layer derives for `request` (the `{H}` of the Redis
+    /// keys is its hex form).
+    pub fn key_for<B>(&self, request: &http::Request<B>) -> CacheKey {
+        self.state.key_for(request)
+    }
+
+    /// Drop the entry of `key` here and, with Redis, from Redis.
+    pub fn invalidate(&self, key: &CacheKey) {
+        self.state.engine.invalidate(key);
     }
 }
 
@@ -170,10 +183,21 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// Share entries, leases and fills through Redis: one origin call per key
+    /// across every instance using the same Redis and namespace. Without this
+    /// the layer runs on memory alone.
+    #[must_use]
+    pub fn redis(mut self, options: RedisOptions) -> Self {
+        self.engine.redis = Some(options);
+        self
+    }
+
     /// Build the layer.
     ///
     /// # Errors
-    /// [`BuildError`] when the cache name is not an RFC 9651 token.
+    /// [`BuildError`] when the cache name is not an RFC 9651 token, or the
+    /// Redis URL or namespace is invalid. Nothing connects here: an
+    /// unreachable Redis only makes the layer fall back to memory.
     pub fn build(self) -> Result<CacheLayer, BuildError> {
         let name = &self.http.cache_name;
         let first_ok = name
@@ -190,7 +214,7 @@ impl CacheLayerBuilder {
         }
         Ok(CacheLayer {
             state: Arc::new(LayerState {
-                engine: Arc::new(Shared::new(self.engine)),
+                engine: Arc::new(Shared::new(self.engine)?),
                 http: self.http,
             }),
         })

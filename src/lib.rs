@@ -90,6 +90,7 @@ mod flight;
 mod future;
 mod key;
 mod layer;
+mod lock;
 mod metrics;
 mod policy;
 mod service;
@@ -104,6 +105,10 @@ pub use key::CacheKey;
 pub use layer::{CacheLayer, CacheLayerBuilder};
 pub use metrics::{Source, Stats};
 pub use service::CacheService;
+pub use store::redis::RedisOptions;
+
+/// The `redis` crate this one uses, so you can stay on one version.
+pub use deadpool_redis::redis;
 
 /// The README's examples, compiled as doctests.
 #[cfg(doctest)]

@@ -42,6 +42,7 @@ pub(crate) mod names {
     pub(crate) const ORIGIN_CALLS: &str = "herdguard_origin_calls_total";
     pub(crate) const WAIT_SECONDS: &str = "herdguard_wait_seconds";
     pub(crate) const ENTRY_BYTES: &str = "herdguard_entry_bytes";
+    pub(crate) const FENCED_REJECTED: &str = "herdguard_fenced_writes_rejected_total";
 }
 
 /// A snapshot of one cache's counters since it was built.
@@ -62,6 +63,8 @@ pub struct Stats {
     pub origin_calls: u64,
     /// Answers that were an error (shared computation error, panic, timeout).
     pub errors: u64,
+    /// Writes refused by the fence because a newer write had already landed.
+    pub fenced_rejections: u64,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +76,7 @@ pub(crate) struct Counters {
     bypasses: AtomicU64,
     origin_calls: AtomicU64,
     errors: AtomicU64,
+    fenced_rejections: AtomicU64,
 }
 
 impl Counters {
@@ -98,6 +102,11 @@ impl Counters {
         metrics::counter!(names::ORIGIN_CALLS).increment(1);
     }
 
+    pub(crate) fn fenced_rejection(&self) {
+        self.fenced_rejections.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(names::FENCED_REJECTED).increment(1);
+    }
+
     pub(crate) fn snapshot(&self) -> Stats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
@@ -108,6 +117,7 @@ impl Counters {
             bypasses: l(&self.bypasses),
             origin_calls: l(&self.origin_calls),
             errors: l(&self.errors),
+            fenced_rejections: l(&self.fenced_rejections),
         }
     }
 }

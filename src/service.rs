@@ -496,7 +496,7 @@ impl LayerState {
     }
 
     pub(crate) fn invalidate(&self, key: &CacheKey) {
-        self.engine.memory.remove(key);
+        self.engine.invalidate(key);
     }
 
     fn status(&self, params: std::fmt::Arguments<'_>) -> HeaderValue {

@@ -43,7 +43,7 @@ async fn burst(
 /// 1000 concurrent callers of a cold key run the computation exactly once and all get its value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_burst_computes_once() {
-    let cache: Cache<String> = Cache::builder().build();
+    let cache: Cache<String> = Cache::builder().build().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let results = burst(
         &cache,
@@ -67,7 +67,7 @@ async fn cold_burst_computes_once() {
 /// Within the stale grace, a burst is answered at once with the stale value and exactly one refresh runs.
 #[tokio::test(start_paused = true)]
 async fn stale_burst_refreshes_once_without_waiting() {
-    let cache: Cache<String> = Cache::builder().build();
+    let cache: Cache<String> = Cache::builder().build().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let key = CacheKey::new("swr");
     burst(&cache, key, 1, &calls, Duration::from_millis(200)).await;
@@ -98,7 +98,7 @@ async fn stale_burst_refreshes_once_without_waiting() {
 /// When the leader's computation fails, every waiter gets that same error and nobody retries.
 #[tokio::test(start_paused = true)]
 async fn leader_error_is_shared() {
-    let cache: Cache<String> = Cache::builder().build();
+    let cache: Cache<String> = Cache::builder().build().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let key = CacheKey::new("err");
     let tasks: Vec<_> = (0..100)
@@ -127,7 +127,7 @@ async fn leader_error_is_shared() {
 /// A panicking computation gives every waiter `Panicked`, and the next call elects a new leader.
 #[tokio::test(start_paused = true)]
 async fn panic_fails_waiters_and_next_call_recovers() {
-    let cache: Cache<String> = Cache::builder().build();
+    let cache: Cache<String> = Cache::builder().build().unwrap();
     let key = CacheKey::new("panic");
     let tasks: Vec<_> = (0..50)
         .map(|_| {
@@ -161,7 +161,7 @@ async fn panic_fails_waiters_and_next_call_recovers() {
 /// Dropping the leader's request mid-flight does not cancel the computation for its waiters.
 #[tokio::test(start_paused = true)]
 async fn dropped_leader_still_completes_for_waiters() {
-    let cache: Cache<String> = Cache::builder().build();
+    let cache: Cache<String> = Cache::builder().build().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let key = CacheKey::new("dropped");
     let leader = {
@@ -192,7 +192,8 @@ async fn dropped_leader_still_completes_for_waiters() {
 async fn wait_is_bounded() {
     let cache: Cache<String> = Cache::builder()
         .max_wait(Duration::from_millis(500))
-        .build();
+        .build()
+        .unwrap();
     let key = CacheKey::new("slow");
     let slow = {
         let cache = cache.clone();
@@ -223,7 +224,8 @@ async fn wait_is_bounded() {
 async fn origin_timeout_bounds_the_leader() {
     let cache: Cache<String> = Cache::builder()
         .origin_timeout(Duration::from_secs(2))
-        .build();
+        .build()
+        .unwrap();
     let r = cache
         .get_or_compute(&CacheKey::new("hang"), fresh(5, 0), || async {
             std::future::pending::<Result<String, std::io::Error>>().await

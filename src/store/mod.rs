@@ -2,3 +2,4 @@
 //! of a shared store.
 
 pub(crate) mod memory;
+pub(crate) mod redis;

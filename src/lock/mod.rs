@@ -1,0 +1,56 @@
+//! Leases and fencing tokens.
+//!
+//! A Redis lock is a lease, not a mutex: it can expire under a worker that is
+//! still running. The lease elects one leader per key cheaply; the fence token
+//! issued with it makes a late write from a lapsed leader harmless, because
+//! the store rejects any write older than the newest accepted one.
+
+pub(crate) mod watchdog;
+
+use std::fmt;
+
+/// A random lease token: only its holder may extend or release the lease.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct LeaseToken(String);
+
+impl LeaseToken {
+    pub(crate) fn random() -> Self {
+        let bytes: [u8; 16] = rand::random();
+        let mut s = String::with_capacity(32);
+        for b in bytes {
+            s.push_str(&format!("{b:02x}"));
+        }
+        Self(s)
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A prefix is enough to correlate logs; the whole token is a capability.
+        write!(f, "LeaseToken({}…)", &self.0[..8.min(self.0.len())])
+    }
+}
+
+/// A monotonically increasing number issued with each lease of one key.
+/// Writes carry it; the store accepts a write only if its token is not older
+/// than the highest it has accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct FenceToken(pub(crate) u64);
+
+/// Lock metric names, shared with the Redlock lease.
+pub(crate) mod names {
+    pub(crate) const ACQUIRE: &str = "redis_lock_acquire_total";
+    pub(crate) const HELD_SECONDS: &str = "redis_lock_held_seconds";
+}
+
+pub(crate) fn record_acquire(result: &'static str) {
+    metrics::counter!(names::ACQUIRE, "result" => result).increment(1);
+}
+
+pub(crate) fn record_held(seconds: f64) {
+    metrics::histogram!(names::HELD_SECONDS).record(seconds);
+}

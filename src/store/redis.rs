@@ -1,0 +1,1025 @@
+//! The shared store on Redis: entries, the lease, the fence, and fill
+//! notifications, each entry's keys under one hash tag so a single Lua script
+//! can touch all of them (also on Redis Cluster).
+//!
+//! ```text
+//! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry
+//! {ns}:{H}:fresh  present while fresh, PX = freshness left
+//! {ns}:{H}:lock   lease token, SET NX PX
+//! {ns}:{H}:fence  hash: `next` (INCR per lease) and `hw` (highest accepted write)
+//! {ns}:{H}:pass   hit-for-pass marker
+//! ```
+//!
+//! Connections: deadpool builds them (with connect and response timeouts),
+//! and we keep a few multiplexed connections checked out for good. A
+//! multiplexed connection already pipelines concurrent commands, and a pool
+//! checkout costs an UNWATCH+PING round trip, which would triple the commands
+//! of a Redis hit.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_redis::redis::{
+    self, aio::MultiplexedConnection, AsyncConnectionConfig, Script, Value as RedisValue,
+};
+use deadpool_redis::{Manager, Pool, Runtime};
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::entry::{MAGIC, VERSION};
+use crate::error::BuildError;
+use crate::key::CacheKey;
+use crate::lock::{FenceToken, LeaseToken};
+
+/// How to reach Redis and how to use it. Every timeout has a default.
+///
+/// ```
+/// use std::time::Duration;
+/// use herdguard::RedisOptions;
+/// let opts = RedisOptions::new("redis://127.0.0.1:6379")
+///     .namespace("shop")
+///     .lease_ttl(Duration::from_secs(5))
+///     .l1_ttl(Duration::from_millis(500));
+/// # let _ = opts;
+/// ```
+#[derive(Clone)]
+pub struct RedisOptions {
+    pub(crate) url: String,
+    pub(crate) namespace: String,
+    pub(crate) connections: usize,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) pool_wait_timeout: Duration,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) l1_ttl: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) breaker_min_backoff: Duration,
+    pub(crate) breaker_max_backoff: Duration,
+    pub(crate) fence_retention: Duration,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("url", &redact(&self.url))
+            .field("namespace", &self.namespace)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("l1_ttl", &self.l1_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The URL without credentials, for logs and Debug output.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl RedisOptions {
+    /// Options for the Redis at `url` (`redis://[user:pass@]host:port[/db]`), with defaults:
+    /// namespace `herdguard`, 4 connections, connect timeout 1 s, response
+    /// timeout 250 ms, pool wait 250 ms, lease 5 s (extended every lease/3
+    /// while the origin works), L1 1 s, waiter poll 200 ms.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            namespace: "herdguard".to_owned(),
+            connections: 4,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(250),
+            pool_wait_timeout: Duration::from_millis(250),
+            lease_ttl: Duration::from_secs(5),
+            l1_ttl: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(200),
+            watchdog: true,
+            breaker_min_backoff: Duration::from_millis(250),
+            breaker_max_backoff: Duration::from_secs(5),
+            fence_retention: Duration::from_secs(24 * 3600),
+        }
+    }
+
+    /// Prefix of every key (default `herdguard`): letters, digits, `_ - . :`.
+    #[must_use]
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = ns.into();
+        self
+    }
+
+    /// Multiplexed connections kept open (default 4).
+    #[must_use]
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n;
+        self
+    }
+
+    /// Bound on opening a connection, TLS and AUTH included (default 1 s).
+    #[must_use]
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Bound on every command's reply (default 250 ms).
+    #[must_use]
+    pub fn response_timeout(mut self, t: Duration) -> Self {
+        self.response_timeout = t;
+        self
+    }
+
+    /// Bound on waiting for a pooled connection (default 250 ms).
+    #[must_use]
+    pub fn pool_wait_timeout(mut self, t: Duration) -> Self {
+        self.pool_wait_timeout = t;
+        self
+    }
+
+    /// Lease lifetime (default 5 s). A dead leader blocks a key at most this long.
+    #[must_use]
+    pub fn lease_ttl(mut self, t: Duration) -> Self {
+        self.lease_ttl = t;
+        self
+    }
+
+    /// How long this process keeps an entry in memory before asking Redis
+    /// again (default 1 s; never longer than the entry stays fresh).
+    #[must_use]
+    pub fn l1_ttl(mut self, t: Duration) -> Self {
+        self.l1_ttl = t;
+        self
+    }
+
+    /// Poll interval of a waiter in case a fill notification is lost (default 200 ms).
+    #[must_use]
+    pub fn poll_interval(mut self, t: Duration) -> Self {
+        self.poll_interval = t;
+        self
+    }
+
+    /// Whether to extend the lease while the origin works (default on).
+    #[must_use]
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Back-off of the circuit breaker after Redis fails: first and longest wait
+    /// before probing again (defaults 250 ms and 5 s, doubling in between).
+    #[must_use]
+    pub fn breaker_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.breaker_min_backoff = first;
+        self.breaker_max_backoff = max.max(first);
+        self
+    }
+
+    fn validate(&self) -> Result<(), BuildError> {
+        let ns = &self.namespace;
+        let ok = !ns.is_empty()
+            && ns.len() <= 64
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+        if !ok {
+            return Err(BuildError::new(format!(
+                "redis namespace {ns:?} must be 1-64 characters of letters, digits, '_', '-', '.', ':'"
+            )));
+        }
+        if self.lease_ttl < Duration::from_millis(30) {
+            return Err(BuildError::new("lease ttl must be at least 30 ms"));
+        }
+        for (name, d) in [
+            ("connect timeout", self.connect_timeout),
+            ("response timeout", self.response_timeout),
+            ("pool wait timeout", self.pool_wait_timeout),
+            ("poll interval", self.poll_interval),
+        ] {
+            if d.is_zero() {
+                return Err(BuildError::new(format!("{name} must be above zero")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one lookup-or-lease round trip found.
+#[derive(Debug)]
+pub(crate) enum RemoteLookup {
+    Fresh {
+        bytes: Bytes,
+        fresh_left: Duration,
+        hard_left: Duration,
+    },
+    /// Stale; `fence` is `Some` when this caller also won the lease to refresh it.
+    Stale {
+        bytes: Bytes,
+        hard_left: Duration,
+        fence: Option<FenceToken>,
+    },
+    Leased {
+        fence: FenceToken,
+    },
+    Held {
+        lease_left: Duration,
+    },
+    Pass {
+        left: Duration,
+    },
+}
+
+/// What a fenced write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriteOutcome {
+    /// The entry (or pass marker) was stored: its fence was not older than
+    /// the newest accepted write.
+    pub(crate) accepted: bool,
+    /// Our lease was still ours and is now released.
+    pub(crate) released: bool,
+}
+
+/// What a fenced write stores.
+#[derive(Debug)]
+pub(crate) enum WriteMode<'a> {
+    Store {
+        bytes: &'a [u8],
+        fresh: Duration,
+        hard: Duration,
+    },
+    Pass {
+        ttl: Duration,
+    },
+    /// Store nothing; release the lease and wake waiters to compete again.
+    Release,
+}
+
+/// Why a Redis call did not produce an answer. Callers fail open on any of these.
+#[derive(Debug)]
+pub(crate) enum StoreError {
+    /// The circuit breaker is open: Redis failed recently.
+    Unavailable,
+    Timeout,
+    Redis(redis::RedisError),
+    /// The reply did not have the shape our script returns.
+    Protocol,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable => f.write_str("redis unavailable (circuit open)"),
+            StoreError::Timeout => f.write_str("redis call timed out"),
+            StoreError::Redis(e) => write!(f, "redis error: {e}"),
+            StoreError::Protocol => f.write_str("unexpected reply from redis"),
+        }
+    }
+}
+
+static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+-- KEYS: v fresh lock fence pass
+-- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix
+local v = false
+if ARGV[3] ~= '1' then v = redis.call('GET', KEYS[1]) end
+-- An entry this version cannot read is a miss; the leader overwrites it.
+if v and string.sub(v, 1, string.len(ARGV[5])) ~= ARGV[5] then v = false end
+if v then
+  local fresh = redis.call('PTTL', KEYS[2])
+  local hard = redis.call('PTTL', KEYS[1])
+  if fresh > 0 then return {'fresh', v, fresh, hard, 0, 0} end
+  if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
+    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
+    return {'stale_leased', v, 0, hard, f, 0}
+  end
+  return {'stale', v, 0, hard, 0, redis.call('PTTL', KEYS[3])}
+end
+local pass = redis.call('PTTL', KEYS[5])
+if pass > 0 then return {'pass', '', 0, 0, 0, pass} end
+if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
+  if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
+  return {'leased', '', 0, 0, f, 0}
+end
+return {'held', '', 0, 0, 0, redis.call('PTTL', KEYS[3])}
+",
+    )
+});
+
+static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+-- KEYS: v fresh lock fence pass
+-- ARGV: token fence mode value fresh_ms hard_ms channel key_hex fence_retention_ms pass_ms
+local f = tonumber(ARGV[2])
+local hw = tonumber(redis.call('HGET', KEYS[4], 'hw') or '0')
+local accepted = 0
+if ARGV[3] ~= 'release' then
+  if f >= hw then
+    if ARGV[3] == 'store' then
+      redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
+      if tonumber(ARGV[5]) > 0 then
+        redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+      else
+        redis.call('DEL', KEYS[2])
+      end
+      redis.call('DEL', KEYS[5])
+    else
+      -- The origin now says uncacheable: the old entry must not be served.
+      redis.call('DEL', KEYS[1], KEYS[2])
+      redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
+    end
+    redis.call('HSET', KEYS[4], 'hw', f)
+    local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
+    if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
+    accepted = 1
+  else
+    redis.call('HINCRBY', KEYS[4], 'rejected', 1)
+  end
+end
+local released = 0
+if redis.call('GET', KEYS[3]) == ARGV[1] then
+  redis.call('DEL', KEYS[3])
+  released = 1
+end
+redis.call('PUBLISH', ARGV[7], ARGV[8])
+return {accepted, released}
+",
+    )
+});
+
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+",
+    )
+});
+
+#[allow(
+    dead_code,
+    reason = "the guarded-work API and Redlock release through it"
+)]
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+",
+    )
+});
+
+/// The Redis key names of one entry.
+#[derive(Debug)]
+pub(crate) struct EntryKeys {
+    pub(crate) value: String,
+    pub(crate) fresh: String,
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) pass: String,
+}
+
+/// The Redis store of one cache.
+pub(crate) struct RedisStore {
+    pub(crate) options: RedisOptions,
+    pool: Pool,
+    client: redis::Client,
+    /// Multiplexed connections kept checked out; a std `Mutex` because it is
+    /// only held to clone or replace a handle, never across an `.await`.
+    connections: Vec<Mutex<Option<MultiplexedConnection>>>,
+    next: AtomicUsize,
+    breaker: Breaker,
+    fills: Arc<Fills>,
+    channel: String,
+    entry_prefix: Vec<u8>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("options", &self.options)
+            .field("available", &self.breaker.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+impl RedisStore {
+    pub(crate) fn new(options: RedisOptions) -> Result<Self, BuildError> {
+        options.validate()?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        let safe_url = redact(&options.url);
+        let manager = Manager::new_with_config(options.url.as_str(), config).map_err(|e| {
+            BuildError::with_source(format!("invalid redis url {safe_url}"), redact_error(&e))
+        })?;
+        let client = redis::Client::open(options.url.as_str()).map_err(|e| {
+            BuildError::with_source(format!("invalid redis url {safe_url}"), redact_error(&e))
+        })?;
+        let n = options.connections.max(1);
+        let pool = Pool::builder(manager)
+            .max_size(n * 2)
+            .wait_timeout(Some(options.pool_wait_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.response_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| BuildError::with_source("cannot build the redis pool", e.to_string()))?;
+        let channel = format!("{}:fills", options.namespace);
+        let mut entry_prefix = MAGIC.to_vec();
+        entry_prefix.push(VERSION);
+        Ok(Self {
+            pool,
+            client,
+            connections: (0..n).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            breaker: Breaker::new(options.breaker_min_backoff, options.breaker_max_backoff),
+            fills: Arc::new(Fills::default()),
+            channel,
+            entry_prefix,
+            shutdown: watch::channel(false).0,
+            options,
+        })
+    }
+
+    pub(crate) fn keys(&self, key: &CacheKey) -> EntryKeys {
+        let ns = &self.options.namespace;
+        let h = key.to_hex();
+        EntryKeys {
+            value: format!("{ns}:{{{h}}}:v"),
+            fresh: format!("{ns}:{{{h}}}:fresh"),
+            lock: format!("{ns}:{{{h}}}:lock"),
+            fence: format!("{ns}:{{{h}}}:fence"),
+            pass: format!("{ns}:{{{h}}}:pass"),
+        }
+    }
+
+    /// Whether calls go to Redis now (the breaker is closed, or due a probe).
+    pub(crate) fn available(&self) -> bool {
+        self.breaker.allow()
+    }
+
+    /// One round trip: the entry and its freshness, or the lease and a fence token.
+    pub(crate) async fn lookup_or_lease(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+        skip_entry: bool,
+    ) -> Result<RemoteLookup, StoreError> {
+        let k = self.keys(key);
+        let mut inv = LOOKUP_OR_LEASE.prepare_invoke();
+        inv.key(&k.value)
+            .key(&k.fresh)
+            .key(&k.lock)
+            .key(&k.fence)
+            .key(&k.pass)
+            .arg(token.as_str())
+            .arg(millis(self.options.lease_ttl))
+            .arg(if skip_entry { "1" } else { "0" })
+            .arg(millis(self.options.fence_retention))
+            .arg(&self.entry_prefix[..]);
+        let reply: RedisValue = self.invoke("lookup_or_lease", &inv).await?;
+        parse_lookup(reply).ok_or(StoreError::Protocol)
+    }
+
+    /// Store (or mark pass, or nothing) only if `fence` is not older than the
+    /// newest accepted write; release the lease if it is still ours; wake waiters.
+    pub(crate) async fn write_and_release(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+        fence: FenceToken,
+        mode: WriteMode<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let k = self.keys(key);
+        let (mode_name, value, fresh, hard, pass): (&str, &[u8], u64, u64, u64) = match mode {
+            WriteMode::Store { bytes, fresh, hard } => {
+                ("store", bytes, millis(fresh), millis(hard).max(1), 0)
+            }
+            WriteMode::Pass { ttl } => ("pass", &[], 0, 0, millis(ttl).max(1)),
+            WriteMode::Release => ("release", &[], 0, 0, 0),
+        };
+        let mut inv = FENCED_WRITE_AND_RELEASE.prepare_invoke();
+        inv.key(&k.value)
+            .key(&k.fresh)
+            .key(&k.lock)
+            .key(&k.fence)
+            .key(&k.pass)
+            .arg(token.as_str())
+            .arg(fence.0)
+            .arg(mode_name)
+            .arg(value)
+            .arg(fresh)
+            .arg(hard)
+            .arg(&self.channel)
+            .arg(key.to_hex())
+            .arg(millis(self.options.fence_retention))
+            .arg(pass);
+        let (accepted, released): (i64, i64) = self.invoke("write_and_release", &inv).await?;
+        Ok(WriteOutcome {
+            accepted: accepted == 1,
+            released: released == 1,
+        })
+    }
+
+    /// PEXPIRE the lease only if `token` still holds it.
+    pub(crate) async fn extend(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let k = self.keys(key);
+        let mut inv = EXTEND.prepare_invoke();
+        inv.key(&k.lock).arg(token.as_str()).arg(millis(ttl));
+        let n: i64 = self.invoke("extend", &inv).await?;
+        Ok(n == 1)
+    }
+
+    /// Delete the lease only if `token` still holds it (compare-and-delete).
+    #[allow(
+        dead_code,
+        reason = "the guarded-work API and Redlock release through it"
+    )]
+    pub(crate) async fn release(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+    ) -> Result<bool, StoreError> {
+        let k = self.keys(key);
+        let mut inv = RELEASE.prepare_invoke();
+        inv.key(&k.lock).arg(token.as_str());
+        let n: i64 = self.invoke("release", &inv).await?;
+        Ok(n == 1)
+    }
+
+    /// Remove an entry (not its lease or fence) from Redis.
+    pub(crate) async fn purge(&self, key: &CacheKey) -> Result<(), StoreError> {
+        let k = self.keys(key);
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(&k.value).arg(&k.fresh).arg(&k.pass);
+        let _: i64 = self.query("purge", &cmd).await?;
+        Ok(())
+    }
+
+    /// Subscribe to fill notifications for `key` (starting the subscriber
+    /// connection on first use).
+    pub(crate) fn subscribe_fills(&self, key: CacheKey) -> FillSubscription {
+        if !self.fills.started.swap(true, Ordering::SeqCst) {
+            tokio::spawn(run_subscriber(
+                Arc::downgrade(&self.fills),
+                self.client.clone(),
+                self.channel.clone(),
+                self.options.connect_timeout,
+                self.shutdown.subscribe(),
+            ));
+        }
+        self.fills.subscribe(key)
+    }
+
+    /// Whether the subscriber connection is up (when it is not, waiters poll faster).
+    pub(crate) fn notifications_live(&self) -> bool {
+        self.fills.connected.load(Ordering::SeqCst)
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        if !self.breaker.allow() {
+            return Err(StoreError::Unavailable);
+        }
+        let (slot, mut conn) = self.connection(op).await?;
+        let result =
+            tokio::time::timeout(self.options.response_timeout, inv.invoke_async(&mut conn)).await;
+        self.settle(op, slot, result)
+    }
+
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        if !self.breaker.allow() {
+            return Err(StoreError::Unavailable);
+        }
+        let (slot, mut conn) = self.connection(op).await?;
+        let result =
+            tokio::time::timeout(self.options.response_timeout, cmd.query_async(&mut conn)).await;
+        self.settle(op, slot, result)
+    }
+
+    fn settle<T>(
+        &self,
+        op: &'static str,
+        slot: usize,
+        result: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, StoreError> {
+        match result {
+            Ok(Ok(v)) => {
+                self.breaker.success();
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                if e.is_connection_dropped()
+                    || e.is_unrecoverable_error()
+                    || e.is_timeout()
+                    || e.is_io_error()
+                {
+                    self.drop_connection(slot);
+                    self.failure(op, &e.to_string());
+                } else {
+                    // A reply error about one key (say a foreign value type)
+                    // says nothing about Redis being up: no breaker trip.
+                    record_error(op);
+                    tracing::warn!(op, error = %e, "redis command failed");
+                }
+                Err(StoreError::Redis(e))
+            }
+            Err(_) => {
+                self.failure(op, "timed out");
+                Err(StoreError::Timeout)
+            }
+        }
+    }
+
+    fn failure(&self, op: &'static str, why: &str) {
+        record_error(op);
+        if self.breaker.failure() {
+            tracing::warn!(
+                op,
+                why,
+                "redis unavailable; serving from memory until it answers again"
+            );
+        }
+    }
+
+    async fn connection(
+        &self,
+        op: &'static str,
+    ) -> Result<(usize, MultiplexedConnection), StoreError> {
+        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        if let Some(conn) = self.connections[slot]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Ok((slot, conn));
+        }
+        let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
+        match tokio::time::timeout(bound, self.pool.get()).await {
+            Ok(Ok(pooled)) => {
+                let conn = deadpool_redis::Connection::take(pooled);
+                *self.connections[slot]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                Ok((slot, conn))
+            }
+            Ok(Err(e)) => {
+                self.failure(op, &redact_error(&e));
+                Err(StoreError::Unavailable)
+            }
+            Err(_) => {
+                self.failure(op, "connect timed out");
+                Err(StoreError::Timeout)
+            }
+        }
+    }
+
+    fn drop_connection(&self, slot: usize) {
+        *self.connections[slot]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+fn pttl(ms: i64) -> Duration {
+    // -1 (no expiry) cannot happen for our keys; treat it as "long".
+    match ms {
+        -1 => Duration::from_secs(3600),
+        ms if ms > 0 => Duration::from_millis(ms as u64),
+        _ => Duration::ZERO,
+    }
+}
+
+/// An error's text without credentials (redis errors may echo the URL).
+fn redact_error(e: &dyn std::fmt::Display) -> String {
+    let s = e.to_string();
+    match s.find("://") {
+        Some(_) => s
+            .split_whitespace()
+            .map(redact)
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => s,
+    }
+}
+
+fn record_error(op: &'static str) {
+    metrics::counter!("herdguard_redis_errors_total", "op" => op).increment(1);
+}
+
+fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
+    let items = match reply {
+        RedisValue::Array(items) => items,
+        _ => return None,
+    };
+    let mut it = items.into_iter();
+    let status = match it.next()? {
+        RedisValue::BulkString(s) => s,
+        RedisValue::SimpleString(s) => s.into_bytes(),
+        _ => return None,
+    };
+    let value = match it.next()? {
+        RedisValue::BulkString(b) => Bytes::from(b),
+        RedisValue::Nil => Bytes::new(),
+        _ => return None,
+    };
+    let mut int = || match it.next() {
+        Some(RedisValue::Int(i)) => Some(i),
+        _ => None,
+    };
+    let (fresh, hard, fence, other) = (int()?, int()?, int()?, int()?);
+    Some(match status.as_slice() {
+        b"fresh" => RemoteLookup::Fresh {
+            bytes: value,
+            fresh_left: pttl(fresh),
+            hard_left: pttl(hard),
+        },
+        b"stale_leased" => RemoteLookup::Stale {
+            bytes: value,
+            hard_left: pttl(hard),
+            fence: Some(FenceToken(fence as u64)),
+        },
+        b"stale" => RemoteLookup::Stale {
+            bytes: value,
+            hard_left: pttl(hard),
+            fence: None,
+        },
+        b"leased" => RemoteLookup::Leased {
+            fence: FenceToken(fence as u64),
+        },
+        b"held" => RemoteLookup::Held {
+            lease_left: pttl(other),
+        },
+        b"pass" => RemoteLookup::Pass { left: pttl(other) },
+        _ => return None,
+    })
+}
+
+/// Circuit breaker: open on failure, probe again after a doubling back-off.
+#[derive(Debug)]
+struct Breaker {
+    /// Fast path: a single atomic load while Redis is healthy.
+    closed: AtomicBool,
+    state: Mutex<BreakerState>,
+    min_backoff: Duration,
+    max_backoff: Duration,
+}
+
+#[derive(Debug)]
+struct BreakerState {
+    open_until: Instant,
+    backoff: Duration,
+    probing: bool,
+}
+
+impl Breaker {
+    fn new(min_backoff: Duration, max_backoff: Duration) -> Self {
+        metrics::gauge!("herdguard_redis_available").set(1.0);
+        Self {
+            closed: AtomicBool::new(true),
+            state: Mutex::new(BreakerState {
+                open_until: Instant::now(),
+                backoff: Duration::ZERO,
+                probing: false,
+            }),
+            min_backoff,
+            max_backoff,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn allow(&self) -> bool {
+        if self.is_closed() {
+            return true;
+        }
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !s.probing && Instant::now() >= s.open_until {
+            // Half-open: let this one call through as the probe.
+            s.probing = true;
+            return true;
+        }
+        false
+    }
+
+    fn success(&self) {
+        if self.is_closed() {
+            return;
+        }
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.backoff = Duration::ZERO;
+        s.probing = false;
+        self.closed.store(true, Ordering::Release);
+        metrics::gauge!("herdguard_redis_available").set(1.0);
+        tracing::info!("redis answers again; using it");
+    }
+
+    /// Returns true when this failure opened a closed breaker.
+    fn failure(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let was_closed = self.closed.swap(false, Ordering::AcqRel);
+        s.backoff = if was_closed || s.backoff.is_zero() {
+            self.min_backoff
+        } else {
+            (s.backoff * 2).min(self.max_backoff)
+        };
+        s.open_until = Instant::now() + s.backoff;
+        s.probing = false;
+        metrics::gauge!("herdguard_redis_available").set(0.0);
+        was_closed
+    }
+}
+
+/// Local registry of waiters for fill notifications.
+#[derive(Debug, Default)]
+struct Fills {
+    /// A std `Mutex`: held only for a map operation, never across `.await`.
+    waiting: Mutex<HashMap<CacheKey, watch::Sender<u64>>>,
+    connected: AtomicBool,
+    started: AtomicBool,
+}
+
+impl Fills {
+    fn subscribe(self: &Arc<Self>, key: CacheKey) -> FillSubscription {
+        let mut map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let rx = map
+            .entry(key)
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        FillSubscription {
+            rx,
+            key,
+            fills: Arc::clone(self),
+        }
+    }
+
+    fn notify(&self, payload: &[u8]) {
+        let Some(key) = CacheKey::from_hex(payload) else {
+            return;
+        };
+        let map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = map.get(&key) {
+            tx.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// Interest in the next fill of one key. Created before the re-check that
+/// precedes a wait, so a fill published in between is not missed.
+#[derive(Debug)]
+pub(crate) struct FillSubscription {
+    rx: watch::Receiver<u64>,
+    key: CacheKey,
+    fills: Arc<Fills>,
+}
+
+impl FillSubscription {
+    /// Wait for a fill notification, at most `bound`.
+    pub(crate) async fn wait(&mut self, bound: Duration) {
+        let _ = tokio::time::timeout(bound, self.rx.changed()).await;
+    }
+}
+
+impl Drop for FillSubscription {
+    fn drop(&mut self) {
+        let mut map = self
+            .fills
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Ours is the last receiver: nobody else waits for this key.
+        if map
+            .get(&self.key)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// One subscriber connection per store: reconnects with back-off, exits when
+/// the store is dropped.
+async fn run_subscriber(
+    fills: Weak<Fills>,
+    client: redis::Client,
+    channel: String,
+    connect_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if let Ok(Ok(mut pubsub)) =
+            tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await
+        {
+            if let Ok(Ok(())) =
+                tokio::time::timeout(connect_timeout, pubsub.subscribe(&channel)).await
+            {
+                backoff = Duration::from_millis(100);
+                if let Some(f) = fills.upgrade() {
+                    f.connected.store(true, Ordering::SeqCst);
+                }
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    tokio::select! {
+                        msg = messages.next() => match msg {
+                            Some(m) => match fills.upgrade() {
+                                Some(f) => f.notify(m.get_payload_bytes()),
+                                None => return,
+                            },
+                            None => break,
+                        },
+                        _ = shutdown.changed() => return,
+                    }
+                }
+                if let Some(f) = fills.upgrade() {
+                    f.connected.store(false, Ordering::SeqCst);
+                }
+            }
+        }
+        if fills.strong_count() == 0 {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Credentials never survive redaction.
+    #[test]
+    fn redact_hides_credentials() {
+        assert_eq!(
+            redact("redis://user:secret@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        let opts = RedisOptions::new("rediss://:pw@host:1");
+        assert!(!format!("{opts:?}").contains("pw"));
+    }
+
+    /// Every key of one entry carries the same hash tag, made only of hex.
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let store = RedisStore::new(RedisOptions::new("redis://127.0.0.1:1")).unwrap();
+        let k = store.keys(&CacheKey::new("/{evil}}"));
+        let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
+        let t = tag(&k.value);
+        assert_eq!(t.len(), 34);
+        for name in [&k.fresh, &k.lock, &k.fence, &k.pass] {
+            assert_eq!(tag(name), t);
+        }
+    }
+
+    /// Bad namespaces are refused at build time.
+    #[test]
+    fn namespace_is_validated() {
+        assert!(
+            RedisStore::new(RedisOptions::new("redis://127.0.0.1:1").namespace("a{b}")).is_err()
+        );
+        assert!(RedisStore::new(RedisOptions::new("redis://127.0.0.1:1").namespace("")).is_err());
+    }
+}
