@@ -6,7 +6,9 @@
 //! curl http://127.0.0.1:3000/stats
 //! ```
 //! Environment: `HERDGUARD_ADDR` (default 127.0.0.1:3000),
-//! `HERDGUARD_ORIGIN_DELAY_MS` (default 200).
+//! `HERDGUARD_ORIGIN_DELAY_MS` (default 200), and `HERDGUARD_REDIS_URL`
+//! (e.g. `redis://127.0.0.1:6379`) to share one Redis between several
+//! quickstart processes, so a cold key costs one origin call in all of them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use herdguard::CacheLayer;
+use herdguard::{CacheLayer, RedisOptions};
 use serde_json::json;
 
 #[derive(Clone)]
@@ -66,7 +68,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|_| format!("HERDGUARD_ORIGIN_DELAY_MS must be a number, got {v:?}"))?,
         Err(_) => 200,
     };
-    let cache = CacheLayer::new();
+    let redis_url = std::env::var("HERDGUARD_REDIS_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let mut builder = CacheLayer::builder();
+    if let Some(url) = &redis_url {
+        builder = builder.redis(RedisOptions::new(url.as_str()).namespace("quickstart"));
+    }
+    let cache = builder.build()?;
     let app = App {
         origin_calls: Arc::new(AtomicU64::new(0)),
         delay: Duration::from_millis(delay_ms),
@@ -80,8 +89,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let local = listener.local_addr()?;
+    let store = if redis_url.is_some() {
+        "redis + in-memory L1"
+    } else {
+        "in-memory"
+    };
     println!(
-        "herdguard quickstart (in-memory) on http://{local} — try: curl -i http://{local}/report/7 ; then: curl http://{local}/stats"
+        "herdguard quickstart ({store}) on http://{local} — try: curl -i http://{local}/report/7 ; then: curl http://{local}/stats"
     );
     axum::serve(listener, router).await?;
     Ok(())

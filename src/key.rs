@@ -121,6 +121,23 @@ impl KeyHasher {
         }
     }
 
+    /// Like [`opt_part`](Self::opt_part), ASCII-lowercased, without allocating.
+    pub(crate) fn opt_part_lowercase(&mut self, bytes: Option<&[u8]>) -> &mut Self {
+        let Some(bytes) = bytes else {
+            return self.opt_part(None);
+        };
+        self.0.update(&[1]);
+        self.0.update(&(bytes.len() as u64).to_le_bytes());
+        let mut buf = [0u8; 64];
+        for chunk in bytes.chunks(64) {
+            let out = &mut buf[..chunk.len()];
+            out.copy_from_slice(chunk);
+            out.make_ascii_lowercase();
+            self.0.update(out);
+        }
+        self
+    }
+
     pub(crate) fn finish(&self) -> CacheKey {
         let mut out = [0u8; 16];
         let digest = self.0.finalize();
@@ -141,6 +158,17 @@ mod tests {
         let mut b = KeyHasher::new();
         b.opt_part(Some(b""));
         assert_ne!(a.finish(), b.finish());
+    }
+
+    /// The lowercasing part hashes exactly like a lowercase plain part.
+    #[test]
+    fn lowercase_part_matches_lowercase_input() {
+        let long = "Ex".repeat(100);
+        let mut a = KeyHasher::new();
+        a.opt_part_lowercase(Some(long.as_bytes()));
+        let mut b = KeyHasher::new();
+        b.opt_part(Some(long.to_lowercase().as_bytes()));
+        assert_eq!(a.finish(), b.finish());
     }
 
     /// Hex round-trips, and malformed hex is refused.

@@ -24,7 +24,47 @@
 //!                                      wake every waiter
 //! ```
 //!
+//! ## With Redis: one origin call per key per cluster
+//!
+//! [`CacheLayerBuilder::redis`] (or [`CacheBuilder::redis`]) shares entries
+//! through Redis. Memory stays in front as an L1 (1 s by default, never
+//! fresher than the entry), and the in-process flight stays in front of
+//! Redis, so each process sends one lookup per key per flight however many
+//! requests wait in it. The local leader makes **one** round trip (a Lua
+//! script, by EVALSHA) that returns one of:
+//!
+//! ```text
+//! fresh entry             ─► HIT (fill L1)
+//! stale entry, lease won  ─► everyone here gets STALE now; refresh in background
+//! stale entry, lease held ─► STALE
+//! no entry, lease won     ─► LEADER: call the origin (watchdog extends the lease
+//!                            every lease/3), fenced write + release + PUBLISH
+//! no entry, lease held    ─► WAIT for the fill notification (one subscriber
+//!                            connection per process, bounded poll as a fallback),
+//!                            then look again; if the lease lapsed with no fill,
+//!                            compete again: exactly one wins
+//! pass marker             ─► go to the origin (known uncacheable)
+//! ```
+//!
+//! Each entry's keys share one hash tag made from the hex of the key's hash
+//! (`{ns}:{H}:v`, `:fresh`, `:lock`, `:fence`, `:pass`), so no request text
+//! reaches a key name and every script touches one slot. Every lease comes
+//! with a fence token (a per-key counter); the write script stores an entry
+//! only if its token is not older than the newest accepted one, so a leader
+//! whose lease lapsed (GC pause, slow origin) cannot overwrite a newer value.
+//! Rejected writes are counted in [`Stats::fenced_rejections`].
+//!
 //! ## Failure behaviour
+//!
+//! - **Redis down or slow:** every call has a timeout (connect 1 s, reply
+//!   250 ms, pool wait 250 ms by default). A failure opens a circuit breaker:
+//!   the layer serves from memory, coalesces in-process, and calls the origin
+//!   through the local leader; it probes Redis again after a doubling back-off
+//!   (250 ms to 5 s) and goes back to it by itself. Redis trouble is never a
+//!   5xx and never a panic.
+//! - **Corrupt or unknown-version entry in Redis:** a miss; logged and overwritten.
+//! - **A leader process dies:** its lease expires (5 s by default) and exactly
+//!   one waiter wins the next election.
 //!
 //! - **The origin errors, times out or panics:** every waiter of that flight
 //!   gets the same outcome (a 502/504 response, or the inner service's own

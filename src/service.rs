@@ -459,9 +459,10 @@ fn strip_not_stored(headers: &mut HeaderMap) {
 }
 
 impl LayerState {
-    /// The cache key of a request: method (HEAD shares GET's entry), authority,
-    /// path and query, whether it carried Authorization, and the configured
-    /// key headers.
+    /// The cache key of a request: method (HEAD shares GET's entry), host
+    /// name (lowercase, without port: instances of one service listen on
+    /// different ports but serve the same resources), path and query, whether
+    /// it carried Authorization, and the configured key headers.
     pub(crate) fn key_for<B>(&self, req: &Request<B>) -> CacheKey {
         self.key_with_auth(req, req.headers().contains_key(header::AUTHORIZATION))
     }
@@ -474,7 +475,7 @@ impl LayerState {
             .or_else(|| req.headers().get(header::HOST).map(HeaderValue::as_bytes));
         let mut h = KeyHasher::new();
         h.part(b"GET")
-            .opt_part(authority)
+            .opt_part_lowercase(authority.map(host_name))
             .part(uri.path().as_bytes())
             .opt_part(uri.query().map(str::as_bytes))
             .part(&[u8::from(authorized)]);
@@ -601,6 +602,24 @@ impl LayerState {
     }
 }
 
+/// The host name of an authority: no userinfo, no port; `[v6]` kept whole.
+fn host_name(authority: &[u8]) -> &[u8] {
+    let host = match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    if host.first() == Some(&b'[') {
+        return match host.iter().position(|&b| b == b']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
+    }
+    match host.iter().rposition(|&b| b == b':') {
+        Some(colon) => &host[..colon],
+        None => host,
+    }
+}
+
 /// The URI as the client sent it: axum's nested routers strip their prefix,
 /// and two nested routes must not share a key.
 fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
@@ -609,4 +628,19 @@ fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
         return &original.0;
     }
     req.uri()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_name;
+
+    /// Ports and userinfo are not part of the host; IPv6 brackets are kept.
+    #[test]
+    fn host_name_strips_port_and_userinfo() {
+        assert_eq!(host_name(b"example.com:8080"), b"example.com");
+        assert_eq!(host_name(b"user:pw@example.com:1"), b"example.com");
+        assert_eq!(host_name(b"[::1]:3000"), b"[::1]");
+        assert_eq!(host_name(b"[::1"), b"[::1");
+        assert_eq!(host_name(b"plain"), b"plain");
+    }
 }

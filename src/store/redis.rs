@@ -474,8 +474,9 @@ impl RedisStore {
     }
 
     /// Whether calls go to Redis now (the breaker is closed, or due a probe).
+    /// Does not use up the probe: the call itself does.
     pub(crate) fn available(&self) -> bool {
-        self.breaker.allow()
+        self.breaker.would_allow()
     }
 
     /// One round trip: the entry and its freshness, or the lease and a fence token.
@@ -805,7 +806,6 @@ struct Breaker {
 struct BreakerState {
     open_until: Instant,
     backoff: Duration,
-    probing: bool,
 }
 
 impl Breaker {
@@ -816,7 +816,6 @@ impl Breaker {
             state: Mutex::new(BreakerState {
                 open_until: Instant::now(),
                 backoff: Duration::ZERO,
-                probing: false,
             }),
             min_backoff,
             max_backoff,
@@ -827,14 +826,27 @@ impl Breaker {
         self.closed.load(Ordering::Acquire)
     }
 
+    fn would_allow(&self) -> bool {
+        self.is_closed()
+            || Instant::now()
+                >= self
+                    .state
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .open_until
+    }
+
     fn allow(&self) -> bool {
         if self.is_closed() {
             return true;
         }
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !s.probing && Instant::now() >= s.open_until {
-            // Half-open: let this one call through as the probe.
-            s.probing = true;
+        let now = Instant::now();
+        if now >= s.open_until {
+            // Half-open: this call is the probe. The next one may go only
+            // after another back-off, so a probe that never settles (its
+            // caller was cancelled) cannot wedge the breaker.
+            s.open_until = now + s.backoff;
             return true;
         }
         false
@@ -846,7 +858,6 @@ impl Breaker {
         }
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.backoff = Duration::ZERO;
-        s.probing = false;
         self.closed.store(true, Ordering::Release);
         metrics::gauge!("herdguard_redis_available").set(1.0);
         tracing::info!("redis answers again; using it");
@@ -862,7 +873,6 @@ impl Breaker {
             (s.backoff * 2).min(self.max_backoff)
         };
         s.open_until = Instant::now() + s.backoff;
-        s.probing = false;
         metrics::gauge!("herdguard_redis_available").set(0.0);
         was_closed
     }

@@ -1,0 +1,354 @@
+//! Cluster-wide single flight against real redis-server processes: one origin
+//! call per key across instances, stale across instances, dead leaders, lapsed
+//! leases and fencing, corrupt entries, Redis outages, hostile keys, and the
+//! number of Redis commands a flight costs.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use bytes::Bytes;
+use herdguard::{redis, CacheLayer, RedisOptions};
+use support::origin::{cache_status, get_req, send, Origin};
+use support::{Monitor, RedisServer};
+
+const CACHEABLE: &[(&str, &str)] = &[("cache-control", "max-age=60")];
+
+fn layer(server: &RedisServer, opts: impl FnOnce(RedisOptions) -> RedisOptions) -> CacheLayer {
+    CacheLayer::builder()
+        .redis(opts(RedisOptions::new(server.url()).namespace("t")))
+        .build()
+        .expect("valid layer")
+}
+
+/// `n` concurrent GETs of `uri` against `app`.
+async fn burst(
+    app: &Router,
+    uri: &'static str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<(axum::http::StatusCode, axum::http::HeaderMap, Bytes)>> {
+    (0..n)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, get_req(uri)).await })
+        })
+        .collect()
+}
+
+/// 4 instances with their own pools, 250 concurrent requests each on one cold key: exactly 1 origin call, identical bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_burst_across_four_instances_calls_origin_once() {
+    let server = RedisServer::start();
+    let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(300));
+    let apps: Vec<Router> = (0..4).map(|_| origin.app(layer(&server, |o| o))).collect();
+    let mut tasks = Vec::new();
+    for app in &apps {
+        tasks.extend(burst(app, "/cold", 250).await);
+    }
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let (code, _, body) = t.await.unwrap();
+        assert_eq!(code, 200);
+        bodies.push(body);
+    }
+    assert_eq!(bodies.len(), 1000);
+    assert_eq!(origin.calls(), 1);
+    assert!(bodies.iter().all(|b| b == &bodies[0]));
+}
+
+/// An expired entry inside its grace, requested on 4 instances at once: everyone gets stale and exactly 1 refresh runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_across_instances_refreshes_once() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
+        .delay(Duration::from_millis(200));
+    let apps: Vec<Router> = (0..4).map(|_| origin.app(layer(&server, |o| o))).collect();
+    let (_, _, first) = send(&apps[0], get_req("/swr")).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await; // past max-age and the 1 s L1
+
+    let mut tasks = Vec::new();
+    for app in &apps {
+        tasks.extend(burst(app, "/swr", 100).await);
+    }
+    for t in tasks {
+        let (code, h, body) = t.await.unwrap();
+        assert_eq!(code, 200);
+        assert!(
+            cache_status(&h).contains("detail=stale"),
+            "{}",
+            cache_status(&h)
+        );
+        assert_eq!(body, first);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(origin.calls(), 2, "the first fill and exactly one refresh");
+}
+
+/// A leader killed mid-work: its lease expires, exactly one new leader is elected, and the waiters get its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_leader_is_replaced_by_exactly_one() {
+    let server = RedisServer::start();
+    let short_lease = |o: RedisOptions| o.lease_ttl(Duration::from_millis(500));
+
+    // The doomed leader runs on its own runtime, dropped mid-flight (as a
+    // killed process would stop: no release, no write).
+    let doomed_origin = Origin::new(CACHEABLE)
+        .delay(Duration::from_secs(30))
+        .tag("doomed");
+    let doomed = doomed_origin.app(layer(&server, short_lease));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = std::thread::spawn(move || {
+        rt.block_on(async {
+            tokio::spawn(async move { send(&doomed, get_req("/dies")).await });
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        });
+        drop(rt); // every task of that "process" dies here
+    });
+    handle.join().unwrap();
+    assert_eq!(doomed_origin.calls(), 1, "the doomed leader had started");
+
+    let origin = Origin::new(CACHEABLE)
+        .delay(Duration::from_millis(100))
+        .tag("survivor");
+    let apps: Vec<Router> = (0..3)
+        .map(|_| origin.app(layer(&server, short_lease)))
+        .collect();
+    let mut tasks = Vec::new();
+    for app in &apps {
+        tasks.extend(burst(app, "/dies", 50).await);
+    }
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let (code, _, body) = t.await.unwrap();
+        assert_eq!(code, 200);
+        bodies.push(body);
+    }
+    assert_eq!(origin.calls(), 1, "exactly one new leader");
+    assert!(bodies.iter().all(|b| b.starts_with(b"survivor call=1")));
+}
+
+/// With the watchdog off and an origin slower than the lease, a second leader writes fence n+1; the first leader's late write (fence n) is rejected and the newer value stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_write_of_a_lapsed_leader_is_fenced_off() {
+    let server = RedisServer::start();
+    let no_watchdog = |o: RedisOptions| o.lease_ttl(Duration::from_millis(300)).watchdog(false);
+    let slow = Origin::new(CACHEABLE)
+        .delay(Duration::from_millis(1200))
+        .tag("old");
+    let fast = Origin::new(CACHEABLE)
+        .delay(Duration::from_millis(50))
+        .tag("new");
+    let layer_a = layer(&server, no_watchdog);
+    let (a, b) = (
+        slow.app(layer_a.clone()),
+        fast.app(layer(&server, no_watchdog)),
+    );
+
+    let first = tokio::spawn(async move { send(&a, get_req("/fenced")).await });
+    tokio::time::sleep(Duration::from_millis(500)).await; // A's lease has lapsed
+    let (_, _, from_b) = send(&b, get_req("/fenced")).await;
+    assert!(from_b.starts_with(b"new"));
+    let (_, _, from_a) = first.await.unwrap();
+    assert!(
+        from_a.starts_with(b"old"),
+        "A still answers its own request"
+    );
+    assert_eq!(layer_a.stats().fenced_rejections, 1);
+
+    let reader = Origin::new(CACHEABLE).tag("reader");
+    let (_, h, stored) = send(&reader.app(layer(&server, |o| o)), get_req("/fenced")).await;
+    assert_eq!(stored, from_b, "the newer value stays");
+    assert!(cache_status(&h).contains("hit"));
+    assert_eq!(reader.calls(), 0);
+}
+
+/// Corrupt bytes, an unknown version, or a truncated payload in the value key are a miss: logged, recomputed, overwritten, no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_entries_are_misses_and_get_overwritten() {
+    let server = RedisServer::start();
+    let origin = Origin::new(CACHEABLE);
+    let probe = origin.app(layer(&server, |o| o));
+    let mut conn = server.connection().await;
+    let cases: [&[u8]; 3] = [
+        b"\x00\xffnot an entry at all",
+        b"HG\x63\x00future version",
+        b"HG\x01\x00\x01\x02\x03", // right header, body cut short
+    ];
+    for (i, bytes) in cases.into_iter().enumerate() {
+        let uri = format!("/corrupt/{i}");
+        let key = probe_key(&probe, &uri);
+        let _: () = redis::cmd("SET")
+            .arg(format!("t:{{{key}}}:v"))
+            .arg(bytes)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(format!("t:{{{key}}}:fresh"))
+            .arg("1")
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let before = origin.calls();
+        let fresh_instance = origin.app(layer(&server, |o| o));
+        let (code, _, body) = send(&fresh_instance, get_req(Box::leak(uri.into_boxed_str()))).await;
+        assert_eq!(code, 200);
+        assert_eq!(origin.calls(), before + 1, "case {i} was recomputed");
+        let stored: Vec<u8> = redis::cmd("GET")
+            .arg(format!("t:{{{key}}}:v"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(stored.starts_with(b"HG\x01"), "case {i} was overwritten");
+        let another = origin.app(layer(&server, |o| o));
+        let (_, h, again) = send(
+            &another,
+            get_req(Box::leak(format!("/corrupt/{i}").into_boxed_str())),
+        )
+        .await;
+        assert!(cache_status(&h).contains("hit"));
+        assert_eq!(again, body);
+    }
+}
+
+/// The hex cache key of a GET to `uri` as the layers derive it.
+fn probe_key(_app: &Router, uri: &str) -> String {
+    let layer = CacheLayer::new();
+    layer.key_for(&get_req(uri)).to_hex()
+}
+
+/// Redis killed in the middle of a burst: every request still succeeds; after a restart the layer uses Redis again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_mid_burst_fails_open_and_recovers() {
+    let mut server = RedisServer::start();
+    let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(20));
+    let fast_breaker =
+        |o: RedisOptions| o.breaker_backoff(Duration::from_millis(100), Duration::from_millis(400));
+    let apps: Vec<Router> = (0..2)
+        .map(|_| origin.app(layer(&server, fast_breaker)))
+        .collect();
+
+    let mut tasks = Vec::new();
+    for i in 0..400usize {
+        let app = apps[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis((i as u64) * 2)).await;
+            let uri = format!("/outage/{}", i % 40);
+            send(&app, get_req(&uri)).await.0
+        }));
+        if i == 150 {
+            server.stop();
+        }
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200, "no 5xx while redis is down");
+    }
+
+    server.restart();
+    let mut conn = server.connection().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    loop {
+        i += 1;
+        let uri = format!("/after-restart/{i}");
+        assert_eq!(send(&apps[0], get_req(&uri)).await.0, 200);
+        let size: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        if size > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the layer never went back to redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Hostile paths, queries and hosts cannot change the hash tag or make two requests share a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_cannot_steer_or_collide_keys() {
+    let server = RedisServer::start();
+    let origin = Origin::new(CACHEABLE);
+    let app = origin.app(layer(&server, |o| o));
+    let long = format!("/{}", "x".repeat(8000));
+    let uris: Vec<String> = vec![
+        "/{tag}".into(),
+        "/%7Btag%7D".into(),
+        "/a}{b".into(),
+        "/a?b={c}".into(),
+        "/a?b=%7Bc%7D".into(),
+        "/%FF%FE%00".into(),
+        "/%2e%2e/%2e%2e/etc".into(),
+        "/a%20b".into(),
+        "/a+b".into(),
+        long,
+    ];
+    for uri in &uris {
+        let (code, _, body) = send(&app, get_req(uri)).await;
+        assert_eq!(code, 200);
+        assert!(
+            body.ends_with(format!("uri={uri}").as_bytes()),
+            "each request gets its own response"
+        );
+    }
+    let mut conn = server.connection().await;
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut tags = std::collections::BTreeSet::new();
+    for k in &keys {
+        let k = std::str::from_utf8(k).expect("key names are ASCII");
+        let rest = k.strip_prefix("t:{").expect("namespace, then the tag");
+        let (tag, suffix) = rest
+            .split_once("}:")
+            .expect("closing brace right after the tag");
+        assert!(
+            tag.len() == 32 && tag.bytes().all(|b| b.is_ascii_hexdigit()),
+            "tag {tag:?}"
+        );
+        assert!(
+            ["v", "fresh", "fence"].contains(&suffix),
+            "unexpected key {k}"
+        );
+        tags.insert(tag.to_owned());
+    }
+    assert_eq!(
+        tags.len(),
+        uris.len(),
+        "one distinct tag per distinct request"
+    );
+    assert_eq!(origin.calls(), uris.len());
+}
+
+/// A cold burst of 500 in one process sends one lookup-or-lease and one fenced write: at most 4 commands in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flight_costs_two_script_calls() {
+    let server = RedisServer::start();
+    let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(100));
+    let app = origin.app(layer(&server, |o| o));
+    // Warm up: open every connection and load the scripts.
+    for i in 0..4 {
+        send(&app, get_req(&format!("/warm/{i}"))).await;
+    }
+    let monitor = Monitor::start(&server);
+    let mut tasks = burst(&app, "/counted", 500).await;
+    for t in tasks.drain(..) {
+        assert_eq!(t.await.unwrap().0, 200);
+    }
+    let sent = monitor.client_commands();
+    let evalsha = sent.iter().filter(|c| *c == "EVALSHA").count();
+    assert_eq!(evalsha, 2, "lookup-or-lease + write-and-release: {sent:?}");
+    assert!(sent.len() <= 4, "{sent:?}");
+    assert_eq!(origin.calls.load(Ordering::SeqCst), 5);
+}

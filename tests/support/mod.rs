@@ -1,0 +1,251 @@
+//! Test support: real `redis-server` processes on free loopback ports, and a
+//! small counting origin. Servers are stopped when dropped.
+#![allow(
+    dead_code,
+    reason = "each test crate uses a different part of the support code"
+)]
+#![allow(
+    unreachable_pub,
+    reason = "support is a private module of each test crate"
+)]
+
+pub mod origin;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use herdguard::redis;
+
+/// A `redis-server` we started: no persistence, loopback only.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    l.local_addr().expect("local addr").port()
+}
+
+fn redis_server_binary() -> &'static str {
+    match Command::new("redis-server").arg("--version").output() {
+        Ok(o) if o.status.success() => "redis-server",
+        _ => panic!(
+            "redis-server is not installed: run `apt-get install -y redis-server` \
+             (the tests start their own servers on free loopback ports; `bash .ci/run` installs it)"
+        ),
+    }
+}
+
+impl RedisServer {
+    /// Start a server on a free loopback port and wait until it answers PING.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Start with extra `redis-server` arguments (e.g. `["--replicaof", ...]`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("herdguard-redis-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create redis dir");
+        let mut s = Self {
+            port,
+            child: None,
+            dir,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let bin = redis_server_binary();
+        let port = self.port.to_string();
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args([
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ])
+        .arg("--dir")
+        .arg(&self.dir)
+        .args(&self.extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let child = cmd.spawn().expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if ping(self.port) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "redis-server on port {} did not answer PING within 10 s",
+            self.port
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .expect("server is running")
+    }
+
+    /// Kill the server (SIGKILL) and wait for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start again on the same port (after `stop`).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Freeze the process with SIGSTOP: the port accepts nothing it answers.
+    pub fn freeze(&self) {
+        signal(self.pid(), "-STOP");
+    }
+
+    /// Resume a frozen process with SIGCONT.
+    pub fn thaw(&self) {
+        signal(self.pid(), "-CONT");
+    }
+
+    /// A direct connection for inspecting or tampering with keys.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        let client = redis::Client::open(self.url()).expect("client");
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to test redis")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A frozen server ignores SIGKILL until resumed? No: SIGKILL works,
+            // but resume first so nothing lingers in the stopped state.
+            signal(c.id(), "-CONT");
+        }
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(sig).arg(pid.to_string()).status();
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+    else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}
+
+/// The commands clients send to a server, seen through `MONITOR` (commands
+/// run inside Lua scripts are left out: they are not round trips).
+pub struct Monitor {
+    child: Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Monitor {
+    pub fn start(server: &RedisServer) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &server.port().to_string(),
+                "monitor",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli is not installed: apt-get install -y redis-tools");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line == "OK" {
+                    let _ = ready_tx.send(());
+                    continue;
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("MONITOR started");
+        Self { child, lines }
+    }
+
+    /// Client commands seen so far, upper-cased names, script internals excluded.
+    pub fn client_commands(&self) -> Vec<String> {
+        // Let the last lines arrive.
+        std::thread::sleep(Duration::from_millis(200));
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| !l.contains(" lua]"))
+            .filter_map(|l| l.split('"').nth(1).map(str::to_uppercase))
+            .collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
