@@ -27,7 +27,8 @@ use crate::entry::{decode_entry, encode_entry, EntryMeta, Value};
 use crate::error::{BoxError, BuildError, Error};
 use crate::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use crate::key::CacheKey;
-use crate::lock::watchdog::Watchdog;
+use crate::lock::redlock::Redlock;
+use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{self, FenceToken, LeaseToken};
 use crate::metrics::{self, Counters, Source, Stats};
 use crate::store::memory::{MemoryStore, Probe, Stored};
@@ -128,6 +129,7 @@ pub(crate) struct EngineConfig {
     pub(crate) pass_ttl: Duration,
     pub(crate) fallback_limit: usize,
     pub(crate) redis: Option<RedisOptions>,
+    pub(crate) redlock: Option<Arc<Redlock>>,
 }
 
 impl Default for EngineConfig {
@@ -141,6 +143,7 @@ impl Default for EngineConfig {
             pass_ttl: Duration::from_secs(5),
             fallback_limit: 64,
             redis: None,
+            redlock: None,
         }
     }
 }
@@ -157,14 +160,26 @@ pub(crate) struct Shared<V: Value> {
     pub(crate) counters: Counters,
     /// The shared store; `None` runs on memory alone (the embedded default).
     pub(crate) remote: Option<Arc<RedisStore>>,
+    /// The lease backend when leases live on Redlock nodes.
+    redlock: Option<Arc<Redlock>>,
 }
 
 impl<V: Value> Shared<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
         let remote = match &config.redis {
-            Some(opts) => Some(Arc::new(RedisStore::new(opts.clone())?)),
+            Some(opts) => {
+                let mut store = RedisStore::new(opts.clone())?;
+                if config.redlock.is_some() {
+                    store.set_lease_elsewhere();
+                }
+                Some(Arc::new(store))
+            }
+            None if config.redlock.is_some() => return Err(BuildError::new(
+                "a redlock lease needs the redis main store too: values and the fence live there",
+            )),
             None => None,
         };
+        let redlock = config.redlock.clone();
         Ok(Self {
             memory: MemoryStore::new(config.capacity_bytes),
             flights: Arc::new(Flights::new()),
@@ -172,6 +187,7 @@ impl<V: Value> Shared<V> {
             config,
             counters: Counters::default(),
             remote,
+            redlock,
         })
     }
 
@@ -330,23 +346,53 @@ impl<V: Value> Shared<V> {
                         (Ok((meta, value)), Some(fence)) => {
                             let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
                             handle.publish_stale(entry);
-                            return self.lead_remote(remote, key, token, fence, fut).await;
+                            let lease = HeldLease::Single(token);
+                            return self.lead_remote(remote, key, lease, fence, fut).await;
                         }
                         (Ok((meta, value)), None) => {
                             let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
+                            // With Redlock the lookup never leases: try for the
+                            // refresh lease there, serve stale either way.
+                            if let Some((lease, fence)) = self.redlock_lease(remote, key).await {
+                                handle.publish_stale(entry);
+                                return self.lead_remote(remote, key, lease, fence, fut).await;
+                            }
                             return Outcome::Value {
                                 entry,
                                 source: Source::Stale,
                             };
                         }
                         (Err(_), Some(fence)) => {
-                            return self.lead_remote(remote, key, token, fence, fut).await
+                            let lease = HeldLease::Single(token);
+                            return self.lead_remote(remote, key, lease, fence, fut).await;
                         }
                         (Err(_), None) => skip_entry = true,
                     }
                 }
                 RemoteLookup::Leased { fence } => {
-                    return self.lead_remote(remote, key, token, fence, fut).await
+                    let lease = HeldLease::Single(token);
+                    return self.lead_remote(remote, key, lease, fence, fut).await;
+                }
+                RemoteLookup::Miss => {
+                    if let Some((lease, fence)) = self.redlock_lease(remote, key).await {
+                        return self.lead_remote(remote, key, lease, fence, fut).await;
+                    }
+                    if self.redlock.is_none() {
+                        // Only a Redlock lookup says Miss; be safe if not.
+                        return self.compute_locally(key, fut).await;
+                    }
+                    if let Some(out) = self
+                        .wait_for_fill(
+                            remote,
+                            key,
+                            &mut subscription,
+                            remote.options.poll_interval,
+                            deadline,
+                        )
+                        .await
+                    {
+                        return self.finish_waiting(out, fut).await;
+                    }
                 }
                 RemoteLookup::Pass { left } => {
                     self.memory.insert_pass(key, left.min(self.config.pass_ttl));
@@ -354,29 +400,71 @@ impl<V: Value> Shared<V> {
                 }
                 RemoteLookup::Held { lease_left } => {
                     lock::record_acquire("contended");
-                    let now = Instant::now();
-                    if now >= deadline {
-                        // Waited as long as allowed: one uncached call for this
-                        // whole process, shared with its waiters.
-                        return self.compute_unshared(fut).await;
-                    }
-                    match &mut subscription {
-                        // First time: subscribe, then look again before waiting,
-                        // so a fill published in between is not missed.
-                        None => subscription = Some(remote.subscribe_fills(key)),
-                        Some(sub) => {
-                            let poll = if remote.notifications_live() {
-                                remote.options.poll_interval
-                            } else {
-                                remote.options.poll_interval.min(Duration::from_millis(50))
-                            };
-                            let wait = poll
-                                .min(lease_left + Duration::from_millis(5))
-                                .min(deadline - now);
-                            sub.wait(wait).await;
-                        }
+                    if let Some(out) = self
+                        .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
+                        .await
+                    {
+                        return self.finish_waiting(out, fut).await;
                     }
                 }
+            }
+        }
+    }
+
+    /// Someone else holds the lease: wait for its fill, bounded. Returns
+    /// `Some` when the overall wait is over.
+    async fn wait_for_fill(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        subscription: &mut Option<FillSubscription>,
+        lease_left: Duration,
+        deadline: Instant,
+    ) -> Option<WaitOver> {
+        let now = Instant::now();
+        if now >= deadline {
+            return Some(WaitOver);
+        }
+        match subscription {
+            // First time: subscribe, then look again before waiting, so a fill
+            // published in between is not missed.
+            None => *subscription = Some(remote.subscribe_fills(key)),
+            Some(sub) => {
+                let poll = if remote.notifications_live() {
+                    remote.options.poll_interval
+                } else {
+                    remote.options.poll_interval.min(Duration::from_millis(50))
+                };
+                let wait = poll
+                    .min(lease_left + Duration::from_millis(5))
+                    .min(deadline - now);
+                sub.wait(wait).await;
+            }
+        }
+        None
+    }
+
+    /// Waited as long as allowed: one uncached call for this whole process,
+    /// shared with its waiters.
+    async fn finish_waiting(&self, _over: WaitOver, fut: ComputeFuture<V>) -> Outcome<V> {
+        self.compute_unshared(fut).await
+    }
+
+    /// With a Redlock backend: one acquisition attempt (no retries: others
+    /// wait for the fill instead), then a fence from the main store.
+    async fn redlock_lease(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+    ) -> Option<(HeldLease, FenceToken)> {
+        let redlock = self.redlock.as_ref()?;
+        let lease = redlock.acquire_key(key, 0).await.ok()?;
+        match remote.next_fence(&key).await {
+            Ok(fence) => Some((HeldLease::Redlock(Arc::clone(redlock), lease), fence)),
+            Err(e) => {
+                tracing::debug!(key = %key.short(), error = %e, "no fence from the main store");
+                redlock.release(lease).await;
+                None
             }
         }
     }
@@ -386,21 +474,28 @@ impl<V: Value> Shared<V> {
         &self,
         remote: &Arc<RedisStore>,
         key: CacheKey,
-        token: LeaseToken,
+        lease: HeldLease,
         fence: FenceToken,
         fut: ComputeFuture<V>,
     ) -> Outcome<V> {
-        lock::record_acquire("acquired");
-        let held_since = Instant::now();
-        let lease_ttl = remote.options.lease_ttl;
-        let watchdog = if remote.options.watchdog {
-            Watchdog::start(Arc::clone(remote), key, token.clone(), lease_ttl)
-        } else {
-            Watchdog::disabled()
+        let single = matches!(lease, HeldLease::Single(_));
+        let ttl = match &lease {
+            HeldLease::Single(_) => {
+                lock::record_acquire("acquired");
+                remote.options.lease_ttl
+            }
+            HeldLease::Redlock(lock, _) => lock.ttl(),
         };
+        let held_since = Instant::now();
+        let (watchdog, token) = Watchdog::watch(remote, key, lease, ttl, remote.options.watchdog);
         self.counters.origin_call();
         let result = self.run_compute(fut).await;
-        let lost = watchdog.stop();
+        let stopped = watchdog.stop().await;
+        let lost = stopped.lost;
+        if let Some((lock, lease)) = stopped.redlock {
+            // The write below cannot release a lease that lives elsewhere.
+            lock.release(lease).await;
+        }
         let fill = match result {
             Ok(fill) => fill,
             Err(error) => {
@@ -409,7 +504,9 @@ impl<V: Value> Shared<V> {
                 let _ = remote
                     .write_and_release(&key, &token, fence, WriteMode::Release)
                     .await;
-                lock::record_held(held_since.elapsed().as_secs_f64());
+                if single {
+                    lock::record_held(held_since.elapsed().as_secs_f64());
+                }
                 return Outcome::Failed(error);
             }
         };
@@ -446,7 +543,9 @@ impl<V: Value> Shared<V> {
                     .map(|w| (w, None))
             }
         };
-        lock::record_held(held_since.elapsed().as_secs_f64());
+        if single {
+            lock::record_held(held_since.elapsed().as_secs_f64());
+        }
         match written {
             Err(e) => {
                 // Redis went away mid-flight: memory carries the entry.
@@ -454,7 +553,7 @@ impl<V: Value> Shared<V> {
                 self.fill_memory(key, fill, fence.0)
             }
             Ok((w, meta)) => {
-                if !w.released && !lost {
+                if single && !w.released && !lost {
                     lock::record_acquire("expired_mid_work");
                 }
                 if !w.accepted && !matches!(fill, Fill::Share(_)) {
@@ -620,6 +719,10 @@ impl<V: Value> Shared<V> {
             .and_then(Result::ok)
     }
 }
+
+/// The bounded wait for another process's fill is over.
+#[derive(Debug)]
+struct WaitOver;
 
 /// A value handed to the requests waiting now, with no lifetime in memory.
 fn unstored<V>(value: V) -> Arc<Stored<V>> {
@@ -850,6 +953,15 @@ impl<V: Value> CacheBuilder<V> {
     #[must_use]
     pub fn redis(mut self, options: RedisOptions) -> Self {
         self.config.redis = Some(options);
+        self
+    }
+
+    /// Take leases on a Redlock quorum instead of the main Redis. Entries and
+    /// fence counters stay on the main Redis (set with [`redis`](Self::redis)):
+    /// the fence must live with the data it protects.
+    #[must_use]
+    pub fn redlock(mut self, redlock: Redlock) -> Self {
+        self.config.redlock = Some(Arc::new(redlock));
         self
     }
 

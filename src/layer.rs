@@ -192,6 +192,15 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// Take leases on a Redlock quorum instead of the main Redis (for origins
+    /// where a double call is unsafe, not just wasteful). Entries and fence
+    /// counters stay on the main Redis, which [`redis`](Self::redis) must set.
+    #[must_use]
+    pub fn redlock(mut self, redlock: crate::Redlock) -> Self {
+        self.engine.redlock = Some(Arc::new(redlock));
+        self
+    }
+
     /// Build the layer.
     ///
     /// # Errors

@@ -143,6 +143,9 @@ pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use future::ResponseFuture;
 pub use key::CacheKey;
 pub use layer::{CacheLayer, CacheLayerBuilder};
+pub use lock::redlock::{
+    FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
+};
 pub use metrics::{Source, Stats};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;

@@ -5,6 +5,7 @@
 //! issued with it makes a late write from a lapsed leader harmless, because
 //! the store rejects any write older than the newest accepted one.
 
+pub(crate) mod redlock;
 pub(crate) mod watchdog;
 
 use std::fmt;

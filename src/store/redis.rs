@@ -229,6 +229,8 @@ pub(crate) enum RemoteLookup {
     Held {
         lease_left: Duration,
     },
+    /// No entry, and the lease is not taken here (it lives on Redlock nodes).
+    Miss,
     Pass {
         left: Duration,
     },
@@ -285,7 +287,8 @@ static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 -- KEYS: v fresh lock fence pass
--- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix
+-- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only
+-- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
 local v = false
 if ARGV[3] ~= '1' then v = redis.call('GET', KEYS[1]) end
 -- An entry this version cannot read is a miss; the leader overwrites it.
@@ -294,6 +297,7 @@ if v then
   local fresh = redis.call('PTTL', KEYS[2])
   local hard = redis.call('PTTL', KEYS[1])
   if fresh > 0 then return {'fresh', v, fresh, hard, 0, 0} end
+  if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0} end
   if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
     if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
@@ -303,6 +307,7 @@ if v then
 end
 local pass = redis.call('PTTL', KEYS[5])
 if pass > 0 then return {'pass', '', 0, 0, 0, pass} end
+if ARGV[6] == '1' then return {'miss', '', 0, 0, 0, 0} end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
   if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
@@ -405,6 +410,8 @@ pub(crate) struct RedisStore {
     channel: String,
     entry_prefix: Vec<u8>,
     shutdown: watch::Sender<bool>,
+    /// The lease is taken on Redlock nodes, so lookups never lease here.
+    lease_elsewhere: bool,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -457,6 +464,7 @@ impl RedisStore {
             channel,
             entry_prefix,
             shutdown: watch::channel(false).0,
+            lease_elsewhere: false,
             options,
         })
     }
@@ -497,7 +505,8 @@ impl RedisStore {
             .arg(millis(self.options.lease_ttl))
             .arg(if skip_entry { "1" } else { "0" })
             .arg(millis(self.options.fence_retention))
-            .arg(&self.entry_prefix[..]);
+            .arg(&self.entry_prefix[..])
+            .arg(if self.lease_elsewhere { "1" } else { "0" });
         let reply: RedisValue = self.invoke("lookup_or_lease", &inv).await?;
         parse_lookup(reply).ok_or(StoreError::Protocol)
     }
@@ -712,7 +721,59 @@ impl RedisStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
     }
+
+    // ---- Lease pieces used by Redlock and the guarded-work API ----
+
+    /// Lookups stop taking the lease here; Redlock takes it instead.
+    pub(crate) fn set_lease_elsewhere(&mut self) {
+        self.lease_elsewhere = true;
+    }
+
+    /// `SET lock token NX PX ttl` on this node alone.
+    pub(crate) async fn try_lease(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let k = self.keys(key);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&k.lock)
+            .arg(token.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(ttl).max(1));
+        let reply: Option<String> = self.query("try_lease", &cmd).await?;
+        Ok(reply.is_some())
+    }
+
+    /// The next fence token of `key`, from the counter that lives with the value.
+    pub(crate) async fn next_fence(&self, key: &CacheKey) -> Result<FenceToken, StoreError> {
+        let k = self.keys(key);
+        let mut inv = NEXT_FENCE.prepare_invoke();
+        inv.key(&k.fence).arg(millis(self.options.fence_retention));
+        let n: i64 = self.invoke("next_fence", &inv).await?;
+        Ok(FenceToken(n.max(0) as u64))
+    }
+
+    /// The stored bytes of `key`, if any (no freshness check).
+    pub(crate) async fn read_value(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, StoreError> {
+        let k = self.keys(key);
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&k.value);
+        self.query("read_value", &cmd).await
+    }
 }
+
+static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local f = redis.call('HINCRBY', KEYS[1], 'next', 1)
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return f
+",
+    )
+});
 
 fn millis(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
@@ -788,6 +849,7 @@ fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
             lease_left: pttl(other),
         },
         b"pass" => RemoteLookup::Pass { left: pttl(other) },
+        b"miss" => RemoteLookup::Miss,
         _ => return None,
     })
 }
