@@ -353,7 +353,9 @@ impl<V: Value> Shared<V> {
                             let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
                             // With Redlock the lookup never leases: try for the
                             // refresh lease there, serve stale either way.
-                            if let Some((lease, fence)) = self.redlock_lease(remote, key).await {
+                            if let RedlockTry::Won(lease, fence) =
+                                self.redlock_lease(remote, key).await
+                            {
                                 handle.publish_stale(entry);
                                 return self.lead_remote(remote, key, lease, fence, fut).await;
                             }
@@ -374,8 +376,12 @@ impl<V: Value> Shared<V> {
                     return self.lead_remote(remote, key, lease, fence, fut).await;
                 }
                 RemoteLookup::Miss => {
-                    if let Some((lease, fence)) = self.redlock_lease(remote, key).await {
-                        return self.lead_remote(remote, key, lease, fence, fut).await;
+                    match self.redlock_lease(remote, key).await {
+                        RedlockTry::Won(lease, fence) => {
+                            return self.lead_remote(remote, key, lease, fence, fut).await
+                        }
+                        RedlockTry::FilledMeanwhile => continue,
+                        RedlockTry::Contended => {}
                     }
                     if self.redlock.is_none() {
                         // Only a Redlock lookup says Miss; be safe if not.
@@ -452,19 +458,26 @@ impl<V: Value> Shared<V> {
 
     /// With a Redlock backend: one acquisition attempt (no retries: others
     /// wait for the fill instead), then a fence from the main store.
-    async fn redlock_lease(
-        &self,
-        remote: &Arc<RedisStore>,
-        key: CacheKey,
-    ) -> Option<(HeldLease, FenceToken)> {
-        let redlock = self.redlock.as_ref()?;
-        let lease = redlock.acquire_key(key, 0).await.ok()?;
+    async fn redlock_lease(&self, remote: &Arc<RedisStore>, key: CacheKey) -> RedlockTry {
+        let Some(redlock) = self.redlock.as_ref() else {
+            return RedlockTry::Contended;
+        };
+        let Ok(lease) = redlock.acquire_key(key, 0).await else {
+            return RedlockTry::Contended;
+        };
+        // Lookup and lease are two steps here: the previous holder may have
+        // filled the entry just before we won. Look again before computing.
+        let unused = LeaseToken::random();
+        if let Ok(RemoteLookup::Fresh { .. }) = remote.lookup_or_lease(&key, &unused, false).await {
+            redlock.release(lease).await;
+            return RedlockTry::FilledMeanwhile;
+        }
         match remote.next_fence(&key).await {
-            Ok(fence) => Some((HeldLease::Redlock(Arc::clone(redlock), lease), fence)),
+            Ok(fence) => RedlockTry::Won(HeldLease::Redlock(Arc::clone(redlock), lease), fence),
             Err(e) => {
                 tracing::debug!(key = %key.short(), error = %e, "no fence from the main store");
                 redlock.release(lease).await;
-                None
+                RedlockTry::Contended
             }
         }
     }
@@ -492,10 +505,9 @@ impl<V: Value> Shared<V> {
         let result = self.run_compute(fut).await;
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
-        if let Some((lock, lease)) = stopped.redlock {
-            // The write below cannot release a lease that lives elsewhere.
-            lock.release(lease).await;
-        }
+        // A lease that lives elsewhere is released after the write, so no one
+        // can take it between our compute and our fill.
+        let redlock = stopped.redlock;
         let fill = match result {
             Ok(fill) => fill,
             Err(error) => {
@@ -504,6 +516,9 @@ impl<V: Value> Shared<V> {
                 let _ = remote
                     .write_and_release(&key, &token, fence, WriteMode::Release)
                     .await;
+                if let Some((lock, lease)) = redlock {
+                    lock.release(lease).await;
+                }
                 if single {
                     lock::record_held(held_since.elapsed().as_secs_f64());
                 }
@@ -543,6 +558,9 @@ impl<V: Value> Shared<V> {
                     .map(|w| (w, None))
             }
         };
+        if let Some((lock, lease)) = redlock {
+            lock.release(lease).await;
+        }
         if single {
             lock::record_held(held_since.elapsed().as_secs_f64());
         }
@@ -718,6 +736,15 @@ impl<V: Value> Shared<V> {
             .ok()
             .and_then(Result::ok)
     }
+}
+
+/// One attempt at the Redlock lease.
+#[derive(Debug)]
+enum RedlockTry {
+    Won(HeldLease, FenceToken),
+    /// Won, but the entry was filled just before: look it up instead.
+    FilledMeanwhile,
+    Contended,
 }
 
 /// The bounded wait for another process's fill is over.
