@@ -145,7 +145,7 @@ impl RedlockBuilder {
     /// namespace, or a drift outside `0..0.5`.
     pub fn build(self) -> Result<Redlock, BuildError> {
         let n = self.urls.len();
-        if n == 0 || n % 2 == 0 {
+        if n == 0 || n.is_multiple_of(2) {
             return Err(BuildError::new(format!(
                 "redlock needs an odd number of independent masters, got {n}"
             )));
