@@ -11,7 +11,9 @@ use crate::entry::CachedResponse;
 use crate::error::BuildError;
 use crate::metrics::Stats;
 use crate::policy::ResponseRules;
+use crate::retain::RetainedStore;
 use crate::service::CacheService;
+use crate::vary::VaryIndex;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
@@ -20,6 +22,9 @@ pub(crate) struct HttpConfig {
     pub(crate) rules: ResponseRules,
     pub(crate) cache_name: String,
     pub(crate) key_headers: Vec<HeaderName>,
+    /// How long a response with validators is kept past its stale grace,
+    /// to be revalidated with a conditional request.
+    pub(crate) keep: Duration,
 }
 
 impl Default for HttpConfig {
@@ -29,6 +34,7 @@ impl Default for HttpConfig {
             rules: ResponseRules::default(),
             cache_name: "herdguard".to_owned(),
             key_headers: Vec::new(),
+            keep: Duration::from_secs(600),
         }
     }
 }
@@ -38,6 +44,10 @@ impl Default for HttpConfig {
 pub(crate) struct LayerState {
     pub(crate) engine: Arc<Shared<CachedResponse>>,
     pub(crate) http: HttpConfig,
+    /// Header names each URL varies on, so variants get keys of their own.
+    pub(crate) vary: VaryIndex,
+    /// Responses kept past their stale grace for revalidation and stale-if-error.
+    pub(crate) retained: RetainedStore,
 }
 
 /// A Tower layer that caches GET and HEAD responses and lets exactly one
@@ -47,7 +57,7 @@ pub(crate) struct LayerState {
 /// several routes coalesces across all of them.
 #[derive(Debug, Clone)]
 pub struct CacheLayer {
-    state: Arc<LayerState>,
+    pub(crate) state: Arc<LayerState>,
 }
 
 impl CacheLayer {
@@ -114,6 +124,26 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.http.rules.default_ttl = Some(ttl);
+        self
+    }
+
+    /// Turn on heuristic freshness (RFC 9111 §4.2.2) for responses without
+    /// explicit freshness that carry `Last-Modified`: 10 % of the time since
+    /// it, at most `max`. Off by default. Takes precedence over
+    /// [`default_ttl`](Self::default_ttl) when both apply.
+    #[must_use]
+    pub fn heuristic_freshness(mut self, max: Duration) -> Self {
+        self.http.rules.heuristic_max = Some(max);
+        self
+    }
+
+    /// How long a response with a validator (ETag, Last-Modified) is kept
+    /// after it stops being servable, so the next request can revalidate it
+    /// with a conditional request instead of fetching it whole (default
+    /// 10 min). Zero turns this off.
+    #[must_use]
+    pub fn keep_for_revalidation(mut self, keep: Duration) -> Self {
+        self.http.keep = keep;
         self
     }
 
@@ -190,6 +220,8 @@ impl CacheLayerBuilder {
         }
         Ok(CacheLayer {
             state: Arc::new(LayerState {
+                vary: VaryIndex::new(1_000_000),
+                retained: RetainedStore::new(self.engine.capacity_bytes),
                 engine: Arc::new(Shared::new(self.engine)),
                 http: self.http,
             }),

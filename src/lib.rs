@@ -83,6 +83,7 @@
 //! [`Cache::get_or_compute`].
 
 mod body;
+mod conditional;
 mod engine;
 mod entry;
 mod error;
@@ -92,8 +93,11 @@ mod key;
 mod layer;
 mod metrics;
 mod policy;
+mod purge;
+mod retain;
 mod service;
 mod store;
+mod vary;
 
 pub use body::CacheBody;
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup};
