@@ -22,8 +22,8 @@ pub(crate) struct HttpConfig {
     pub(crate) rules: ResponseRules,
     pub(crate) cache_name: String,
     pub(crate) key_headers: Vec<HeaderName>,
-    /// How long a response with validators is kept past its stale grace,
-    /// to be revalidated with a conditional request.
+    /// How long a stored response is kept past its stale grace: to be
+    /// revalidated with a conditional request, or served to `max-stale`.
     pub(crate) keep: Duration,
 }
 
@@ -137,10 +137,11 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// How long a response with a validator (ETag, Last-Modified) is kept
-    /// after it stops being servable, so the next request can revalidate it
-    /// with a conditional request instead of fetching it whole (default
-    /// 10 min). Zero turns this off.
+    /// How long a stored response is kept after it stops being servable
+    /// (default 10 min): a response with a validator (ETag, Last-Modified)
+    /// is then revalidated with a conditional request instead of fetched
+    /// whole, and a client's `max-stale` can still be answered. Zero keeps
+    /// only what `stale-while-revalidate` and `stale-if-error` need.
     #[must_use]
     pub fn keep_for_revalidation(mut self, keep: Duration) -> Self {
         self.http.keep = keep;

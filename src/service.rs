@@ -197,10 +197,14 @@ where
                 let served = Served::Stale("max-stale");
                 ResponseFuture::ready(state.respond(&entry, &view, served))
             }
+            _ if rd.only_if_cached => ResponseFuture::ready(state.only_if_cached()),
+            // Fresh for everyone else, but this request's directives refuse
+            // it: the flight would hand it back, so forward on our own.
+            Usable::Revalidate if engine_fresh => {
+                let fut = forward(Arc::clone(state), target, head, inner, req);
+                ResponseFuture::boxed(Box::pin(fut))
+            }
             Usable::Fresh | Usable::Revalidate => {
-                if rd.only_if_cached {
-                    return ResponseFuture::ready(state.only_if_cached());
-                }
                 let fut = miss(Arc::clone(state), target, head, inner, req, Some(entry));
                 ResponseFuture::boxed(Box::pin(fut))
             }
@@ -745,20 +749,14 @@ impl LayerState {
                     self.engine
                         .store_outside_flight(key, value.clone(), freshness);
                 }
-                let worth_keeping = rules.has(StoredRules::VALIDATORS) || rules.sie > 0;
-                if worth_keeping {
-                    let keep = if rules.has(StoredRules::VALIDATORS) {
-                        self.http.keep
-                    } else {
-                        Duration::ZERO
-                    };
-                    let keep = keep
-                        .max(stale_for)
-                        .max(Duration::from_secs(u64::from(rules.sie)));
-                    self.retained.insert(key, value.clone(), fresh_for, keep);
-                } else {
-                    self.retained.remove(&key);
-                }
+                // Kept past its stale grace: to revalidate it (validators),
+                // for stale-if-error, and for clients that accept max-stale.
+                let keep = self
+                    .http
+                    .keep
+                    .max(stale_for)
+                    .max(Duration::from_secs(u64::from(rules.sie)));
+                self.retained.insert(key, value.clone(), fresh_for, keep);
                 Fill::Store {
                     value,
                     fresh_for,
