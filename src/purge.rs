@@ -94,8 +94,8 @@ impl Invalidation {
             } else {
                 s.parse().ok()?
             };
-            let theirs = uri.authority()?.as_str().as_bytes();
-            if !own.is_some_and(|own| own.eq_ignore_ascii_case(theirs)) {
+            let theirs = host_name(uri.authority()?.as_str().as_bytes());
+            if !own.is_some_and(|own| host_name(own).eq_ignore_ascii_case(theirs)) {
                 return None;
             }
             return Some(url_key(
@@ -123,11 +123,13 @@ fn split_query(s: &str) -> (&str, Option<&[u8]>) {
     }
 }
 
-/// The key of a URL alone: authority (case-insensitive), path and query.
+/// The key of a URL alone: host name (lowercase, without port or userinfo,
+/// as the main key: instances of one service listen on different ports but
+/// serve the same resources), path and query.
 pub(crate) fn url_key(authority: Option<&[u8]>, path: &[u8], query: Option<&[u8]>) -> CacheKey {
     let mut h = crate::key::KeyHasher::new();
     h.part(b"url");
-    match authority {
+    match authority.map(host_name) {
         Some(a) => {
             // Hosts are case-insensitive; lowercase on the stack when short.
             let mut buf = [0u8; 256];
@@ -149,16 +151,34 @@ pub(crate) fn url_key(authority: Option<&[u8]>, path: &[u8], query: Option<&[u8]
     h.finish()
 }
 
+/// The host name of an authority: no userinfo, no port; `[v6]` kept whole.
+fn host_name(authority: &[u8]) -> &[u8] {
+    let host = match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    if host.first() == Some(&b'[') {
+        return match host.iter().position(|&b| b == b']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
+    }
+    match host.iter().rposition(|&b| b == b':') {
+        Some(colon) => &host[..colon],
+        None => host,
+    }
+}
+
 impl CacheLayer {
     /// The key of a URL: what [`purge_key`](Self::purge_key) takes to remove
-    /// every stored variant of it. Scheme and fragment are ignored; the
-    /// authority must be the one clients send in `Host` (port included).
+    /// every stored variant of it. Scheme, port and fragment are ignored;
+    /// the host name is compared case-insensitively.
     ///
     /// ```
     /// use herdguard::CacheLayer;
     /// let cache = CacheLayer::new();
     /// let a = cache.url_key(&"http://example.test/r?x=1".parse().unwrap());
-    /// let b = cache.url_key(&"https://EXAMPLE.test/r?x=1".parse().unwrap());
+    /// let b = cache.url_key(&"https://EXAMPLE.test:8443/r?x=1".parse().unwrap());
     /// assert_eq!(a, b);
     /// ```
     pub fn url_key(&self, url: &Uri) -> CacheKey {
