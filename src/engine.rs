@@ -736,6 +736,38 @@ impl<V: Value> Shared<V> {
             .ok()
             .and_then(Result::ok)
     }
+
+    // ---- Hooks for the HTTP layer (http-semantics branch). Memory only for
+    // now; a shared store extends them with its own write and purge fan-out.
+
+    /// Store a value outside any flight: a client's `no-cache` refresh, or a
+    /// response filed under a second key (a Vary variant learned at fill time).
+    pub(crate) fn store_outside_flight(
+        &self,
+        key: CacheKey,
+        value: V,
+        freshness: Freshness,
+    ) -> Option<Arc<Stored<V>>> {
+        let fill = Fill::Store {
+            value,
+            fresh_for: freshness.fresh_for,
+            stale_for: freshness.stale_for,
+        };
+        match self.fill_memory(key, fill, 0) {
+            Outcome::Value { entry, .. } => Some(entry),
+            Outcome::Pass(_) | Outcome::Failed(_) => None,
+        }
+    }
+
+    /// Drop every entry of this process for which `matches` holds (purge by
+    /// URL or tag). A shared store should also delete its copies and publish
+    /// the purge so every instance runs it on its L1.
+    pub(crate) fn purge_where(
+        &self,
+        matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
+    ) {
+        self.memory.purge_where(matches);
+    }
 }
 
 /// One attempt at the Redlock lease.

@@ -16,6 +16,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::error::DecodeError;
+use crate::key::CacheKey;
+use crate::policy::StoredRules;
 
 /// A value the cache can hold: cheap to clone, encodable for a shared store.
 ///
@@ -71,7 +73,8 @@ impl Value for String {
 
 /// The first bytes of every encoded entry; the Lua lookup checks them too.
 pub(crate) const MAGIC: &[u8; 2] = b"HG";
-pub(crate) const VERSION: u8 = 1;
+/// 2: CachedResponse carries its URL key and stored rules.
+pub(crate) const VERSION: u8 = 2;
 const HEADER_LEN: usize = 2 + 1 + 1 + 8 * 4;
 
 /// When an entry was stored and how long it may be used.
@@ -156,6 +159,14 @@ pub struct CachedResponse {
     pub(crate) vary: Vec<(HeaderName, Vec<HeaderValue>)>,
     /// Corrected initial age (RFC 9111 §4.2.3) at the moment of storing, seconds.
     pub(crate) initial_age: u32,
+    /// The key of the URL alone (authority, path, query): purge by URL
+    /// matches every variant through it.
+    pub(crate) url: CacheKey,
+    /// Freshness and stale permissions, computed once when stored.
+    pub(crate) rules: StoredRules,
+    /// This value is a stored response refreshed by an origin 304. Not
+    /// encoded: it only tells the request that revalidated what happened.
+    pub(crate) revalidated: bool,
 }
 
 impl CachedResponse {
@@ -172,6 +183,21 @@ impl CachedResponse {
         &self.body
     }
 
+    /// Seconds of age now, given the time it has been resident.
+    pub(crate) fn current_age(&self, resident: Duration) -> Duration {
+        Duration::from_secs(u64::from(self.initial_age)).saturating_add(resident)
+    }
+
+    /// The `Surrogate-Key` tags (space separated) this response carries.
+    pub(crate) fn has_tag(&self, tag: &str) -> bool {
+        self.headers
+            .get_all("surrogate-key")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(str::split_ascii_whitespace)
+            .any(|t| t == tag)
+    }
+
     /// Whether `request` carries the same values of every varied header as the
     /// request that produced this response.
     pub(crate) fn vary_matches(&self, request: &HeaderMap) -> bool {
@@ -185,6 +211,11 @@ impl Value for CachedResponse {
     fn encode(&self, out: &mut BytesMut) {
         out.put_u16_le(self.status.as_u16());
         out.put_u32_le(self.initial_age);
+        out.put_slice(self.url.as_bytes());
+        out.put_u32_le(self.rules.lifetime);
+        out.put_u32_le(self.rules.swr);
+        out.put_u32_le(self.rules.sie);
+        out.put_u8(self.rules.flags);
         let n = self.headers.len().min(u16::MAX as usize);
         out.put_u16_le(n as u16);
         for (name, value) in self.headers.iter().take(n) {
@@ -208,6 +239,15 @@ impl Value for CachedResponse {
         let status = StatusCode::from_u16(get_u16(&mut b)?)
             .map_err(|_| DecodeError::new("invalid status"))?;
         let initial_age = get_u32(&mut b)?;
+        let raw = take(&mut b, 16)?;
+        let mut url = [0u8; 16];
+        url.copy_from_slice(&raw);
+        let rules = StoredRules {
+            lifetime: get_u32(&mut b)?,
+            swr: get_u32(&mut b)?,
+            sie: get_u32(&mut b)?,
+            flags: take(&mut b, 1)?[0],
+        };
         let n = get_u16(&mut b)?;
         let mut headers = HeaderMap::with_capacity(n as usize);
         for _ in 0..n {
@@ -232,6 +272,9 @@ impl Value for CachedResponse {
             body: b,
             vary,
             initial_age,
+            url: CacheKey::from_bytes(url),
+            rules,
+            revalidated: false,
         })
     }
 
@@ -308,6 +351,14 @@ mod tests {
                 vec![HeaderValue::from_static("gzip")],
             )],
             initial_age: 3,
+            url: CacheKey::new("example.test/r"),
+            rules: StoredRules {
+                lifetime: 60,
+                swr: 5,
+                sie: 7,
+                flags: StoredRules::VALIDATORS,
+            },
+            revalidated: false,
         }
     }
 
@@ -323,6 +374,8 @@ mod tests {
         assert_eq!(r.headers.get_all("x-multi").iter().count(), 2);
         assert_eq!(r.vary.len(), 1);
         assert_eq!(r.initial_age, 3);
+        assert_eq!(r.url, CacheKey::new("example.test/r"));
+        assert_eq!(r.rules, sample().rules);
     }
 
     /// Every truncation of a valid entry, and flipped version bytes, decode to an error, never a panic.

@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use futures_util::future::BoxFuture;
@@ -11,8 +10,7 @@ use http::{HeaderValue, Response};
 use pin_project_lite::pin_project;
 
 use crate::body::CacheBody;
-use crate::key::CacheKey;
-use crate::layer::LayerState;
+use crate::purge::Invalidation;
 use crate::service::CACHE_STATUS;
 
 pin_project! {
@@ -31,7 +29,7 @@ pin_project! {
             #[pin]
             fut: F,
             cache_status: Option<HeaderValue>,
-            invalidate: Option<(Arc<LayerState>, Vec<CacheKey>)>,
+            invalidate: Option<Invalidation>,
         },
         Boxed { fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>> },
     }
@@ -62,7 +60,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn bypass(
         fut: F,
         cache_status: HeaderValue,
-        invalidate: Option<(Arc<LayerState>, Vec<CacheKey>)>,
+        invalidate: Option<Invalidation>,
     ) -> Self {
         Self {
             kind: Kind::Bypass {
@@ -103,12 +101,8 @@ where
                 if let Some(v) = cache_status.take() {
                     parts.headers.insert(CACHE_STATUS, v);
                 }
-                if let Some((state, keys)) = invalidate.take() {
-                    if parts.status.is_success() || parts.status.is_redirection() {
-                        for key in &keys {
-                            state.invalidate(key);
-                        }
-                    }
+                if let Some(invalidation) = invalidate.take() {
+                    invalidation.apply(parts.status, &parts.headers);
                 }
                 Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
             }

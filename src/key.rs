@@ -38,6 +38,11 @@ impl CacheKey {
         h.finish()
     }
 
+    /// A key from a digest read back from storage.
+    pub(crate) const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
     /// The raw digest.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0

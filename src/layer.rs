@@ -12,8 +12,10 @@ use crate::error::BuildError;
 use crate::key::CacheKey;
 use crate::metrics::Stats;
 use crate::policy::ResponseRules;
+use crate::retain::RetainedStore;
 use crate::service::CacheService;
 use crate::store::redis::RedisOptions;
+use crate::vary::VaryIndex;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
@@ -22,6 +24,9 @@ pub(crate) struct HttpConfig {
     pub(crate) rules: ResponseRules,
     pub(crate) cache_name: String,
     pub(crate) key_headers: Vec<HeaderName>,
+    /// How long a stored response is kept past its stale grace: to be
+    /// revalidated with a conditional request, or served to `max-stale`.
+    pub(crate) keep: Duration,
 }
 
 impl Default for HttpConfig {
@@ -31,6 +36,7 @@ impl Default for HttpConfig {
             rules: ResponseRules::default(),
             cache_name: "herdguard".to_owned(),
             key_headers: Vec::new(),
+            keep: Duration::from_secs(600),
         }
     }
 }
@@ -40,6 +46,10 @@ impl Default for HttpConfig {
 pub(crate) struct LayerState {
     pub(crate) engine: Arc<Shared<CachedResponse>>,
     pub(crate) http: HttpConfig,
+    /// Header names each URL varies on, so variants get keys of their own.
+    pub(crate) vary: VaryIndex,
+    /// Responses kept past their stale grace for revalidation and stale-if-error.
+    pub(crate) retained: RetainedStore,
 }
 
 /// A Tower layer that caches GET and HEAD responses and lets exactly one
@@ -49,7 +59,7 @@ pub(crate) struct LayerState {
 /// several routes coalesces across all of them.
 #[derive(Debug, Clone)]
 pub struct CacheLayer {
-    state: Arc<LayerState>,
+    pub(crate) state: Arc<LayerState>,
 }
 
 impl CacheLayer {
@@ -82,12 +92,7 @@ impl CacheLayer {
     /// The cache key this layer derives for `request` (the `{H}` of the Redis
     /// keys is its hex form).
     pub fn key_for<B>(&self, request: &http::Request<B>) -> CacheKey {
-        self.state.key_for(request)
-    }
-
-    /// Drop the entry of `key` here and, with Redis, from Redis.
-    pub fn invalidate(&self, key: &CacheKey) {
-        self.state.engine.invalidate(key);
+        self.state.target_for(request).key
     }
 }
 
@@ -127,6 +132,27 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.http.rules.default_ttl = Some(ttl);
+        self
+    }
+
+    /// Turn on heuristic freshness (RFC 9111 §4.2.2) for responses without
+    /// explicit freshness that carry `Last-Modified`: 10 % of the time since
+    /// it, at most `max`. Off by default. Takes precedence over
+    /// [`default_ttl`](Self::default_ttl) when both apply.
+    #[must_use]
+    pub fn heuristic_freshness(mut self, max: Duration) -> Self {
+        self.http.rules.heuristic_max = Some(max);
+        self
+    }
+
+    /// How long a stored response is kept after it stops being servable
+    /// (default 10 min): a response with a validator (ETag, Last-Modified)
+    /// is then revalidated with a conditional request instead of fetched
+    /// whole, and a client's `max-stale` can still be answered. Zero keeps
+    /// only what `stale-while-revalidate` and `stale-if-error` need.
+    #[must_use]
+    pub fn keep_for_revalidation(mut self, keep: Duration) -> Self {
+        self.http.keep = keep;
         self
     }
 
@@ -223,6 +249,8 @@ impl CacheLayerBuilder {
         }
         Ok(CacheLayer {
             state: Arc::new(LayerState {
+                vary: VaryIndex::new(1_000_000),
+                retained: RetainedStore::new(self.engine.capacity_bytes),
                 engine: Arc::new(Shared::new(self.engine)?),
                 http: self.http,
             }),

@@ -9,10 +9,10 @@
 //! ## Request flow
 //!
 //! ```text
-//! request ─► cacheable? (GET/HEAD, no Range/Upgrade, no request no-store/no-cache)
+//! request ─► cacheable? (GET/HEAD, no Range/Upgrade/If-Match, no request no-store)
 //!               │ no ─► inner service, Cache-Status: fwd=method|request
 //!               ▼ yes
-//!           key = hash(method, authority, path, query, Authorization present?)
+//!           key = hash(host, path, query, Authorization present?, Vary values)
 //!               │
 //!           memory: fresh ─► HIT (no await, no allocation beyond headers)
 //!                   stale ─► STALE now; one background refresh
@@ -84,20 +84,56 @@
 //!
 //! ## HTTP choices
 //!
-//! - A response is stored only with explicit freshness (`s-maxage`, `max-age`,
-//!   `Expires`) or a [`default_ttl`](CacheLayerBuilder::default_ttl) you set.
-//! - `stale-while-revalidate` gives the stale grace; `must-revalidate` and
-//!   `proxy-revalidate` remove it.
-//! - Requests with `Authorization` are keyed apart from requests without it,
-//!   and their responses are stored only with `public`, `s-maxage` or
-//!   `must-revalidate` (RFC 9111 §3.5).
-//! - A stored response that varies on request headers is served only to
-//!   requests with the same values of those headers; others go to the origin.
-//! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
-//! - Successful POST, PUT, PATCH and DELETE invalidate the target URI.
-//! - Every response the layer handles carries `Cache-Status` (RFC 9211);
-//!   responses from the cache carry `Age`.
+//! A shared cache per RFC 9111, with RFC 5861 and RFC 9211:
 //!
+//! - **Stored** only with explicit freshness (`s-maxage`, then `max-age`,
+//!   then `Expires` − `Date`), or heuristic freshness when you turn it on
+//!   ([`heuristic_freshness`](CacheLayerBuilder::heuristic_freshness): 10 %
+//!   of the `Last-Modified` age, capped), or a
+//!   [`default_ttl`](CacheLayerBuilder::default_ttl) you set. Age follows
+//!   §4.2.3 (`Age`, `Date`, response delay) and is sent on every answer.
+//! - **Never stored:** `no-store`, `private`, `Set-Cookie`, `Vary: *` (or an
+//!   unreadable Vary), 206, 304, 1xx, and responses to requests with
+//!   `Authorization` unless `public`, `s-maxage` or `must-revalidate` allow it
+//!   (§3.5). Requests with `Authorization` are keyed apart from requests
+//!   without it, so an authorized response never reaches an anonymous one.
+//! - **Response `no-cache`** is stored (when it has a validator) and
+//!   revalidated before every use. `must-revalidate`, `proxy-revalidate` and
+//!   `s-maxage` forbid serving stale beyond what the origin granted
+//!   explicitly: `stale-while-revalidate` and `stale-if-error` still hold
+//!   with `s-maxage`, not with the other two.
+//! - **Request directives:** `no-cache` (and `max-age=0`, `Pragma: no-cache`)
+//!   goes forward and stores the fresh result; `no-store` goes forward and
+//!   stores nothing; `max-age`, `min-fresh` and `max-stale` decide whether a
+//!   stored response may answer this request (`max-stale` never overrides
+//!   `must-revalidate`); `only-if-cached` is a 504 when nothing usable is
+//!   stored.
+//! - **Revalidation:** a stored response is kept past its stale grace
+//!   ([`keep_for_revalidation`](CacheLayerBuilder::keep_for_revalidation),
+//!   10 min). Once stale, one request per key sends `If-None-Match` /
+//!   `If-Modified-Since`; a 304 replaces the stored headers it carries (all
+//!   but `Content-Length` and hop-by-hop ones) and restarts freshness from the
+//!   304's own `Date`/`Age`. A 304 naming another ETag is not applied; the
+//!   request is repeated without validators.
+//! - **Client conditionals:** `If-None-Match` (weak comparison) and, without
+//!   it, `If-Modified-Since` are answered 304 from the cache. `If-Match`,
+//!   `If-Unmodified-Since` and `Range` go to the origin untouched.
+//! - **Vary:** the names a URL varies on are learned from its responses, and
+//!   each combination of the request's values has its own key, so variants
+//!   coexist. A stored variant is still compared header by header before use.
+//! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
+//!   purges the target URL (every variant) and same-origin `Location` /
+//!   `Content-Location`.
+//! - **Invalidation:** [`CacheLayer::purge_url`], [`CacheLayer::purge_key`]
+//!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags).
+//!   Purges act on this process's memory; a URL key ignores scheme and port.
+//! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
+//!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
+//!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
+//!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
+//!   too-large, stale-if-error, only-if-cached and errors.
+//! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
+
 //! ## With axum
 //!
 //! ```
@@ -123,6 +159,7 @@
 //! [`Cache::get_or_compute`].
 
 mod body;
+mod conditional;
 mod engine;
 mod entry;
 mod error;
@@ -133,8 +170,11 @@ mod layer;
 mod lock;
 mod metrics;
 mod policy;
+mod purge;
+mod retain;
 mod service;
 mod store;
+mod vary;
 
 pub use body::CacheBody;
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup};

@@ -23,6 +23,9 @@ pub(crate) struct CacheControl {
     pub(crate) stale_while_revalidate: Option<u64>,
     pub(crate) stale_if_error: Option<u64>,
     pub(crate) only_if_cached: bool,
+    /// `max-stale` without a value accepts any staleness (`u64::MAX`).
+    pub(crate) max_stale: Option<u64>,
+    pub(crate) min_fresh: Option<u64>,
 }
 
 impl CacheControl {
@@ -59,6 +62,16 @@ impl CacheControl {
                         cc.stale_while_revalidate = Some(merge(cc.stale_while_revalidate, secs()))
                     }
                     "stale-if-error" => cc.stale_if_error = Some(merge(cc.stale_if_error, secs())),
+                    // A bare max-stale accepts any staleness; an invalid value
+                    // accepts none (the safe reading).
+                    "max-stale" => {
+                        cc.max_stale = Some(match value {
+                            None => u64::MAX,
+                            Some(v) => parse_delta(v).unwrap_or(0),
+                        })
+                    }
+                    // An invalid min-fresh asks for more than any entry has.
+                    "min-fresh" => cc.min_fresh = Some(secs().flatten().unwrap_or(u64::MAX)),
                     _ => {}
                 }
             }
@@ -88,7 +101,8 @@ fn parse_delta(s: &str) -> Option<u64> {
 /// Whether a request may be answered from the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RequestVerdict {
-    Cacheable,
+    /// Look in the cache, honouring the request's own directives.
+    Cacheable(RequestDirectives),
     /// Go straight to the origin; the reason becomes `Cache-Status: fwd=`.
     Bypass(Forward),
 }
@@ -100,6 +114,7 @@ pub(crate) enum Forward {
     Request,
     VaryMiss,
     UriMiss,
+    Stale,
 }
 
 impl Forward {
@@ -109,31 +124,53 @@ impl Forward {
             Forward::Request => "request",
             Forward::VaryMiss => "vary-miss",
             Forward::UriMiss => "uri-miss",
+            Forward::Stale => "stale",
         }
     }
+}
+
+/// The request directives of RFC 9111 §5.2.1 that change what may be served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RequestDirectives {
+    /// `no-cache`, `max-age=0` or `Pragma: no-cache`: go forward, store the result.
+    pub(crate) no_cache: bool,
+    pub(crate) max_age: Option<u64>,
+    pub(crate) max_stale: Option<u64>,
+    pub(crate) min_fresh: Option<u64>,
+    pub(crate) only_if_cached: bool,
 }
 
 pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestVerdict {
     if method != Method::GET && method != Method::HEAD {
         return RequestVerdict::Bypass(Forward::Method);
     }
-    // Partial content and protocol upgrades are passed through untouched.
-    if headers.contains_key(header::RANGE) || headers.contains_key(header::UPGRADE) {
-        return RequestVerdict::Bypass(Forward::Request);
-    }
-    let cc = CacheControl::parse(headers);
-    let pragma_no_cache = headers
-        .get_all(header::PRAGMA)
-        .iter()
-        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"));
-    if cc.no_store
-        || cc.no_cache
-        || cc.max_age == Some(0)
-        || (pragma_no_cache && !headers.contains_key(header::CACHE_CONTROL))
+    // Partial content and protocol upgrades are passed through untouched;
+    // If-Match and If-Unmodified-Since are the origin's to evaluate (412).
+    if headers.contains_key(header::RANGE)
+        || headers.contains_key(header::UPGRADE)
+        || headers.contains_key(header::IF_MATCH)
+        || headers.contains_key(header::IF_UNMODIFIED_SINCE)
     {
         return RequestVerdict::Bypass(Forward::Request);
     }
-    RequestVerdict::Cacheable
+    let cc = CacheControl::parse(headers);
+    // RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
+    if cc.no_store {
+        return RequestVerdict::Bypass(Forward::Request);
+    }
+    let pragma_no_cache = !headers.contains_key(header::CACHE_CONTROL)
+        && headers.get_all(header::PRAGMA).iter().any(|v| {
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .any(|d| d.trim_ascii().eq_ignore_ascii_case(b"no-cache"))
+        });
+    RequestVerdict::Cacheable(RequestDirectives {
+        no_cache: cc.no_cache || pragma_no_cache || cc.max_age == Some(0),
+        max_age: cc.max_age,
+        max_stale: cc.max_stale,
+        min_fresh: cc.min_fresh,
+        only_if_cached: cc.only_if_cached,
+    })
 }
 
 /// Whether a method is unsafe, so a success must invalidate the target URI.
@@ -144,14 +181,100 @@ pub(crate) fn invalidates(method: &Method) -> bool {
     )
 }
 
+/// What a stored response allows, computed once when it is stored so a hit
+/// parses no headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct StoredRules {
+    /// Freshness lifetime, seconds (RFC 9111 §4.2.1).
+    pub(crate) lifetime: u32,
+    /// `stale-while-revalidate`, seconds (0 when stale is forbidden).
+    pub(crate) swr: u32,
+    /// `stale-if-error`, seconds (0 when stale is forbidden).
+    pub(crate) sie: u32,
+    pub(crate) flags: u8,
+}
+
+impl StoredRules {
+    /// must-revalidate, proxy-revalidate or s-maxage: never served stale
+    /// without validation, whatever the client accepts.
+    pub(crate) const NO_STALE: u8 = 1;
+    /// Response `no-cache`: validated before every use.
+    pub(crate) const NO_CACHE: u8 = 2;
+    /// Has an ETag or Last-Modified, so it can be revalidated.
+    pub(crate) const VALIDATORS: u8 = 4;
+
+    pub(crate) fn has(self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    pub(crate) fn lifetime(self) -> Duration {
+        Duration::from_secs(u64::from(self.lifetime))
+    }
+}
+
+fn secs_u32(secs: u64) -> u32 {
+    secs.min(u64::from(u32::MAX)) as u32
+}
+
+/// How a stored response may answer one request (RFC 9111 §4.2, §4.2.4,
+/// RFC 5861).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Usable {
+    Fresh,
+    /// Stale, inside `stale-while-revalidate`: serve now, refresh in the background.
+    StaleWhileRevalidate,
+    /// Stale, but the client's `max-stale` accepts it.
+    StaleAccepted,
+    /// Must be validated with the origin first.
+    Revalidate,
+}
+
+pub(crate) fn usability(rd: &RequestDirectives, rules: StoredRules, age: Duration) -> Usable {
+    if rd.no_cache || rules.has(StoredRules::NO_CACHE) {
+        return Usable::Revalidate;
+    }
+    if rd.max_age.is_some_and(|max| age.as_secs() > max) {
+        return Usable::Revalidate;
+    }
+    let lifetime = rules.lifetime();
+    if age < lifetime {
+        let left = (lifetime - age).as_secs();
+        if rd.min_fresh.is_some_and(|min| left < min) {
+            return Usable::Revalidate;
+        }
+        return Usable::Fresh;
+    }
+    let staleness = age - lifetime;
+    if !rules.has(StoredRules::NO_STALE)
+        && rd.max_stale.is_some_and(|max| staleness.as_secs() <= max)
+    {
+        return Usable::StaleAccepted;
+    }
+    // `swr` is already zero when the origin forbade stale.
+    if staleness < Duration::from_secs(u64::from(rules.swr)) && rd.min_fresh.is_none() {
+        return Usable::StaleWhileRevalidate;
+    }
+    Usable::Revalidate
+}
+
+/// Whether a stored response may stand in for an origin error
+/// (`stale-if-error`, RFC 5861 §4; zero when the origin forbade stale).
+pub(crate) fn stale_if_error_allows(rules: StoredRules, age: Duration) -> bool {
+    let staleness = age.saturating_sub(rules.lifetime());
+    rules.sie > 0 && staleness <= Duration::from_secs(u64::from(rules.sie))
+}
+
 /// What may be done with an origin response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ResponseVerdict {
-    /// Store it: fresh for `fresh_for` from now, then usable stale for `stale_for`.
+    /// Store it: fresh for `fresh_for` from now, then usable stale for
+    /// `stale_for` (stale-while-revalidate). Both may be zero for a response
+    /// kept only to be revalidated (`no-cache`, or stale on arrival).
     Store {
         fresh_for: Duration,
         stale_for: Duration,
         initial_age: Duration,
+        rules: StoredRules,
     },
     /// Safe to hand to the requests waiting for it now, but not to store
     /// (no freshness information).
@@ -165,6 +288,9 @@ pub(crate) enum ResponseVerdict {
 pub(crate) struct ResponseRules {
     /// Freshness for responses that carry none (off by default).
     pub(crate) default_ttl: Option<Duration>,
+    /// Heuristic freshness from Last-Modified: 10 % of its age, at most this
+    /// (off by default).
+    pub(crate) heuristic_max: Option<Duration>,
 }
 
 /// Decide about an origin response to a cacheable request.
@@ -203,32 +329,65 @@ pub(crate) fn classify_response(
     {
         return ResponseVerdict::Pass("status");
     }
-    if cc.no_cache {
-        // Storable, but every use must be revalidated: nothing to gain from
-        // storing it until revalidation is supported; waiters may share it.
-        return ResponseVerdict::Share;
-    }
+    let validators =
+        headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
     let lifetime = match freshness_lifetime(&cc, headers) {
         Some(l) => l,
-        None => match rules.default_ttl {
-            Some(ttl) if heuristically_cacheable(status) => ttl,
-            _ => return ResponseVerdict::Share,
+        None => match heuristic_lifetime(rules, status, headers, response_time) {
+            Some(l) => l,
+            // no-cache with validators is worth keeping: the next use costs a 304.
+            None if cc.no_cache && validators => Duration::ZERO,
+            None => return ResponseVerdict::Share,
         },
     };
     let initial_age = corrected_initial_age(headers, request_time, response_time);
-    let fresh_for = lifetime.saturating_sub(initial_age);
-    let stale_for = if cc.must_revalidate || cc.proxy_revalidate {
+    // s-maxage carries proxy-revalidate for a shared cache (RFC 9111 §5.2.2.10).
+    let no_stale = cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
+    let mut flags = 0;
+    if no_stale {
+        flags |= StoredRules::NO_STALE;
+    }
+    if cc.no_cache {
+        flags |= StoredRules::NO_CACHE;
+    }
+    if validators {
+        flags |= StoredRules::VALIDATORS;
+    }
+    // stale-while-revalidate and stale-if-error are the origin's explicit
+    // permission, so they hold with s-maxage; must-revalidate and
+    // proxy-revalidate withdraw them.
+    let explicit_no_stale = cc.must_revalidate || cc.proxy_revalidate;
+    let swr = if explicit_no_stale || cc.no_cache {
+        0
+    } else {
+        cc.stale_while_revalidate.unwrap_or(0)
+    };
+    let sie = if explicit_no_stale || cc.no_cache {
+        0
+    } else {
+        cc.stale_if_error.unwrap_or(0)
+    };
+    let stored = StoredRules {
+        lifetime: secs_u32(lifetime.as_secs()),
+        swr: secs_u32(swr),
+        sie: secs_u32(sie),
+        flags,
+    };
+    let fresh_for = if cc.no_cache {
         Duration::ZERO
     } else {
-        Duration::from_secs(cc.stale_while_revalidate.unwrap_or(0))
+        lifetime.saturating_sub(initial_age)
     };
-    if fresh_for.is_zero() && stale_for.is_zero() {
+    // Stale grace counts from the end of freshness, even if that has passed.
+    let stale_for = Duration::from_secs(swr).saturating_sub(initial_age.saturating_sub(lifetime));
+    if fresh_for.is_zero() && stale_for.is_zero() && !validators && sie == 0 {
         return ResponseVerdict::Share;
     }
     ResponseVerdict::Store {
         fresh_for,
         stale_for,
         initial_age,
+        rules: stored,
     }
 }
 
@@ -250,6 +409,33 @@ fn freshness_lifetime(cc: &CacheControl, headers: &HeaderMap) -> Option<Duration
         .and_then(|d| http_date(d.as_bytes()))
         .unwrap_or_else(SystemTime::now);
     Some(expires.duration_since(date).unwrap_or(Duration::ZERO))
+}
+
+/// RFC 9111 §4.2.2: a tenth of the time since Last-Modified, capped; else
+/// the configured default TTL. Only for statuses cacheable by default.
+fn heuristic_lifetime(
+    rules: &ResponseRules,
+    status: StatusCode,
+    headers: &HeaderMap,
+    response_time: SystemTime,
+) -> Option<Duration> {
+    if !heuristically_cacheable(status) {
+        return None;
+    }
+    if let Some(max) = rules.heuristic_max {
+        let last_modified = headers
+            .get(header::LAST_MODIFIED)
+            .and_then(|v| http_date(v.as_bytes()));
+        if let Some(lm) = last_modified {
+            let date = headers
+                .get(header::DATE)
+                .and_then(|d| http_date(d.as_bytes()))
+                .unwrap_or(response_time);
+            let since = date.duration_since(lm).unwrap_or(Duration::ZERO);
+            return Some((since / 10).min(max));
+        }
+    }
+    rules.default_ttl
 }
 
 /// RFC 9111 §4.2.3.

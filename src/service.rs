@@ -1,11 +1,26 @@
 //! The Tower service: HTTP request in, HTTP response out. It never produces an
 //! error of its own (`type Error = S::Error`); every cache problem fails open.
+//!
+//! ```text
+//! request ─► classify (method, Range, request no-store …) ── bypass ─► origin
+//!    │ key = variant of (URL, Authorization?, key headers) by learned Vary names
+//!    │ request no-cache ─► forward, store the fresh result (fwd=request)
+//!    ▼
+//! candidate = engine entry, or a retained one (kept for revalidation)
+//!    fresh for this request        ─► hit (304 if the client's validators match)
+//!    stale, stale-while-revalidate ─► hit now + one conditional refresh
+//!    stale, client max-stale       ─► hit
+//!    otherwise                     ─► one conditional request per key (fwd=stale);
+//!                                     a 304 freshens the stored response
+//! no candidate ─► one origin request per key (fwd=uri-miss / vary-miss)
+//! only-if-cached and nothing usable ─► 504
+//! ```
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -15,21 +30,25 @@ use tokio::sync::oneshot;
 use tower_service::Service;
 
 use crate::body::CacheBody;
-use crate::engine::{Compute, ComputeFuture, Fill, Resolved};
+use crate::conditional;
+use crate::engine::{Compute, ComputeFuture, Fill, Freshness, Resolved};
 use crate::entry::CachedResponse;
 use crate::error::{BoxError, Error};
 use crate::future::ResponseFuture;
 use crate::key::{CacheKey, KeyHasher};
 use crate::layer::LayerState;
 use crate::metrics::Source;
-use crate::policy::{self, Forward, RequestVerdict, ResponseVerdict};
+use crate::policy::{self, Forward, RequestVerdict, ResponseVerdict, StoredRules, Usable};
+use crate::purge::{url_key, Invalidation};
 use crate::store::memory::{Probe, Stored};
+use crate::vary::variant_key;
 
 /// The RFC 9211 response header.
 pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 /// Request headers dropped from the leader's origin request, so the stored
-/// response is a complete one rather than a 304 or a fragment.
+/// response is a complete one rather than a 304 or a fragment. The cache
+/// adds its own validators when it revalidates.
 const CONDITIONAL: [HeaderName; 5] = [
     header::IF_NONE_MATCH,
     header::IF_MODIFIED_SINCE,
@@ -63,6 +82,19 @@ impl<S> CacheService<S> {
     }
 }
 
+/// Where a request's entry lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target {
+    /// The URL alone; purge by URL matches on it.
+    url: CacheKey,
+    /// URL + Authorization presence + configured key headers.
+    base: CacheKey,
+    /// `base` refined by the request's values of the learned Vary headers.
+    pub(crate) key: CacheKey,
+    /// What a miss is reported as: `vary-miss` when other variants are known.
+    miss: Forward,
+}
+
 impl<S, ReqB, ResB> Service<Request<ReqB>> for CacheService<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
@@ -86,62 +118,161 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = &self.state;
 
-        if let RequestVerdict::Bypass(fwd) = policy::classify_request(req.method(), req.headers()) {
-            let invalidate = policy::invalidates(req.method())
-                .then(|| (Arc::clone(state), state.keys_for_uri_of(&req)));
-            state.engine.counters.record(Source::Bypass);
-            let status = state.status_fwd(fwd, None);
-            return ResponseFuture::bypass(inner.call(req), status, invalidate);
-        }
+        let rd = match policy::classify_request(req.method(), req.headers()) {
+            RequestVerdict::Cacheable(rd) => rd,
+            RequestVerdict::Bypass(fwd) => {
+                let invalidate =
+                    policy::invalidates(req.method()).then(|| state.invalidation_for(&req));
+                state.engine.counters.record(Source::Bypass);
+                let status = state.status_fwd(fwd, None);
+                return ResponseFuture::bypass(inner.call(req), status, invalidate);
+            }
+        };
 
         let head = req.method() == Method::HEAD;
-        let key = state.key_for(&req);
-        match state.engine.probe(&key) {
-            Probe::Fresh(entry) if entry.value.vary_matches(req.headers()) => {
-                state.engine.counters.record(Source::Hit);
-                ResponseFuture::ready(state.respond(&entry, head, Source::Hit))
-            }
-            Probe::Stale(entry) if entry.value.vary_matches(req.headers()) => {
-                state.engine.counters.record(Source::Stale);
-                let refresh =
-                    OriginCall::new(inner, refresh_request(&req), Arc::clone(state), None);
-                state.engine.refresh_in_background(key, refresh);
-                ResponseFuture::ready(state.respond(&entry, head, Source::Stale))
-            }
-            Probe::Fresh(_) | Probe::Stale(_) => {
+        let target = state.target_for(&req);
+        if rd.no_cache && !rd.only_if_cached {
+            let fut = forward(Arc::clone(state), target, head, inner, req);
+            return ResponseFuture::boxed(Box::pin(fut));
+        }
+
+        let candidate = match state.engine.probe(&target.key) {
+            Probe::Fresh(e) | Probe::Stale(e) if !e.value.vary_matches(req.headers()) => {
+                if rd.only_if_cached {
+                    return ResponseFuture::ready(state.only_if_cached());
+                }
                 state.engine.counters.record(Source::Bypass);
                 let status = state.status_fwd(Forward::VaryMiss, None);
-                ResponseFuture::bypass(inner.call(req), status, None)
+                return ResponseFuture::bypass(inner.call(req), status, None);
             }
+            Probe::Fresh(e) => Some((e, true)),
+            Probe::Stale(e) => Some((e, false)),
             Probe::Pass => {
+                if rd.only_if_cached {
+                    return ResponseFuture::ready(state.only_if_cached());
+                }
                 state.engine.counters.record(Source::Bypass);
                 let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
-                ResponseFuture::bypass(inner.call(req), status, None)
+                return ResponseFuture::bypass(inner.call(req), status, None);
             }
-            Probe::Miss => {
-                ResponseFuture::boxed(Box::pin(miss(Arc::clone(state), key, head, inner, req)))
+            Probe::Miss => state
+                .retained
+                .get(&target.key)
+                .filter(|e| e.value.vary_matches(req.headers()))
+                .map(|e| (e, false)),
+        };
+
+        let Some((entry, engine_fresh)) = candidate else {
+            if rd.only_if_cached {
+                return ResponseFuture::ready(state.only_if_cached());
+            }
+            let fut = miss(Arc::clone(state), target, head, inner, req, None);
+            return ResponseFuture::boxed(Box::pin(fut));
+        };
+        let age = entry.value.current_age(entry.age());
+        let view = View::of(&req, head);
+        match policy::usability(&rd, entry.value.rules, age) {
+            // The engine's own clock may end freshness earlier (an L1 bound
+            // in front of a shared store): then ask the flight.
+            Usable::Fresh if engine_fresh => {
+                state.engine.counters.record(Source::Hit);
+                ResponseFuture::ready(state.respond(&entry, &view, Served::Hit))
+            }
+            Usable::StaleWhileRevalidate => {
+                state.engine.counters.record(Source::Stale);
+                let refresh = OriginCall::new(
+                    inner,
+                    refresh_request(&req),
+                    Arc::clone(state),
+                    None,
+                    target,
+                    Some(entry.value.clone()),
+                );
+                state.engine.refresh_in_background(target.key, refresh);
+                let served = Served::Stale("stale");
+                ResponseFuture::ready(state.respond(&entry, &view, served))
+            }
+            Usable::StaleAccepted => {
+                state.engine.counters.record(Source::Stale);
+                let served = Served::Stale("max-stale");
+                ResponseFuture::ready(state.respond(&entry, &view, served))
+            }
+            _ if rd.only_if_cached => ResponseFuture::ready(state.only_if_cached()),
+            // Fresh for everyone else, but this request's directives refuse
+            // it: the flight would hand it back, so forward on our own.
+            Usable::Revalidate if engine_fresh => {
+                let fut = forward(Arc::clone(state), target, head, inner, req);
+                ResponseFuture::boxed(Box::pin(fut))
+            }
+            Usable::Fresh | Usable::Revalidate => {
+                let fut = miss(Arc::clone(state), target, head, inner, req, Some(entry));
+                ResponseFuture::boxed(Box::pin(fut))
             }
         }
     }
 }
 
+/// What a response is built for: HEAD or not, and the request's headers for
+/// its own validators.
+struct View<'a> {
+    head: bool,
+    headers: &'a HeaderMap,
+}
+
+impl<'a> View<'a> {
+    fn of<B>(req: &'a Request<B>, head: bool) -> Self {
+        Self {
+            head,
+            headers: req.headers(),
+        }
+    }
+}
+
+/// How a response from a stored or shared entry came about, for Cache-Status.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Served {
+    Hit,
+    /// Served stale; the detail says why.
+    Stale(&'static str),
+    /// Forwarded to the origin for this request (or collapsed into one that was).
+    Forwarded {
+        fwd: Forward,
+        collapsed: bool,
+    },
+    /// The origin failed (status or error) and stale-if-error allowed this.
+    StaleIfError {
+        fwd_status: Option<u16>,
+    },
+}
+
 /// Lead or follow the flight for `key`, then answer from its outcome.
+/// `stale` is the stored response to revalidate, if there is one.
 async fn miss<S, ReqB, ResB>(
     state: Arc<LayerState>,
-    key: CacheKey,
+    target: Target,
     head: bool,
     inner: S,
     req: Request<ReqB>,
+    stale: Option<Arc<Stored<CachedResponse>>>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqB: Send + 'static,
+    ReqB: Default + Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
     let request_headers = req.headers().clone();
+    let view = View {
+        head,
+        headers: &request_headers,
+    };
+    let fwd = if stale.is_some() {
+        Forward::Stale
+    } else {
+        target.miss
+    };
     let (passthrough_tx, mut passthrough_rx) = oneshot::channel();
     let error_slot = Arc::new(Mutex::new(None));
     let leader = OriginCall::new(
@@ -152,39 +283,71 @@ where
             passthrough: passthrough_tx,
             error: Arc::clone(&error_slot),
         }),
+        target,
+        stale.as_ref().map(|e| e.value.clone()),
     );
     let mut compute = Some(leader);
-    let resolved = state.engine.resolve(key, &mut compute).await;
+    let resolved = state.engine.resolve(target.key, &mut compute).await;
     let counters = &state.engine.counters;
+    // stale-if-error: the stored response stands in for a failed origin.
+    let fallback = |fwd_status: Option<u16>| {
+        let entry = stale.as_ref()?;
+        let age = entry.value.current_age(entry.age());
+        if !policy::stale_if_error_allows(entry.value.rules, age) {
+            return None;
+        }
+        counters.record(Source::Stale);
+        Some(state.respond(entry, &view, Served::StaleIfError { fwd_status }))
+    };
     match resolved {
         Resolved::Value { entry, source } => {
+            if entry.value.status.is_server_error() {
+                if let Some(r) = fallback(Some(entry.value.status.as_u16())) {
+                    return Ok(r);
+                }
+            }
             // A follower must never get a variant made for other header values.
             if compute.is_none() || entry.value.vary_matches(&request_headers) {
                 counters.record(source);
-                Ok(state.respond(&entry, head, source))
+                let served = match source {
+                    Source::Hit => Served::Hit,
+                    Source::Stale => Served::Stale("stale"),
+                    Source::Coalesced => Served::Forwarded {
+                        fwd,
+                        collapsed: true,
+                    },
+                    _ => Served::Forwarded {
+                        fwd,
+                        collapsed: false,
+                    },
+                };
+                Ok(state.respond(&entry, &view, served))
             } else {
                 direct(&state, compute, state.status_fwd(Forward::VaryMiss, None)).await
             }
         }
         Resolved::Pass(Some(value)) => {
+            if value.status.is_server_error() {
+                if let Some(r) = fallback(Some(value.status.as_u16())) {
+                    return Ok(r);
+                }
+            }
             counters.record(Source::Miss);
-            Ok(state.respond_uncached(value, head))
+            Ok(state.respond_uncached(value, &view, fwd))
         }
         Resolved::Pass(None) => {
             if let Ok(mut response) = passthrough_rx.try_recv() {
                 counters.record(Source::Miss);
-                let status = state.status_fwd(Forward::UriMiss, Some("too-large"));
+                let status = state.status_fwd(fwd, Some("too-large"));
                 response.headers_mut().insert(CACHE_STATUS, status);
                 return Ok(response);
             }
-            direct(
-                &state,
-                compute,
-                state.status_fwd(Forward::UriMiss, Some("uncacheable")),
-            )
-            .await
+            direct(&state, compute, state.status_fwd(fwd, Some("uncacheable"))).await
         }
         Resolved::Failed(error) => {
+            if let Some(r) = fallback(None) {
+                return Ok(r);
+            }
             // The inner service's own error goes back to the caller that made it.
             if let Some(e) = error_slot
                 .lock()
@@ -199,15 +362,103 @@ where
         }
         Resolved::WaitTimedOut => {
             let Some(_permit) = state.engine.fallback_permit().await else {
+                if let Some(r) = fallback(None) {
+                    return Ok(r);
+                }
                 counters.record_error();
                 return Ok(state.error_response(&Error::Overloaded));
             };
-            direct(
-                &state,
-                compute,
-                state.status_fwd(Forward::UriMiss, Some("wait-timeout")),
-            )
-            .await
+            direct(&state, compute, state.status_fwd(fwd, Some("wait-timeout"))).await
+        }
+    }
+}
+
+/// A request that asked for a fresh answer (`no-cache`): call the origin for
+/// it alone, and store what comes back for everyone else.
+async fn forward<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    inner: S,
+    req: Request<ReqB>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let request_headers = req.headers().clone();
+    let view = View {
+        head,
+        headers: &request_headers,
+    };
+    let (passthrough_tx, mut passthrough_rx) = oneshot::channel();
+    let error_slot = Arc::new(Mutex::new(None));
+    let call = OriginCall::new(
+        inner,
+        req,
+        Arc::clone(&state),
+        Some(Initiator {
+            passthrough: passthrough_tx,
+            error: Arc::clone(&error_slot),
+        }),
+        target,
+        None,
+    );
+    let counters = &state.engine.counters;
+    counters.origin_call();
+    let served = Served::Forwarded {
+        fwd: Forward::Request,
+        collapsed: false,
+    };
+    match state.engine.run_compute(call.start()).await {
+        Ok(Fill::Store {
+            value,
+            fresh_for,
+            stale_for,
+        }) => {
+            let freshness = Freshness::new(fresh_for).with_stale(stale_for);
+            let value_copy = value.clone();
+            match state
+                .engine
+                .store_outside_flight(target.key, value, freshness)
+            {
+                Some(entry) => {
+                    counters.record(Source::Miss);
+                    Ok(state.respond(&entry, &view, served))
+                }
+                None => Ok(state.respond_uncached(value_copy, &view, Forward::Request)),
+            }
+        }
+        Ok(Fill::Share(value) | Fill::Pass(Some(value))) => {
+            counters.record(Source::Bypass);
+            Ok(state.respond_uncached(value, &view, Forward::Request))
+        }
+        Ok(Fill::Pass(None)) => match passthrough_rx.try_recv() {
+            Ok(mut response) => {
+                counters.record(Source::Bypass);
+                let status = state.status_fwd(Forward::Request, Some("too-large"));
+                response.headers_mut().insert(CACHE_STATUS, status);
+                Ok(response)
+            }
+            Err(_) => {
+                counters.record_error();
+                Ok(state.error_response(&Error::Aborted))
+            }
+        },
+        Err(error) => {
+            counters.record_error();
+            if let Some(e) = error_slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                return Err(e);
+            }
+            Ok(state.error_response(&error))
         }
     }
 }
@@ -261,6 +512,10 @@ struct OriginCall<S, ReqB, ResB, E> {
     req: Request<ReqB>,
     state: Arc<LayerState>,
     initiator: Option<Initiator<ResB, E>>,
+    target: Target,
+    /// The stored response to revalidate: its validators go out with the
+    /// request, and a 304 freshens it.
+    stale: Option<CachedResponse>,
 }
 
 impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
@@ -269,12 +524,16 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         req: Request<ReqB>,
         state: Arc<LayerState>,
         initiator: Option<Initiator<ResB, E>>,
+        target: Target,
+        stale: Option<CachedResponse>,
     ) -> Self {
         Self {
             inner,
             req,
             state,
             initiator,
+            target,
+            stale,
         }
     }
 }
@@ -296,7 +555,7 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqB: Send + 'static,
+    ReqB: Default + Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
@@ -310,45 +569,84 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqB: Send + 'static,
+    ReqB: Default + Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
     async fn run(self) -> Result<Fill<CachedResponse>, BoxError> {
         let OriginCall {
             mut inner,
-            mut req,
+            req,
             state,
             initiator,
+            target,
+            mut stale,
         } = self;
         let (passthrough, error_slot) = match initiator {
             Some(i) => (Some(i.passthrough), Some(i.error)),
             None => (None, None),
         };
-        // HEAD is filled with a GET so the stored entry can answer both.
-        *req.method_mut() = Method::GET;
+        let (mut template, _body) = req.into_parts();
+        // HEAD is filled with a GET so the stored entry can answer both; the
+        // body of a GET or HEAD carries no meaning.
+        template.method = Method::GET;
         for name in &CONDITIONAL {
-            req.headers_mut().remove(name);
+            template.headers.remove(name);
         }
-        let had_authorization = req.headers().contains_key(header::AUTHORIZATION);
-        let request_headers = req.headers().clone();
+        let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
+        let request_headers = template.headers.clone();
 
-        let request_time = SystemTime::now();
-        let result = match poll_fn(|cx| inner.poll_ready(cx)).await {
-            Ok(()) => inner.call(req).await,
-            Err(e) => Err(e),
-        };
-        let response = match result {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(slot) = error_slot {
-                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                }
-                return Err(Box::new(OriginFailed));
+        // At most two origin requests: a conditional one, and a plain one if
+        // the 304 turns out to describe some other representation.
+        let (parts, body, request_time, response_time) = loop {
+            let mut req = Request::from_parts(template.clone(), ReqB::default());
+            if let Some(s) = &stale {
+                conditional::add_validators(req.headers_mut(), s);
             }
+            let request_time = SystemTime::now();
+            let result = match poll_fn(|cx| inner.poll_ready(cx)).await {
+                Ok(()) => inner.call(req).await,
+                Err(e) => Err(e),
+            };
+            let response = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(slot) = error_slot {
+                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    }
+                    return Err(Box::new(OriginFailed));
+                }
+            };
+            let response_time = SystemTime::now();
+            let (parts, body) = response.into_parts();
+            if parts.status == StatusCode::NOT_MODIFIED {
+                if let Some(s) = stale.take() {
+                    match conditional::freshen(&s, &parts.headers, |n| NOT_STORED.contains(n)) {
+                        Some(mut merged) => {
+                            // The 304's own Age and Date drive the new age.
+                            let mut for_age = merged.headers.clone();
+                            for_age.remove(header::AGE);
+                            if let Some(age) = parts.headers.get(header::AGE) {
+                                for_age.insert(header::AGE, age.clone());
+                            }
+                            let verdict = policy::classify_response(
+                                &state.http.rules,
+                                had_authorization,
+                                merged.status,
+                                &for_age,
+                                request_time,
+                                response_time,
+                            );
+                            merged.revalidated = true;
+                            return Ok(state.finish(target, merged, verdict, &request_headers));
+                        }
+                        None => continue,
+                    }
+                }
+            }
+            break (parts, body, request_time, response_time);
         };
-        let response_time = SystemTime::now();
-        let (mut parts, body) = response.into_parts();
+        let (mut parts, body) = (parts, body);
         let verdict = policy::classify_response(
             &state.http.rules,
             had_authorization,
@@ -403,20 +701,62 @@ where
             None => Vec::new(),
         };
         strip_not_stored(&mut parts.headers);
-        let mut value = CachedResponse {
+        let value = CachedResponse {
             status: parts.status,
             headers: parts.headers,
             body,
             vary,
             initial_age: 0,
+            url: target.url,
+            rules: StoredRules::default(),
+            revalidated: false,
         };
-        Ok(match verdict {
+        // While revalidating, an origin error never replaces the stored
+        // response: stale-if-error may still need it.
+        if stale.is_some() && value.status.is_server_error() {
+            return Ok(Fill::Share(value));
+        }
+        Ok(state.finish(target, value, verdict, &request_headers))
+    }
+}
+
+impl LayerState {
+    /// Turn a response and its verdict into a fill, keeping the Vary index
+    /// and the retained store in step with it.
+    fn finish(
+        &self,
+        target: Target,
+        mut value: CachedResponse,
+        verdict: ResponseVerdict,
+        request_headers: &HeaderMap,
+    ) -> Fill<CachedResponse> {
+        match verdict {
             ResponseVerdict::Store {
                 fresh_for,
                 stale_for,
                 initial_age,
+                rules,
             } => {
-                value.initial_age = initial_age.as_secs().min(u32::MAX as u64) as u32;
+                value.initial_age = initial_age.as_secs().min(u64::from(u32::MAX)) as u32;
+                value.rules = rules;
+                let names: Vec<HeaderName> = value.vary.iter().map(|(n, _)| n.clone()).collect();
+                self.vary.learn(target.base, &names);
+                // The next request with these values computes this key; file
+                // the response there too when it differs from the flight's.
+                let key = variant_key(&target.base, &names, request_headers);
+                if key != target.key {
+                    let freshness = Freshness::new(fresh_for).with_stale(stale_for);
+                    self.engine
+                        .store_outside_flight(key, value.clone(), freshness);
+                }
+                // Kept past its stale grace: to revalidate it (validators),
+                // for stale-if-error, and for clients that accept max-stale.
+                let keep = self
+                    .http
+                    .keep
+                    .max(stale_for)
+                    .max(Duration::from_secs(u64::from(rules.sie)));
+                self.retained.insert(key, value.clone(), fresh_for, keep);
                 Fill::Store {
                     value,
                     fresh_for,
@@ -426,9 +766,10 @@ where
             ResponseVerdict::Share => Fill::Share(value),
             ResponseVerdict::Pass(reason) => {
                 tracing::debug!(reason, "response is not cacheable");
+                self.retained.remove(&target.key);
                 Fill::Pass(Some(value))
             }
-        })
+        }
     }
 }
 
@@ -459,45 +800,51 @@ fn strip_not_stored(headers: &mut HeaderMap) {
 }
 
 impl LayerState {
-    /// The cache key of a request: method (HEAD shares GET's entry), host
-    /// name (lowercase, without port: instances of one service listen on
-    /// different ports but serve the same resources), path and query, whether
-    /// it carried Authorization, and the configured key headers.
-    pub(crate) fn key_for<B>(&self, req: &Request<B>) -> CacheKey {
-        self.key_with_auth(req, req.headers().contains_key(header::AUTHORIZATION))
-    }
-
-    fn key_with_auth<B>(&self, req: &Request<B>, authorized: bool) -> CacheKey {
+    /// Where the entry for `req` lives: its URL key, the base key (URL,
+    /// Authorization present or not, configured key headers) and the variant
+    /// key for the Vary names learned for that base.
+    pub(crate) fn target_for<B>(&self, req: &Request<B>) -> Target {
         let uri = effective_uri(req);
-        let authority = uri
-            .authority()
-            .map(|a| a.as_str().as_bytes())
-            .or_else(|| req.headers().get(header::HOST).map(HeaderValue::as_bytes));
+        let url = url_key(
+            request_authority(req, uri),
+            uri.path().as_bytes(),
+            uri.query().map(str::as_bytes),
+        );
         let mut h = KeyHasher::new();
-        h.part(b"GET")
-            .opt_part_lowercase(authority.map(host_name))
-            .part(uri.path().as_bytes())
-            .opt_part(uri.query().map(str::as_bytes))
-            .part(&[u8::from(authorized)]);
+        h.part(b"base")
+            .part(url.as_bytes())
+            .part(&[u8::from(req.headers().contains_key(header::AUTHORIZATION))]);
         for name in &self.http.key_headers {
             h.part(name.as_str().as_bytes());
             for v in req.headers().get_all(name) {
                 h.part(v.as_bytes());
             }
         }
-        h.finish()
+        let base = h.finish();
+        match self.vary.names(&base) {
+            Some(names) => Target {
+                url,
+                base,
+                key: variant_key(&base, &names, req.headers()),
+                miss: Forward::VaryMiss,
+            },
+            None => Target {
+                url,
+                base,
+                key: base,
+                miss: Forward::UriMiss,
+            },
+        }
     }
 
-    /// The entries an unsafe request to this URI invalidates.
-    pub(crate) fn keys_for_uri_of<B>(&self, req: &Request<B>) -> Vec<CacheKey> {
-        vec![
-            self.key_with_auth(req, false),
-            self.key_with_auth(req, true),
-        ]
-    }
-
-    pub(crate) fn invalidate(&self, key: &CacheKey) {
-        self.engine.invalidate(key);
+    /// What a successful unsafe request to this URI invalidates.
+    fn invalidation_for<B>(self: &Arc<Self>, req: &Request<B>) -> Invalidation {
+        let uri = effective_uri(req);
+        let authority = request_authority(req, uri).and_then(|a| std::str::from_utf8(a).ok());
+        let path = uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        Invalidation::new(Arc::clone(self), authority, path)
     }
 
     fn status(&self, params: std::fmt::Arguments<'_>) -> HeaderValue {
@@ -514,74 +861,105 @@ impl LayerState {
     }
 
     /// A response built from a stored (or shared) entry.
-    pub(crate) fn respond<B>(
+    fn respond<B>(
         &self,
         entry: &Stored<CachedResponse>,
-        head: bool,
-        source: Source,
+        view: &View<'_>,
+        served: Served,
     ) -> Response<CacheBody<B>> {
         let value = &entry.value;
-        let status = match source {
-            Source::Hit => self.status(format_args!("hit; ttl={}", entry.ttl_secs())),
-            Source::Stale => {
-                self.status(format_args!("hit; ttl={}; detail=stale", entry.ttl_secs()))
-            }
-            Source::Miss => self.status(format_args!(
-                "fwd=uri-miss; fwd-status={}; stored; ttl={}",
-                value.status.as_u16(),
-                entry.ttl_secs()
-            )),
-            Source::Coalesced => self.status(format_args!(
-                "fwd=uri-miss; fwd-status={}; collapsed",
-                value.status.as_u16()
-            )),
-            Source::Bypass => self.status(format_args!(
-                "fwd=uri-miss; fwd-status={}",
-                value.status.as_u16()
-            )),
-        };
-        let stored = !entry.meta.fresh_for.is_zero() || !entry.meta.stale_for.is_zero();
-        let status = if source == Source::Miss && !stored {
-            self.status(format_args!(
-                "fwd=uri-miss; fwd-status={}",
-                value.status.as_u16()
-            ))
+        let age = value.current_age(entry.age()).as_secs();
+        // The engine's clock may end freshness sooner (an L1 bound).
+        let ttl = (i64::from(value.rules.lifetime) - age.min(i64::MAX as u64) as i64)
+            .min(entry.ttl_secs());
+        let origin_status = if value.revalidated {
+            304
         } else {
-            status
+            value.status.as_u16()
         };
-        let age = u64::from(value.initial_age) + entry.age().as_secs();
-        self.build(value, head, status, Some(age))
+        let status = match served {
+            Served::Hit => self.status(format_args!("hit; ttl={ttl}")),
+            Served::Stale(detail) => self.status(format_args!("hit; ttl={ttl}; detail={detail}")),
+            Served::Forwarded { fwd, collapsed } => {
+                let fwd = fwd.as_str();
+                let stored = !entry.meta.fresh_for.is_zero() || !entry.meta.stale_for.is_zero();
+                if collapsed {
+                    self.status(format_args!(
+                        "fwd={fwd}; fwd-status={origin_status}; collapsed"
+                    ))
+                } else if stored {
+                    self.status(format_args!(
+                        "fwd={fwd}; fwd-status={origin_status}; stored; ttl={ttl}"
+                    ))
+                } else {
+                    self.status(format_args!("fwd={fwd}; fwd-status={origin_status}"))
+                }
+            }
+            Served::StaleIfError {
+                fwd_status: Some(s),
+            } => self.status(format_args!(
+                "fwd=stale; fwd-status={s}; ttl={ttl}; detail=stale-if-error"
+            )),
+            Served::StaleIfError { fwd_status: None } => {
+                self.status(format_args!("fwd=stale; ttl={ttl}; detail=stale-if-error"))
+            }
+        };
+        self.build(value, view, status, Some(age))
     }
 
     /// A response the leader may use but nobody else.
-    fn respond_uncached<B>(&self, value: CachedResponse, head: bool) -> Response<CacheBody<B>> {
+    fn respond_uncached<B>(
+        &self,
+        value: CachedResponse,
+        view: &View<'_>,
+        fwd: Forward,
+    ) -> Response<CacheBody<B>> {
         let status = self.status(format_args!(
-            "fwd=uri-miss; fwd-status={}; detail=uncacheable",
+            "fwd={}; fwd-status={}; detail=uncacheable",
+            fwd.as_str(),
             value.status.as_u16()
         ));
-        self.build(&value, head, status, None)
+        self.build(&value, view, status, None)
     }
 
     fn build<B>(
         &self,
         value: &CachedResponse,
-        head: bool,
+        view: &View<'_>,
         status: HeaderValue,
         age: Option<u64>,
     ) -> Response<CacheBody<B>> {
-        let body = if head {
-            CacheBody::empty()
+        let mut response = if conditional::not_modified(view.headers, value) {
+            let mut r = Response::new(CacheBody::empty());
+            *r.status_mut() = StatusCode::NOT_MODIFIED;
+            *r.headers_mut() = conditional::not_modified_headers(&value.headers);
+            r
         } else {
-            CacheBody::full(value.body.clone())
+            let body = if view.head {
+                CacheBody::empty()
+            } else {
+                CacheBody::full(value.body.clone())
+            };
+            let mut r = Response::new(body);
+            *r.status_mut() = value.status;
+            *r.headers_mut() = value.headers.clone();
+            r
         };
-        let mut response = Response::new(body);
-        *response.status_mut() = value.status;
-        *response.headers_mut() = value.headers.clone();
         let headers = response.headers_mut();
         if let Some(age) = age {
             headers.insert(header::AGE, HeaderValue::from(age));
         }
         headers.insert(CACHE_STATUS, status);
+        response
+    }
+
+    /// RFC 9111 §5.2.1.7: nothing stored may answer an only-if-cached request.
+    fn only_if_cached<B>(&self) -> Response<CacheBody<B>> {
+        self.engine.counters.record(Source::Bypass);
+        let mut response = Response::new(CacheBody::empty());
+        *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+        let status = self.status(format_args!("detail=only-if-cached"));
+        response.headers_mut().insert(CACHE_STATUS, status);
         response
     }
 
@@ -602,22 +980,11 @@ impl LayerState {
     }
 }
 
-/// The host name of an authority: no userinfo, no port; `[v6]` kept whole.
-fn host_name(authority: &[u8]) -> &[u8] {
-    let host = match authority.iter().rposition(|&b| b == b'@') {
-        Some(at) => &authority[at + 1..],
-        None => authority,
-    };
-    if host.first() == Some(&b'[') {
-        return match host.iter().position(|&b| b == b']') {
-            Some(end) => &host[..=end],
-            None => host,
-        };
-    }
-    match host.iter().rposition(|&b| b == b':') {
-        Some(colon) => &host[..colon],
-        None => host,
-    }
+/// The authority a request names: the URI's, else the Host header.
+fn request_authority<'a, B>(req: &'a Request<B>, uri: &'a http::Uri) -> Option<&'a [u8]> {
+    uri.authority()
+        .map(|a| a.as_str().as_bytes())
+        .or_else(|| req.headers().get(header::HOST).map(HeaderValue::as_bytes))
 }
 
 /// The URI as the client sent it: axum's nested routers strip their prefix,
@@ -632,7 +999,7 @@ fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
 
 #[cfg(test)]
 mod tests {
-    use super::host_name;
+    use crate::purge::host_name;
 
     /// Ports and userinfo are not part of the host; IPv6 brackets are kept.
     #[test]

@@ -174,11 +174,22 @@ async fn corrupt_entries_are_misses_and_get_overwritten() {
     let origin = Origin::new(CACHEABLE);
     let probe = origin.app(layer(&server, |o| o));
     let mut conn = server.connection().await;
+    // A real entry of the current version, cut inside its payload: the
+    // header passes the script's check, the decoder must refuse it.
+    send(&probe, get_req("/model")).await;
+    let model_key = probe_key(&probe, "/model");
+    let real: Vec<u8> = redis::cmd("GET")
+        .arg(format!("t:{{{model_key}}}:v"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let truncated = real[..real.len().min(48)].to_vec();
     let cases: [&[u8]; 3] = [
         b"\x00\xffnot an entry at all",
-        b"HG\x63\x00future version",
-        b"HG\x01\x00\x01\x02\x03", // right header, body cut short
+        b"HG\xfe\x00future version",
+        &truncated,
     ];
+    let before_cases = origin.calls();
     for (i, bytes) in cases.into_iter().enumerate() {
         let uri = format!("/corrupt/{i}");
         let key = probe_key(&probe, &uri);
@@ -208,7 +219,11 @@ async fn corrupt_entries_are_misses_and_get_overwritten() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(stored.starts_with(b"HG\x01"), "case {i} was overwritten");
+        assert!(
+            stored.starts_with(&real[..3]),
+            "case {i} was overwritten with the current version"
+        );
+        assert_ne!(stored, bytes);
         let another = origin.app(layer(&server, |o| o));
         let (_, h, again) = send(
             &another,
@@ -218,6 +233,7 @@ async fn corrupt_entries_are_misses_and_get_overwritten() {
         assert!(cache_status(&h).contains("hit"));
         assert_eq!(again, body);
     }
+    assert_eq!(origin.calls(), before_cases + 3);
 }
 
 /// The hex cache key of a GET to `uri` as the layers derive it.

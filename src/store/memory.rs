@@ -162,6 +162,8 @@ impl<V: Value> MemoryStore<V> {
                 w.min(u32::MAX as usize) as u32
             })
             .expire_after(SlotExpiry)
+            // Purge by URL or tag (a predicate over the stored values).
+            .support_invalidation_closures()
             .build();
         Self { cache }
     }
@@ -201,6 +203,24 @@ impl<V: Value> MemoryStore<V> {
     pub(crate) fn entry_count(&self) -> u64 {
         self.cache.run_pending_tasks();
         self.cache.entry_count()
+    }
+
+    /// Drop every entry for which `matches` holds. moka applies the predicate
+    /// lazily, but never returns an entry it matches from then on.
+    pub(crate) fn purge_where(
+        &self,
+        matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
+    ) {
+        let registered = self
+            .cache
+            .invalidate_entries_if(move |key, slot| match slot {
+                Slot::Entry(e) => matches(key, &e.value),
+                Slot::Pass { .. } => false,
+            });
+        if let Err(error) = registered {
+            // Only possible if the builder above lost its flag.
+            tracing::error!(%error, "purge by predicate is not enabled");
+        }
     }
 }
 

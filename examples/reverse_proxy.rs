@@ -1,0 +1,309 @@
+//! A caching reverse proxy: herdguard in front of an HTTP API you don't own.
+//!
+//! ```text
+//! cargo run --release --example reverse_proxy -- \
+//!     --listen 127.0.0.1:8082 --upstream http://127.0.0.1:8000 \
+//!     [--purge-token SECRET] [--redis redis://127.0.0.1:6379]
+//! ```
+//!
+//! - Every method and every end-to-end header is forwarded; hop-by-hop
+//!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
+//!   not. Bodies stream both ways. `Via` is appended both ways,
+//!   `X-Forwarded-For` / `-Proto` / `-Host` are set on the upstream request,
+//!   and `Host` becomes the upstream's (as nginx does by default).
+//! - GET and HEAD go through one [`CacheLayer`]: one upstream request per key,
+//!   RFC 9111 semantics, `Cache-Status` on every response.
+//! - Purge is off unless `--purge-token` is given. Then, with the token in
+//!   `X-Purge-Token`:
+//!   - `PURGE /path?query` (Host header names the site) removes every stored
+//!     variant of that URL;
+//!   - `POST /.herdguard/purge/tag/{tag}` removes every entry whose response
+//!     carried `tag` in `Surrogate-Key` (space separated).
+//!
+//!   `Surrogate-Key` is stripped from responses to clients.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{Method, Request, Response, StatusCode, Uri};
+use axum::Router;
+use herdguard::CacheLayer;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::{Layer, ServiceExt};
+
+/// What the proxy needs to know.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    /// Scheme and authority of the upstream, e.g. `http://127.0.0.1:8000`.
+    pub(crate) upstream: Uri,
+    /// Enables PURGE and the tag purge route when set.
+    pub(crate) purge_token: Option<String>,
+}
+
+/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+const VIA: &str = "1.1 herdguard";
+const PURGE_TAG_PREFIX: &str = "/.herdguard/purge/tag/";
+
+/// The proxy as a router: purge handling, then the cache, then the upstream.
+pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
+    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build_http();
+    let upstream = Arc::new(config.upstream.clone());
+    let origin = tower::service_fn(move |req: Request<Body>| {
+        let client = client.clone();
+        let upstream = Arc::clone(&upstream);
+        async move { Ok::<_, std::convert::Infallible>(forward(&client, &upstream, req).await) }
+    });
+    let cached = cache.layer(origin);
+    let config = Arc::new(config);
+    Router::new().fallback_service(tower::service_fn(move |req: Request<Body>| {
+        let cached = cached.clone();
+        let cache = cache.clone();
+        let config = Arc::clone(&config);
+        async move {
+            if let Some(response) = purge(&config, &cache, &req) {
+                return Ok::<_, std::convert::Infallible>(response);
+            }
+            let response = match cached.oneshot(req).await {
+                Ok(r) => r.map(Body::new),
+                Err(never) => match never {},
+            };
+            Ok(to_client(response))
+        }
+    }))
+}
+
+/// Send `req` upstream; an unreachable upstream is a 502, never an error.
+async fn forward(
+    client: &Client<HttpConnector, Body>,
+    upstream: &Uri,
+    req: Request<Body>,
+) -> Response<Body> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut uri = upstream.clone().into_parts();
+    uri.path_and_query = path.parse().ok();
+    let Ok(uri) = Uri::from_parts(uri) else {
+        return status(StatusCode::BAD_REQUEST, "bad request target");
+    };
+    let client_addr = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let original_host = parts.headers.get(header::HOST).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(ip) = client_addr {
+        append_list(&mut parts.headers, "x-forwarded-for", &ip.to_string());
+    }
+    if let Some(host) = original_host {
+        parts.headers.insert("x-forwarded-host", host);
+    }
+    parts
+        .headers
+        .insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    append_list(&mut parts.headers, "via", VIA);
+    parts.headers.remove(header::HOST);
+    parts.uri = uri;
+    parts.version = axum::http::Version::HTTP_11;
+    match client.request(Request::from_parts(parts, body)).await {
+        Ok(response) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "upstream request failed");
+            status(StatusCode::BAD_GATEWAY, "upstream unreachable")
+        }
+    }
+}
+
+/// The last touches on every response to a client.
+fn to_client(mut response: Response<Body>) -> Response<Body> {
+    let headers = response.headers_mut();
+    headers.remove("surrogate-key");
+    append_list(headers, "via", VIA);
+    response
+}
+
+/// Answer a purge request, if this is one and purging is on.
+fn purge(config: &Config, cache: &CacheLayer, req: &Request<Body>) -> Option<Response<Body>> {
+    let is_purge = req.method().as_str() == "PURGE";
+    let tag = (req.method() == Method::POST)
+        .then(|| req.uri().path().strip_prefix(PURGE_TAG_PREFIX))
+        .flatten();
+    if !is_purge && tag.is_none() {
+        return None;
+    }
+    let Some(token) = &config.purge_token else {
+        // Off: PURGE is not a method this proxy knows; the tag route falls
+        // through to the upstream like any other path.
+        return is_purge.then(|| status(StatusCode::METHOD_NOT_ALLOWED, "purge is disabled"));
+    };
+    let given = req
+        .headers()
+        .get("x-purge-token")
+        .map(HeaderValue::as_bytes);
+    if !given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
+        return Some(status(StatusCode::FORBIDDEN, "bad purge token"));
+    }
+    if let Some(tag) = tag {
+        let tag = percent_decode(tag);
+        if tag.is_empty() || tag.chars().any(char::is_whitespace) {
+            return Some(status(StatusCode::BAD_REQUEST, "one tag per request"));
+        }
+        cache.purge_tag(&tag);
+        return Some(status(StatusCode::OK, &format!("purged tag {tag}")));
+    }
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        });
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let Some(url) = host.and_then(|h| format!("http://{h}{path}").parse::<Uri>().ok()) else {
+        return Some(status(StatusCode::BAD_REQUEST, "purge needs a Host"));
+    };
+    cache.purge_url(&url);
+    Some(status(StatusCode::OK, &format!("purged {url}")))
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Append to a comma-separated list header (Via, X-Forwarded-For).
+fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
+    let joined = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => format!("{existing}, {item}"),
+        _ => item.to_owned(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+fn status(code: StatusCode, text: &str) -> Response<Body> {
+    let mut r = Response::new(Body::from(format!("{text}\n")));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn arg_value(args: &[String], flag: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let listen = arg_value(&args, "--listen").unwrap_or_else(|| "127.0.0.1:8082".to_owned());
+    let upstream: Uri = arg_value(&args, "--upstream")
+        .unwrap_or_else(|| "http://127.0.0.1:8000".to_owned())
+        .parse()?;
+    if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
+        return Err("--upstream must be http://host:port".into());
+    }
+    let purge_token = arg_value(&args, "--purge-token");
+    let builder = CacheLayer::builder();
+    if let Some(redis) = arg_value(&args, "--redis") {
+        // Wired once this branch meets the Redis store:
+        // `builder.redis(herdguard::RedisOptions::new(redis))`.
+        eprintln!("--redis {redis}: not yet supported by this build; running on memory alone");
+    }
+    let cache = builder.build()?;
+    let app = app(
+        Config {
+            upstream: upstream.clone(),
+            purge_token: purge_token.clone(),
+        },
+        cache,
+    );
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    println!(
+        "herdguard reverse proxy on http://{} → {upstream} (purge {})",
+        listener.local_addr()?,
+        if purge_token.is_some() { "on" } else { "off" }
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}

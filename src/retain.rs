@@ -1,0 +1,120 @@
+//! Responses kept past their stale grace so they can still be revalidated
+//! with a conditional request, or stand in for an origin error
+//! (`stale-if-error`).
+//!
+//! The engine drops an entry once its stale grace is over: that is its
+//! contract ("stale" means "may be served at once"). A response that has
+//! validators is still worth something after that, a 304 instead of a full
+//! body, so the HTTP layer keeps its own reference here, bounded by bytes and
+//! by a keep time. The body [`Bytes`](bytes::Bytes) are shared with the
+//! engine's copy, not duplicated.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moka::sync::Cache as MokaCache;
+use moka::Expiry;
+use tokio::time::Instant;
+
+use crate::entry::{CachedResponse, EntryMeta, Value};
+use crate::key::CacheKey;
+use crate::store::memory::Stored;
+
+#[derive(Debug, Clone)]
+struct Retained {
+    entry: Arc<Stored<CachedResponse>>,
+    until: Instant,
+}
+
+struct RetainedExpiry;
+
+impl Expiry<CacheKey, Retained> for RetainedExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &CacheKey,
+        value: &Retained,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        // A second past the logical end, so a paused test clock never evicts early.
+        Some(value.until.saturating_duration_since(Instant::now()) + Duration::from_secs(1))
+    }
+
+    fn expire_after_update(
+        &self,
+        key: &CacheKey,
+        value: &Retained,
+        updated_at: std::time::Instant,
+        _left: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(key, value, updated_at)
+    }
+}
+
+/// Stored responses kept for revalidation and stale-if-error.
+#[derive(Clone)]
+pub(crate) struct RetainedStore {
+    cache: MokaCache<CacheKey, Retained>,
+}
+
+impl std::fmt::Debug for RetainedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetainedStore")
+            .field("entries", &self.cache.entry_count())
+            .finish()
+    }
+}
+
+impl RetainedStore {
+    pub(crate) fn new(capacity_bytes: u64) -> Self {
+        let cache = MokaCache::builder()
+            .max_capacity(capacity_bytes)
+            .weigher(|_k: &CacheKey, r: &Retained| -> u32 {
+                (r.entry.value.weight() + 128).min(u32::MAX as usize) as u32
+            })
+            .expire_after(RetainedExpiry)
+            .support_invalidation_closures()
+            .build();
+        Self { cache }
+    }
+
+    /// Keep `value` for `fresh_for + keep_for` from now.
+    pub(crate) fn insert(
+        &self,
+        key: CacheKey,
+        value: CachedResponse,
+        fresh_for: Duration,
+        keep_for: Duration,
+    ) {
+        let total = fresh_for.saturating_add(keep_for);
+        if total.is_zero() {
+            self.cache.invalidate(&key);
+            return;
+        }
+        let meta = EntryMeta::now(fresh_for, keep_for, 0);
+        let entry = Arc::new(Stored::new(value, meta, fresh_for, total, Duration::ZERO));
+        let until = Instant::now() + total;
+        self.cache.insert(key, Retained { entry, until });
+    }
+
+    pub(crate) fn get(&self, key: &CacheKey) -> Option<Arc<Stored<CachedResponse>>> {
+        let r = self.cache.get(key)?;
+        (Instant::now() < r.until).then_some(r.entry)
+    }
+
+    pub(crate) fn remove(&self, key: &CacheKey) {
+        self.cache.invalidate(key);
+    }
+
+    pub(crate) fn purge_where(
+        &self,
+        matches: impl Fn(&CacheKey, &CachedResponse) -> bool + Send + Sync + 'static,
+    ) {
+        let registered = self
+            .cache
+            .invalidate_entries_if(move |key, r| matches(key, &r.entry.value));
+        if let Err(error) = registered {
+            // Only possible if the builder above lost its flag.
+            tracing::error!(%error, "purge by predicate is not enabled");
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Vary: several variants of one URL, each under its own key.
+//!
+//! A variant's key is the base key (URL, Authorization present or not,
+//! configured key headers) plus the request's values of the headers the
+//! URL's responses vary on. Those names are learned from responses and kept
+//! per base key here. A forgotten or outdated list costs a miss, never a wrong
+//! answer: every stored variant still compares its own header values before
+//! it is served.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName};
+use moka::sync::Cache as MokaCache;
+
+use crate::key::{CacheKey, KeyHasher};
+
+/// Header names each base key varies on.
+#[derive(Debug, Clone)]
+pub(crate) struct VaryIndex {
+    // Bounded by count and idle time: a lost list only costs one miss.
+    names: MokaCache<CacheKey, Arc<[HeaderName]>>,
+}
+
+impl VaryIndex {
+    pub(crate) fn new(max_urls: u64) -> Self {
+        Self {
+            names: MokaCache::builder()
+                .max_capacity(max_urls)
+                .time_to_idle(Duration::from_secs(24 * 3600))
+                .build(),
+        }
+    }
+
+    pub(crate) fn names(&self, base: &CacheKey) -> Option<Arc<[HeaderName]>> {
+        self.names.get(base)
+    }
+
+    /// Remember what the latest response for `base` varies on.
+    pub(crate) fn learn(&self, base: CacheKey, names: &[HeaderName]) {
+        if names.is_empty() {
+            if self.names.contains_key(&base) {
+                self.names.invalidate(&base);
+            }
+            return;
+        }
+        if self.names.get(&base).as_deref() != Some(names) {
+            self.names.insert(base, Arc::from(names));
+        }
+    }
+}
+
+/// The key of the variant of `base` that `request` selects.
+pub(crate) fn variant_key(base: &CacheKey, names: &[HeaderName], request: &HeaderMap) -> CacheKey {
+    if names.is_empty() {
+        return *base;
+    }
+    let mut h = KeyHasher::new();
+    h.part(b"variant").part(base.as_bytes());
+    for name in names {
+        h.part(name.as_str().as_bytes());
+        let values = request.get_all(name);
+        // Absent and present-but-empty are different requests.
+        h.part(&(values.iter().count() as u64).to_le_bytes());
+        for v in values {
+            h.part(v.as_bytes());
+        }
+    }
+    h.finish()
+}
