@@ -8,7 +8,8 @@
 //! service, as `service_fn` and as an axum `Router`), `engine`
 //! (`Cache::get_or_compute` hit, a coalesced miss of N tasks on one cold key
 //! next to N uncached computations), `key` (`CacheKey::from_parts`, and one
-//! BLAKE3 call over the same bytes for scale). Redis hit, lease
+//! BLAKE3 call over the same bytes for scale), `anatomy` (the parts an L1 hit
+//! is built from, priced one by one). Redis hit, lease
 //! acquire+release and fenced write are stubs that print "needs Redis".
 //!
 //! Defaults are short (1 s warm-up, 2 s measurement, 30 samples) because the
@@ -115,6 +116,16 @@ fn tower_paths(c: &mut Criterion) {
         warm.headers().contains_key("cache-status"),
         "the layer answered the warm-up"
     );
+
+    // Two hits must hand out the same stored bytes: a reference count, not a copy.
+    let body_ptr = || {
+        let r = rt.block_on(cached.clone().oneshot(request()));
+        let r = r.unwrap_or_else(|e| match e {});
+        let b = rt.block_on(r.into_body().collect());
+        b.unwrap_or_else(|e| match e {}).to_bytes().as_ptr()
+    };
+    let shared = body_ptr() == body_ptr();
+    eprintln!("tower/L1 hit body is the stored Bytes (no copy): {shared}");
 
     let mut g = c.benchmark_group("tower");
     g.throughput(Throughput::Elements(1));
@@ -294,6 +305,71 @@ fn key_paths(c: &mut Criterion) {
     g.finish();
 }
 
+/// The building blocks an L1 hit is made of today (see `LayerState::respond`
+/// and `MemoryStore::probe`), priced one by one so the gap between
+/// `tower/L1 hit` and `tower/bare` can be attributed.
+fn hit_anatomy(c: &mut Criterion) {
+    let mut g = c.benchmark_group("anatomy");
+    g.throughput(Throughput::Elements(1));
+
+    struct Expire;
+    impl moka::Expiry<CacheKey, Arc<(Bytes, u64)>> for Expire {
+        fn expire_after_create(
+            &self,
+            _: &CacheKey,
+            _: &Arc<(Bytes, u64)>,
+            _: std::time::Instant,
+        ) -> Option<Duration> {
+            Some(Duration::from_secs(3600))
+        }
+    }
+    let moka: moka::sync::Cache<CacheKey, Arc<(Bytes, u64)>> = moka::sync::Cache::builder()
+        .max_capacity(256 << 20)
+        .weigher(|_: &CacheKey, v: &Arc<(Bytes, u64)>| v.0.len() as u32 + 128)
+        .expire_after(Expire)
+        .build();
+    let key = CacheKey::new("hot");
+    moka.insert(key, Arc::new((Bytes::from_static(b"x"), 1)));
+    g.bench_function("moka sync get (weigher + expiry, as L1)", |b| {
+        b.iter(|| black_box(moka.get(black_box(&key))))
+    });
+
+    g.bench_function("Cache-Status: format! + HeaderValue::from_str", |b| {
+        b.iter(|| {
+            let s = format!(
+                "{}; hit; ttl={}",
+                black_box("herdguard"),
+                black_box(3599i64)
+            );
+            black_box(axum::http::HeaderValue::from_str(&s).ok())
+        })
+    });
+    g.bench_function("Age: HeaderValue::from(u64)", |b| {
+        b.iter(|| black_box(axum::http::HeaderValue::from(black_box(17u64))))
+    });
+
+    // Header values as a proxied origin's would be: parsed, not static.
+    let mut stored = axum::http::HeaderMap::new();
+    for (k, v) in [
+        ("content-type", "application/json"),
+        ("cache-control", "max-age=3600"),
+        ("etag", "\"5d8c72a5edda8d6a\""),
+        ("date", "Tue, 05 May 2026 04:44:48 GMT"),
+    ] {
+        stored.insert(
+            axum::http::HeaderName::from_static(k),
+            axum::http::HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| unreachable!()),
+        );
+    }
+    g.bench_function("stored HeaderMap clone (4 headers)", |b| {
+        b.iter(|| black_box(stored.clone()))
+    });
+    g.bench_function("Instant::now (x3 per hit)", |b| {
+        b.iter(tokio::time::Instant::now)
+    });
+    g.finish();
+}
+
 /// TODO(redis): Redis hit (L1 off), lease acquire+release and fenced write,
 /// against a redis-server from `HERDGUARD_BENCH_REDIS` once the Redis store lands.
 fn redis_paths(_c: &mut Criterion) {
@@ -308,6 +384,6 @@ criterion_group! {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2))
         .sample_size(30);
-    targets = tower_paths, engine_paths, key_paths, redis_paths
+    targets = tower_paths, hit_anatomy, engine_paths, key_paths, redis_paths
 }
 criterion_main!(benches);

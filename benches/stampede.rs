@@ -15,6 +15,10 @@
 //! fwd=…`; every request without a cache); waiter release delay, the
 //! completion of a forwarded request minus the instant the origin call it
 //! waited on returned (same instance, or any instance when they share Redis);
+//! `srv p50/p99`, the same release delay measured to the moment the server
+//! stack had the response ready (an outermost middleware stamps it), which
+//! leaves out the loopback and client costs that dominate the client-side
+//! number when N connections share 2 cores (the `floor` row shows those);
 //! Redis commands per request (`INFO commandstats` delta); errors.
 
 mod common;
@@ -51,6 +55,9 @@ struct Config {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Row {
+    /// No cache and no origin delay: what a burst of N costs this machine
+    /// over loopback, the floor every other row stands on.
+    Floor,
     NoCache,
     Memory,
     Redis,
@@ -59,6 +66,7 @@ enum Row {
 impl Row {
     fn name(self) -> &'static str {
         match self {
+            Row::Floor => "floor (0 ms origin)",
             Row::NoCache => "no cache",
             Row::Memory => "herdguard in-memory",
             Row::Redis => "herdguard + Redis",
@@ -133,6 +141,8 @@ struct Sample {
     end: Instant,
     ok: bool,
     class: Class,
+    /// When the server-side stack had the response ready (`x-bench-ready-us`).
+    ready: Option<Instant>,
 }
 
 /// One line of the table.
@@ -146,6 +156,8 @@ struct Line {
     forwarded: usize,
     release_p50: Option<Duration>,
     release_p99: Option<Duration>,
+    server_release_p50: Option<Duration>,
+    server_release_p99: Option<Duration>,
     redis_per_request: Option<f64>,
     errors: usize,
     note: String,
@@ -176,7 +188,7 @@ async fn cluster(
     let mut instances = Vec::with_capacity(cfg.instances);
     for i in 0..cfg.instances {
         let layer = match row {
-            Row::NoCache => None,
+            Row::Floor | Row::NoCache => None,
             Row::Memory => Some(CacheLayer::new()),
             Row::Redis => {
                 let target = redis.ok_or_else(|| {
@@ -230,6 +242,7 @@ async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) ->
                     end,
                     ok: r.status == 200,
                     class: r.class,
+                    ready: ready_instant(r.ready_us),
                 },
                 _ => Sample {
                     instance,
@@ -237,6 +250,7 @@ async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) ->
                     end,
                     ok: false,
                     class: Class::Uncached,
+                    ready: None,
                 },
             }
         }));
@@ -283,6 +297,7 @@ async fn steady(
                                 end: Instant::now(),
                                 ok: false,
                                 class: Class::Uncached,
+                                ready: None,
                             });
                             tokio::time::sleep(Duration::from_millis(10)).await;
                             continue;
@@ -291,11 +306,11 @@ async fn steady(
                 };
                 let reply = tokio::time::timeout(timeout, c.get(&path)).await;
                 let end = Instant::now();
-                let (ok, class) = match reply {
-                    Ok(Ok(r)) => (r.status == 200, r.class),
+                let (ok, class, ready) = match reply {
+                    Ok(Ok(r)) => (r.status == 200, r.class, ready_instant(r.ready_us)),
                     _ => {
                         conn = None;
-                        (false, Class::Uncached)
+                        (false, Class::Uncached, None)
                     }
                 };
                 samples.push(Sample {
@@ -304,6 +319,7 @@ async fn steady(
                     end,
                     ok,
                     class,
+                    ready,
                 });
             }
             samples
@@ -318,6 +334,10 @@ async fn steady(
     all
 }
 
+fn ready_instant(us: Option<u64>) -> Option<Instant> {
+    us.map(|us| common::origin::epoch() + Duration::from_micros(us))
+}
+
 fn summarize(row: Row, samples: &[Sample], fills: &[(usize, Instant)], scope: Scope) -> Line {
     let mut latencies: Vec<Duration> = samples
         .iter()
@@ -328,23 +348,30 @@ fn summarize(row: Row, samples: &[Sample], fills: &[(usize, Instant)], scope: Sc
         .iter()
         .filter(|s| s.ok && matches!(s.class, Class::Forwarded | Class::Uncached))
         .collect();
+    // The fill a forwarded request waited on: the latest one in its scope
+    // that landed while it was in flight.
+    let fill_of = |s: &Sample| {
+        fills
+            .iter()
+            .filter(|(i, _)| scope == Scope::Cluster || *i == s.instance)
+            .map(|(_, at)| *at)
+            .filter(|at| *at >= s.start && *at <= s.end)
+            .max()
+    };
     // Without a cache nobody waits for anybody: there is no release delay.
-    let mut release: Vec<Duration> = if row == Row::NoCache {
+    let waiters: Vec<(&Sample, Instant)> = if matches!(row, Row::Floor | Row::NoCache) {
         Vec::new()
     } else {
         forwarded
             .iter()
-            .filter_map(|s| {
-                fills
-                    .iter()
-                    .filter(|(i, _)| scope == Scope::Cluster || *i == s.instance)
-                    .map(|(_, at)| *at)
-                    .filter(|at| *at >= s.start && *at <= s.end)
-                    .max()
-                    .map(|fill| s.end - fill)
-            })
+            .filter_map(|s| fill_of(s).map(|f| (*s, f)))
             .collect()
     };
+    let mut release: Vec<Duration> = waiters.iter().map(|(s, f)| s.end - *f).collect();
+    let mut server_release: Vec<Duration> = waiters
+        .iter()
+        .filter_map(|(s, f)| s.ready.map(|r| r.saturating_duration_since(*f)))
+        .collect();
     Line {
         requests: samples.len(),
         p50: quantile(&mut latencies, 0.50),
@@ -353,6 +380,8 @@ fn summarize(row: Row, samples: &[Sample], fills: &[(usize, Instant)], scope: Sc
         forwarded: forwarded.len(),
         release_p50: quantile(&mut release, 0.50),
         release_p99: quantile(&mut release, 0.99),
+        server_release_p50: quantile(&mut server_release, 0.50),
+        server_release_p99: quantile(&mut server_release, 0.99),
         errors: samples.iter().filter(|s| !s.ok).count(),
         ..Line::default()
     }
@@ -365,10 +394,10 @@ async fn run(
     redis: Option<&RedisTarget>,
     nonce: u64,
 ) -> Line {
-    let delay = if scenario == Scenario::Slow {
-        cfg.slow_delay
-    } else {
-        cfg.delay
+    let delay = match (row, scenario) {
+        (Row::Floor, _) => Duration::ZERO,
+        (_, Scenario::Slow) => cfg.slow_delay,
+        _ => cfg.delay,
     };
     let lease = (scenario == Scenario::Slow).then_some(Duration::from_secs(1));
     let cluster = match cluster(row, cfg, delay, scenario.cache_control(), redis, lease).await {
@@ -442,7 +471,7 @@ fn opt_ms(d: Option<Duration>) -> String {
 
 fn print_header() {
     println!(
-        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>6}  note",
+        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}  note",
         "row",
         "reqs",
         "origin",
@@ -452,6 +481,8 @@ fn print_header() {
         "fwd",
         "rel p50",
         "rel p99",
+        "srv p50",
+        "srv p99",
         "redis/r",
         "errors"
     );
@@ -459,7 +490,7 @@ fn print_header() {
 
 fn print_line(row: Row, l: &Line) {
     println!(
-        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>6}  {}",
+        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}  {}",
         row.name(),
         l.requests,
         l.origin_calls,
@@ -469,6 +500,8 @@ fn print_line(row: Row, l: &Line) {
         l.forwarded,
         opt_ms(l.release_p50),
         opt_ms(l.release_p99),
+        opt_ms(l.server_release_p50),
+        opt_ms(l.server_release_p99),
         l.redis_per_request
             .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
         l.errors,
@@ -514,6 +547,7 @@ async fn main() {
         }
     };
     let started = Instant::now();
+    let _ = common::origin::epoch();
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -540,7 +574,13 @@ async fn main() {
         }
         println!("\n== {}", scenario.title(&cfg));
         print_header();
-        for row in [Row::NoCache, Row::Memory, Row::Redis] {
+        // The floor is the same for every burst; once is enough.
+        let rows: &[Row] = if scenario == Scenario::Cold {
+            &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis]
+        } else {
+            &[Row::NoCache, Row::Memory, Row::Redis]
+        };
+        for &row in rows {
             let left = cfg.budget.saturating_sub(started.elapsed());
             let line =
                 match tokio::time::timeout(left, run(scenario, row, &cfg, redis.as_ref(), nonce))

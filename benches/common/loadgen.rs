@@ -33,6 +33,9 @@ pub(crate) struct Reply {
     pub(crate) status: u16,
     pub(crate) body_len: usize,
     pub(crate) class: Class,
+    /// `x-bench-ready-us`: when the server-side stack had the response ready,
+    /// in µs since [`super::origin::epoch`] (stampede stamps it; others don't).
+    pub(crate) ready_us: Option<u64>,
 }
 
 /// A keep-alive HTTP/1.1 connection to a loopback server.
@@ -113,6 +116,7 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Reply, bool)>> {
         status: resp.code.unwrap_or(0),
         body_len: 0,
         class: Class::Uncached,
+        ready_us: None,
     };
     let mut close = false;
     let mut have_length = false;
@@ -125,6 +129,10 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Reply, bool)>> {
             have_length = true;
         } else if h.name.eq_ignore_ascii_case("cache-status") {
             reply.class = classify(h.value);
+        } else if h.name.eq_ignore_ascii_case("x-bench-ready-us") {
+            reply.ready_us = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.parse().ok());
         } else if h.name.eq_ignore_ascii_case("connection") {
             close = h.value.eq_ignore_ascii_case(b"close");
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {

@@ -4,7 +4,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -17,6 +17,23 @@ use bytes::Bytes;
 use herdguard::CacheLayer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+/// The instant every bench timestamp that crosses the wire is relative to.
+pub(crate) fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Outermost middleware: stamp when the server-side stack (herdguard
+/// included) produced the response, before hyper writes it. Waiter release
+/// measured to here excludes the loopback and client costs that dominate
+/// the client-side number on a small machine.
+async fn stamp_ready(mut r: axum::response::Response) -> axum::response::Response {
+    let us = epoch().elapsed().as_micros() as u64;
+    r.headers_mut()
+        .insert("x-bench-ready-us", HeaderValue::from(us));
+    r
+}
 
 /// Where "one origin call per key per window" is counted: per instance when
 /// each instance caches alone, across the cluster when they share Redis.
@@ -259,6 +276,7 @@ pub(crate) async fn spawn_instance(
         Some(l) => router.layer(l.clone()),
         None => router,
     };
+    let router = router.layer(axum::middleware::map_response(stamp_ready));
     let (addr, task) = serve(router).await?;
     Ok(Instance { addr, layer, task })
 }
