@@ -1,0 +1,389 @@
+//! Criterion micro benches of the hot paths.
+//!
+//! ```text
+//! cargo bench --bench hot_path
+//! cargo bench --bench hot_path -- tower        # one group
+//! ```
+//! Groups: `tower` (an L1 hit through `CacheService` next to the bare inner
+//! service, as `service_fn` and as an axum `Router`), `engine`
+//! (`Cache::get_or_compute` hit, a coalesced miss of N tasks on one cold key
+//! next to N uncached computations), `key` (`CacheKey::from_parts`, and one
+//! BLAKE3 call over the same bytes for scale), `anatomy` (the parts an L1 hit
+//! is built from, priced one by one). Redis hit, lease
+//! acquire+release and fenced write are stubs that print "needs Redis".
+//!
+//! Defaults are short (1 s warm-up, 2 s measurement, 30 samples) because the
+//! machine is shared; pass `--measurement-time 10` for publishable numbers.
+#![allow(
+    missing_docs,
+    reason = "criterion_group! generates an undocumented pub fn"
+)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use herdguard::{Cache, CacheKey, CacheLayer, Freshness};
+use http_body_util::{BodyExt, Full};
+use tokio::runtime::Runtime;
+use tower::{Layer, ServiceExt};
+
+const BODY_BYTES: usize = 512;
+/// Tasks per coalesced miss.
+const WAITERS: usize = 64;
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"))
+}
+
+/// Poll once without a runtime (a hit must be ready at once); fall back to
+/// the runtime if it is not, so a regression shows as a slower number
+/// rather than a crash.
+fn run<F: Future>(rt: &Runtime, fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => rt.block_on(fut),
+    }
+}
+
+fn request() -> Request<Body> {
+    Request::builder()
+        .uri("/k/42?a=1&b=2")
+        .header(header::HOST, "bench.local")
+        .header(header::ACCEPT, "*/*")
+        .body(Body::empty())
+        .unwrap_or_else(|e| panic!("request: {e}"))
+}
+
+fn origin_response(body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
+    let h = r.headers_mut();
+    h.insert(
+        header::CACHE_CONTROL,
+        "max-age=3600".parse().unwrap_or_else(|_| unreachable!()),
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        "application/octet-stream"
+            .parse()
+            .unwrap_or_else(|_| unreachable!()),
+    );
+    r
+}
+
+/// An L1 hit through the Tower service next to the same inner service alone;
+/// both read the whole body, so the difference is what the layer costs.
+fn tower_paths(c: &mut Criterion) {
+    let rt = runtime();
+    let body = Bytes::from(vec![b'x'; BODY_BYTES]);
+    let inner = tower::service_fn(move |_req: Request<Body>| {
+        let body = body.clone();
+        async move { Ok::<_, Infallible>(origin_response(body)) }
+    });
+    let cached = CacheLayer::new().layer(inner.clone());
+
+    async fn body_len<B: http_body::Body>(r: Response<B>) -> usize
+    where
+        B::Error: std::fmt::Debug,
+    {
+        let collected = r
+            .into_body()
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        collected.to_bytes().len()
+    }
+
+    // Fill the entry once; every measured call is a hit.
+    let warm = rt.block_on(cached.clone().oneshot(request()));
+    let warm = warm.unwrap_or_else(|e| match e {});
+    assert!(
+        warm.headers().contains_key("cache-status"),
+        "the layer answered the warm-up"
+    );
+
+    // Two hits must hand out the same stored bytes: a reference count, not a copy.
+    let body_ptr = || {
+        let r = rt.block_on(cached.clone().oneshot(request()));
+        let r = r.unwrap_or_else(|e| match e {});
+        let b = rt.block_on(r.into_body().collect());
+        b.unwrap_or_else(|e| match e {}).to_bytes().as_ptr()
+    };
+    let shared = body_ptr() == body_ptr();
+    eprintln!("tower/L1 hit body is the stored Bytes (no copy): {shared}");
+
+    let mut g = c.benchmark_group("tower");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("bare service_fn", |b| {
+        b.iter(|| {
+            run(&rt, async {
+                let r = inner
+                    .clone()
+                    .oneshot(request())
+                    .await
+                    .unwrap_or_else(|e| match e {});
+                black_box(body_len(r).await)
+            })
+        })
+    });
+    g.bench_function("L1 hit service_fn", |b| {
+        b.iter(|| {
+            run(&rt, async {
+                let r = cached
+                    .clone()
+                    .oneshot(request())
+                    .await
+                    .unwrap_or_else(|e| match e {});
+                black_box(body_len(r).await)
+            })
+        })
+    });
+
+    let bytes = Bytes::from(vec![b'x'; BODY_BYTES]);
+    let handler = move || {
+        let bytes = bytes.clone();
+        async move { ([(header::CACHE_CONTROL, "max-age=3600")], bytes) }
+    };
+    let bare_router: Router = Router::new().route("/k/{key}", get(handler.clone()));
+    let cached_router: Router = Router::new()
+        .route("/k/{key}", get(handler))
+        .layer(CacheLayer::new());
+    let _ = rt.block_on(cached_router.clone().oneshot(request()));
+    g.bench_function("bare axum Router", |b| {
+        b.iter(|| {
+            run(&rt, async {
+                let r = bare_router
+                    .clone()
+                    .oneshot(request())
+                    .await
+                    .unwrap_or_else(|e| match e {});
+                black_box(body_len(r).await)
+            })
+        })
+    });
+    g.bench_function("L1 hit axum Router", |b| {
+        b.iter(|| {
+            run(&rt, async {
+                let r = cached_router
+                    .clone()
+                    .oneshot(request())
+                    .await
+                    .unwrap_or_else(|e| match e {});
+                black_box(body_len(r).await)
+            })
+        })
+    });
+    g.finish();
+}
+
+/// The HTTP-agnostic engine: a hit, and a miss that N tasks coalesce on.
+fn engine_paths(c: &mut Criterion) {
+    let rt = runtime();
+    let fresh = Freshness::new(Duration::from_secs(3600));
+    let cache: Cache<Bytes> = Cache::builder().build();
+    let hot = CacheKey::new("hot");
+    let value = Bytes::from(vec![b'x'; BODY_BYTES]);
+    let v = value.clone();
+    let _ = rt
+        .block_on(cache.get_or_compute(&hot, fresh, move || async move { Ok::<_, Infallible>(v) }));
+
+    let mut g = c.benchmark_group("engine");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("get_or_compute hit", |b| {
+        b.iter(|| {
+            let lookup = run(
+                &rt,
+                cache.get_or_compute(&hot, fresh, || async { Ok::<_, Infallible>(Bytes::new()) }),
+            );
+            black_box(lookup.map(|l| l.value.len()))
+        })
+    });
+
+    // A fresh cold key per iteration; the computation yields once so the
+    // waiters really queue behind it.
+    let next = AtomicU64::new(0);
+    let calls = Arc::new(AtomicU64::new(0));
+    g.throughput(Throughput::Elements(WAITERS as u64));
+    g.bench_function(format!("coalesced miss, {WAITERS} tasks"), |b| {
+        b.iter(|| {
+            let key = CacheKey::new(next.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+            rt.block_on(async {
+                let tasks: Vec<_> = (0..WAITERS)
+                    .map(|_| {
+                        let (cache, value, calls) = (cache.clone(), value.clone(), calls.clone());
+                        tokio::spawn(async move {
+                            cache
+                                .get_or_compute(&key, fresh, move || async move {
+                                    calls.fetch_add(1, Ordering::Relaxed);
+                                    tokio::task::yield_now().await;
+                                    Ok::<_, Infallible>(value)
+                                })
+                                .await
+                                .map(|l| l.value.len())
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    black_box(t.await.ok());
+                }
+            });
+            cache.invalidate(&key);
+        })
+    });
+    g.bench_function(format!("uncached, {WAITERS} tasks each computing"), |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let tasks: Vec<_> = (0..WAITERS)
+                    .map(|_| {
+                        let value = value.clone();
+                        tokio::spawn(async move {
+                            tokio::task::yield_now().await;
+                            value.len()
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    black_box(t.await.ok());
+                }
+            });
+        })
+    });
+    g.finish();
+    let iterations = next.load(Ordering::Relaxed);
+    let computed = calls.load(Ordering::Relaxed);
+    eprintln!(
+        "engine/coalesced miss: {computed} computations for {iterations} cold keys (want equal)"
+    );
+}
+
+/// Key derivation through the public API; the HTTP layer's derivation is
+/// internal but hashes the same kind of length-prefixed parts.
+fn key_paths(c: &mut Criterion) {
+    let parts: [&[u8]; 5] = [
+        b"GET",
+        b"api.example.com",
+        b"/v1/reports/42",
+        b"a=1&b=2",
+        b"\x00",
+    ];
+    let mut g = c.benchmark_group("key");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("from_parts, 5 parts", |b| {
+        b.iter(|| CacheKey::from_parts(black_box(&parts)))
+    });
+    g.bench_function("new, one string", |b| {
+        b.iter(|| CacheKey::new(black_box("GET api.example.com/v1/reports/42?a=1&b=2")))
+    });
+    // For scale: one BLAKE3 call over the same bytes, length prefixes included.
+    let mut flat = Vec::new();
+    for p in parts {
+        flat.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        flat.extend_from_slice(p);
+    }
+    g.bench_function("one blake3 call over the same bytes", |b| {
+        b.iter(|| blake3::hash(black_box(&flat)))
+    });
+    g.bench_function("to_hex", |b| {
+        let k = CacheKey::new("x");
+        b.iter(|| black_box(&k).to_hex())
+    });
+    g.finish();
+}
+
+/// The building blocks an L1 hit is made of today (see `LayerState::respond`
+/// and `MemoryStore::probe`), priced one by one so the gap between
+/// `tower/L1 hit` and `tower/bare` can be attributed.
+fn hit_anatomy(c: &mut Criterion) {
+    let mut g = c.benchmark_group("anatomy");
+    g.throughput(Throughput::Elements(1));
+
+    struct Expire;
+    impl moka::Expiry<CacheKey, Arc<(Bytes, u64)>> for Expire {
+        fn expire_after_create(
+            &self,
+            _: &CacheKey,
+            _: &Arc<(Bytes, u64)>,
+            _: std::time::Instant,
+        ) -> Option<Duration> {
+            Some(Duration::from_secs(3600))
+        }
+    }
+    let moka: moka::sync::Cache<CacheKey, Arc<(Bytes, u64)>> = moka::sync::Cache::builder()
+        .max_capacity(256 << 20)
+        .weigher(|_: &CacheKey, v: &Arc<(Bytes, u64)>| v.0.len() as u32 + 128)
+        .expire_after(Expire)
+        .build();
+    let key = CacheKey::new("hot");
+    moka.insert(key, Arc::new((Bytes::from_static(b"x"), 1)));
+    g.bench_function("moka sync get (weigher + expiry, as L1)", |b| {
+        b.iter(|| black_box(moka.get(black_box(&key))))
+    });
+
+    g.bench_function("Cache-Status: format! + HeaderValue::from_str", |b| {
+        b.iter(|| {
+            let s = format!(
+                "{}; hit; ttl={}",
+                black_box("herdguard"),
+                black_box(3599i64)
+            );
+            black_box(axum::http::HeaderValue::from_str(&s).ok())
+        })
+    });
+    g.bench_function("Age: HeaderValue::from(u64)", |b| {
+        b.iter(|| black_box(axum::http::HeaderValue::from(black_box(17u64))))
+    });
+
+    // Header values as a proxied origin's would be: parsed, not static.
+    let mut stored = axum::http::HeaderMap::new();
+    for (k, v) in [
+        ("content-type", "application/json"),
+        ("cache-control", "max-age=3600"),
+        ("etag", "\"5d8c72a5edda8d6a\""),
+        ("date", "Tue, 05 May 2026 04:44:48 GMT"),
+    ] {
+        stored.insert(
+            axum::http::HeaderName::from_static(k),
+            axum::http::HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| unreachable!()),
+        );
+    }
+    g.bench_function("stored HeaderMap clone (4 headers)", |b| {
+        b.iter(|| black_box(stored.clone()))
+    });
+    g.bench_function("Instant::now (x3 per hit)", |b| {
+        b.iter(tokio::time::Instant::now)
+    });
+    g.finish();
+}
+
+/// TODO(redis): Redis hit (L1 off), lease acquire+release and fenced write,
+/// against a redis-server from `HERDGUARD_BENCH_REDIS` once the Redis store lands.
+fn redis_paths(_c: &mut Criterion) {
+    for name in ["redis hit", "lease acquire+release", "fenced write"] {
+        eprintln!("redis/{name}: needs Redis (the crate has no Redis store yet)");
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30);
+    targets = tower_paths, hit_anatomy, engine_paths, key_paths, redis_paths
+}
+criterion_main!(benches);

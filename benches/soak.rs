@@ -1,0 +1,224 @@
+//! Soak: a long closed loop over many keys with a short max-age, checking
+//! that nothing fails, no key is computed twice in one freshness window, and
+//! memory stays flat.
+//!
+//! ```text
+//! cargo bench --bench soak                       # 60 s, in-memory
+//! cargo bench --bench soak -- --seconds 10       # shorter
+//! cargo bench --bench soak -- --redis spawn      # against Redis, once it lands
+//! ```
+//! Defaults: 64 connections over P=4 instances, 10,000 keys, max-age=1,
+//! origin 5 ms. Per-key windows are counted per instance in memory (each
+//! instance has its own cache, so each may fill a key once per window) and
+//! across the cluster with Redis.
+//!
+//! Exits 1 when a target is missed: errors > 0, more than one origin call
+//! for a key within one window, or RSS at the end more than 10% (+8 MiB)
+//! above the middle.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use herdguard::CacheLayer;
+
+use common::args::Args;
+use common::loadgen::{closed_loop, Load, Paths};
+use common::origin::{spawn_instance, Origin, Scope};
+use common::redis::{with_redis, RedisTarget, L1};
+use common::{ms, rss_bytes};
+
+const USAGE: &str = "cargo bench --bench soak -- [--seconds 60] [--connections 64] \
+[--keys 10000] [--instances 4] [--origin-delay-ms 5] [--redis URL|spawn]";
+
+const MAX_AGE: Duration = Duration::from_secs(1);
+/// Scheduling slack: a refill a hair under one max-age after the last one
+/// is a clock artefact, not a second fill of a fresh entry.
+const WINDOW_SLACK: Duration = Duration::from_millis(20);
+
+fn mib(b: Option<u64>) -> String {
+    b.map_or_else(
+        || "?".to_owned(),
+        |b| format!("{:.1} MiB", b as f64 / 1048576.0),
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse(
+        &[
+            "seconds",
+            "connections",
+            "keys",
+            "instances",
+            "origin-delay-ms",
+            "redis",
+        ],
+        USAGE,
+    );
+    let seconds = args.get("seconds", 60.0f64).clamp(1.0, 3600.0);
+    let connections = args.get("connections", 64usize).clamp(1, 1024);
+    let keys = args.get("keys", 10_000u32).clamp(1, 1_000_000);
+    let instances = args.get("instances", 4usize).clamp(1, 64);
+    let delay = Duration::from_millis(args.get("origin-delay-ms", 5u64));
+    let redis = RedisTarget::from_args(&args).unwrap_or_else(|e| {
+        eprintln!("redis: {e}");
+        std::process::exit(2);
+    });
+    let scope = if redis.is_some() {
+        Scope::Cluster
+    } else {
+        Scope::Instance
+    };
+
+    let origin = Arc::new(Origin::tracking_keys(
+        delay,
+        "max-age=1",
+        512,
+        instances,
+        keys,
+        MAX_AGE - WINDOW_SLACK,
+        scope,
+    ));
+    let mut servers = Vec::with_capacity(instances);
+    for i in 0..instances {
+        let layer = match &redis {
+            None => CacheLayer::new(),
+            Some(target) => {
+                match with_redis(CacheLayer::builder(), &target.url, L1::Default, None)
+                    .and_then(|b| b.build().map_err(|e| e.to_string()))
+                {
+                    Ok(l) => l,
+                    Err(note) => {
+                        println!("soak against Redis: {note}");
+                        return;
+                    }
+                }
+            }
+        };
+        match spawn_instance(&origin, i, Some(layer)).await {
+            Ok(s) => servers.push(s),
+            Err(e) => {
+                eprintln!("bind: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let mode = match &redis {
+        Some(r) => format!("Redis at {}", r.url),
+        None => "in-memory, per instance".to_owned(),
+    };
+    println!(
+        "soak: {seconds} s, {connections} connections over {instances} instances, {keys} keys, \
+         max-age=1, origin {} ms, {mode}",
+        delay.as_millis()
+    );
+
+    let load = Load {
+        addrs: servers.iter().map(|s| s.addr).collect(),
+        connections,
+        duration: Duration::from_secs_f64(seconds),
+        max_requests: 500_000_000,
+        paths: Paths::Keys {
+            prefix: "/k/".to_owned(),
+            keys,
+        },
+        request_timeout: Duration::from_secs(10),
+    };
+    let rss_start = rss_bytes();
+    let started = Instant::now();
+    let run = tokio::spawn(async move { closed_loop(&load).await });
+
+    // Progress every tenth of the run; the middle sample is the reference
+    // the end is compared with (the start is before any entry exists).
+    let tick = Duration::from_secs_f64(seconds / 10.0);
+    let mut rss_mid = None;
+    println!(
+        "{:>7} {:>12} {:>12} {:>12}",
+        "t (s)", "rss", "origin calls", "entries"
+    );
+    println!("{:>7.1} {:>12} {:>12} {:>12}", 0.0, mib(rss_start), 0, 0);
+    for step in 1..10 {
+        tokio::time::sleep_until((started + tick * step).into()).await;
+        let rss = rss_bytes();
+        if step == 5 {
+            rss_mid = rss;
+        }
+        let entries: u64 = servers
+            .iter()
+            .filter_map(|s| s.layer.as_ref())
+            .map(CacheLayer::entry_count)
+            .sum();
+        println!(
+            "{:>7.1} {:>12} {:>12} {:>12}",
+            started.elapsed().as_secs_f64(),
+            mib(rss),
+            origin.calls(),
+            entries
+        );
+    }
+    let report = match run.await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("load task failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let rss_end = rss_bytes();
+
+    let Some(windows) = origin.windows() else {
+        unreachable!("the soak origin tracks keys")
+    };
+    let errors = report.errors;
+    let max_in_window = windows.max_in_window();
+    let rss_flat = match (rss_mid, rss_end) {
+        (Some(mid), Some(end)) => end <= mid + mid / 10 + 8 * 1048576,
+        _ => true,
+    };
+    println!(
+        "\nrequests        {} ({:.0}/s)",
+        report.ok + errors,
+        report.rps()
+    );
+    println!(
+        "latency         p50 {} ms, p99 {} ms, max {} ms",
+        ms(report.q(0.5)),
+        ms(report.q(0.99)),
+        ms(Duration::from_micros(report.latency_us.max()))
+    );
+    println!(
+        "hits/fwd        {} hit, {} stale, {} forwarded",
+        report.hits, report.stale, report.forwarded
+    );
+    println!("origin calls    {}", origin.calls());
+    println!(
+        "errors          {errors}  {}",
+        if errors == 0 { "ok" } else { "FAIL (want 0)" }
+    );
+    println!(
+        "calls/key/window max {max_in_window} ({} calls within a window of the previous one; \
+         shortest gap {} ms)  {}",
+        windows.violations(),
+        windows.min_gap().map_or_else(|| "-".to_owned(), ms),
+        if max_in_window <= 1 {
+            "ok"
+        } else {
+            "FAIL (want <= 1)"
+        }
+    );
+    println!(
+        "rss             start {}, middle {}, end {}  {}",
+        mib(rss_start),
+        mib(rss_mid),
+        mib(rss_end),
+        if rss_flat {
+            "ok"
+        } else {
+            "FAIL (still growing)"
+        }
+    );
+    if errors > 0 || max_in_window > 1 || !rss_flat {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,599 @@
+//! The stampede benchmark: P app instances on loopback in front of one slow
+//! origin, real HTTP/1.1 traffic, one table.
+//!
+//! ```text
+//! cargo bench --bench stampede
+//! cargo bench --bench stampede -- --instances 4 --requests 1000 --origin-delay-ms 100 \
+//!     --clients 64 --seconds 5 --redis spawn
+//! ```
+//! Each instance has its own `CacheLayer`, as separate processes would; the
+//! Redis row shares one redis-server among them (`--redis URL|spawn` or
+//! `HERDGUARD_BENCH_REDIS`) once `common::redis::with_redis` is filled in.
+//!
+//! Columns: origin calls; latency p50/p99/max of successful responses;
+//! `fwd`, responses that led or waited for an origin call (`Cache-Status:
+//! fwd=…`; every request without a cache); waiter release delay, the
+//! completion of a forwarded request minus the instant the origin call it
+//! waited on returned (same instance, or any instance when they share Redis);
+//! `srv p50/p99`, the same release delay measured to the moment the server
+//! stack had the response ready (an outermost middleware stamps it), which
+//! leaves out the loopback and client costs that dominate the client-side
+//! number when N connections share 2 cores (the `floor` row shows those);
+//! Redis commands per request (`INFO commandstats` delta); errors.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use herdguard::CacheLayer;
+use tokio::sync::Barrier;
+
+use common::args::Args;
+use common::loadgen::{Class, Conn};
+use common::origin::{spawn_instance, Instance, Origin, Scope};
+use common::redis::{with_redis, RedisTarget, L1};
+use common::{ms, quantile};
+
+const USAGE: &str = "cargo bench --bench stampede -- [--instances P=4] [--requests N=1000] \
+[--origin-delay-ms 100] [--slow-origin-ms 3000] [--clients C=64] [--seconds T=5] \
+[--body-bytes 512] [--only cold,expired,slow,steady] [--budget-seconds 110] [--redis URL|spawn]";
+
+#[derive(Debug, Clone)]
+struct Config {
+    instances: usize,
+    requests: usize,
+    delay: Duration,
+    slow_delay: Duration,
+    clients: usize,
+    seconds: Duration,
+    body_bytes: usize,
+    only: Option<Vec<String>>,
+    budget: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Row {
+    /// No cache and no origin delay: what a burst of N costs this machine
+    /// over loopback, the floor every other row stands on.
+    Floor,
+    NoCache,
+    Memory,
+    Redis,
+}
+
+impl Row {
+    fn name(self) -> &'static str {
+        match self {
+            Row::Floor => "floor (0 ms origin)",
+            Row::NoCache => "no cache",
+            Row::Memory => "herdguard in-memory",
+            Row::Redis => "herdguard + Redis",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    Cold,
+    Expired,
+    Slow,
+    Steady,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 4] = [
+        Scenario::Cold,
+        Scenario::Expired,
+        Scenario::Slow,
+        Scenario::Steady,
+    ];
+
+    fn id(self) -> &'static str {
+        match self {
+            Scenario::Cold => "cold",
+            Scenario::Expired => "expired",
+            Scenario::Slow => "slow",
+            Scenario::Steady => "steady",
+        }
+    }
+
+    fn title(self, cfg: &Config) -> String {
+        match self {
+            Scenario::Cold => format!(
+                "cold-key burst: N={} over P={}, origin {} ms, max-age=60",
+                cfg.requests,
+                cfg.instances,
+                cfg.delay.as_millis()
+            ),
+            Scenario::Expired => format!(
+                "expired-key burst with a stale copy: N={}, max-age=1, stale-while-revalidate=30",
+                cfg.requests
+            ),
+            Scenario::Slow => format!(
+                "origin slower than the lease: N={}, origin {} ms, lease 1 s (Redis row)",
+                cfg.requests,
+                cfg.slow_delay.as_millis()
+            ),
+            Scenario::Steady => format!(
+                "expiry under steady load: C={} clients for {} s on one key, max-age=1",
+                cfg.clients,
+                cfg.seconds.as_secs_f64()
+            ),
+        }
+    }
+
+    fn cache_control(self) -> &'static str {
+        match self {
+            Scenario::Cold | Scenario::Slow => "max-age=60",
+            Scenario::Expired => "max-age=1, stale-while-revalidate=30",
+            Scenario::Steady => "max-age=1",
+        }
+    }
+}
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    instance: usize,
+    start: Instant,
+    end: Instant,
+    ok: bool,
+    class: Class,
+    /// When the server-side stack had the response ready (`x-bench-ready-us`).
+    ready: Option<Instant>,
+}
+
+/// One line of the table.
+#[derive(Debug, Default)]
+struct Line {
+    requests: usize,
+    origin_calls: u64,
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+    max: Option<Duration>,
+    forwarded: usize,
+    release_p50: Option<Duration>,
+    release_p99: Option<Duration>,
+    server_release_p50: Option<Duration>,
+    server_release_p99: Option<Duration>,
+    redis_per_request: Option<f64>,
+    errors: usize,
+    note: String,
+}
+
+/// P instances in front of one origin.
+struct Cluster {
+    instances: Vec<Instance>,
+    origin: Arc<Origin>,
+    scope: Scope,
+}
+
+impl Cluster {
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.instances.iter().map(|i| i.addr).collect()
+    }
+}
+
+async fn cluster(
+    row: Row,
+    cfg: &Config,
+    delay: Duration,
+    cache_control: &'static str,
+    redis: Option<&RedisTarget>,
+    lease: Option<Duration>,
+) -> Result<Cluster, String> {
+    let origin = Arc::new(Origin::new(delay, cache_control, cfg.body_bytes));
+    let mut instances = Vec::with_capacity(cfg.instances);
+    for i in 0..cfg.instances {
+        let layer = match row {
+            Row::Floor | Row::NoCache => None,
+            Row::Memory => Some(CacheLayer::new()),
+            Row::Redis => {
+                let target = redis.ok_or_else(|| {
+                    "skipped: give --redis URL|spawn or HERDGUARD_BENCH_REDIS".to_owned()
+                })?;
+                let builder = with_redis(CacheLayer::builder(), &target.url, L1::Default, lease)?;
+                Some(builder.build().map_err(|e| e.to_string())?)
+            }
+        };
+        let instance = spawn_instance(&origin, i, layer)
+            .await
+            .map_err(|e| format!("bind: {e}"))?;
+        instances.push(instance);
+    }
+    let scope = if row == Row::Redis {
+        Scope::Cluster
+    } else {
+        Scope::Instance
+    };
+    Ok(Cluster {
+        instances,
+        origin,
+        scope,
+    })
+}
+
+/// `n` requests, all in flight at once: every connection is open before the
+/// first request is written.
+async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) -> Vec<Sample> {
+    let barrier = Arc::new(Barrier::new(n + 1));
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let instance = i % addrs.len();
+        let addr = addrs[instance];
+        let barrier = Arc::clone(&barrier);
+        let path = path.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let conn = tokio::time::timeout(Duration::from_secs(5), Conn::connect(addr)).await;
+            // Every task reaches the barrier, connected or not, so it always opens.
+            barrier.wait().await;
+            let start = Instant::now();
+            let reply = match conn {
+                Ok(Ok(mut c)) => tokio::time::timeout(timeout, c.get(&path)).await.ok(),
+                _ => None,
+            };
+            let end = Instant::now();
+            match reply {
+                Some(Ok(r)) => Sample {
+                    instance,
+                    start,
+                    end,
+                    ok: r.status == 200,
+                    class: r.class,
+                    ready: ready_instant(r.ready_us),
+                },
+                _ => Sample {
+                    instance,
+                    start,
+                    end,
+                    ok: false,
+                    class: Class::Uncached,
+                    ready: None,
+                },
+            }
+        }));
+    }
+    barrier.wait().await;
+    let mut samples = Vec::with_capacity(n);
+    for t in tasks {
+        if let Ok(s) = t.await {
+            samples.push(s);
+        }
+    }
+    samples
+}
+
+/// `clients` connections looping on `path` until `duration` has passed (at
+/// most 2 million requests in all).
+async fn steady(
+    addrs: &[SocketAddr],
+    clients: usize,
+    path: &str,
+    duration: Duration,
+    timeout: Duration,
+) -> Vec<Sample> {
+    let deadline = Instant::now() + duration;
+    let cap = 2_000_000 / clients.max(1);
+    let mut tasks = Vec::with_capacity(clients);
+    for i in 0..clients {
+        let instance = i % addrs.len();
+        let addr = addrs[instance];
+        let path = path.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(4096);
+            let mut conn: Option<Conn> = None;
+            while Instant::now() < deadline && samples.len() < cap {
+                let start = Instant::now();
+                let c = match conn.as_mut() {
+                    Some(c) => c,
+                    None => match Conn::connect(addr).await {
+                        Ok(c) => conn.insert(c),
+                        Err(_) => {
+                            samples.push(Sample {
+                                instance,
+                                start,
+                                end: Instant::now(),
+                                ok: false,
+                                class: Class::Uncached,
+                                ready: None,
+                            });
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    },
+                };
+                let reply = tokio::time::timeout(timeout, c.get(&path)).await;
+                let end = Instant::now();
+                let (ok, class, ready) = match reply {
+                    Ok(Ok(r)) => (r.status == 200, r.class, ready_instant(r.ready_us)),
+                    _ => {
+                        conn = None;
+                        (false, Class::Uncached, None)
+                    }
+                };
+                samples.push(Sample {
+                    instance,
+                    start,
+                    end,
+                    ok,
+                    class,
+                    ready,
+                });
+            }
+            samples
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        if let Ok(s) = t.await {
+            all.extend(s);
+        }
+    }
+    all
+}
+
+fn ready_instant(us: Option<u64>) -> Option<Instant> {
+    us.map(|us| common::origin::epoch() + Duration::from_micros(us))
+}
+
+fn summarize(row: Row, samples: &[Sample], fills: &[(usize, Instant)], scope: Scope) -> Line {
+    let mut latencies: Vec<Duration> = samples
+        .iter()
+        .filter(|s| s.ok)
+        .map(|s| s.end - s.start)
+        .collect();
+    let forwarded: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.ok && matches!(s.class, Class::Forwarded | Class::Uncached))
+        .collect();
+    // The fill a forwarded request waited on: the latest one in its scope
+    // that landed while it was in flight.
+    let fill_of = |s: &Sample| {
+        fills
+            .iter()
+            .filter(|(i, _)| scope == Scope::Cluster || *i == s.instance)
+            .map(|(_, at)| *at)
+            .filter(|at| *at >= s.start && *at <= s.end)
+            .max()
+    };
+    // Without a cache nobody waits for anybody: there is no release delay.
+    let waiters: Vec<(&Sample, Instant)> = if matches!(row, Row::Floor | Row::NoCache) {
+        Vec::new()
+    } else {
+        forwarded
+            .iter()
+            .filter_map(|s| fill_of(s).map(|f| (*s, f)))
+            .collect()
+    };
+    let mut release: Vec<Duration> = waiters.iter().map(|(s, f)| s.end - *f).collect();
+    let mut server_release: Vec<Duration> = waiters
+        .iter()
+        .filter_map(|(s, f)| s.ready.map(|r| r.saturating_duration_since(*f)))
+        .collect();
+    Line {
+        requests: samples.len(),
+        p50: quantile(&mut latencies, 0.50),
+        p99: quantile(&mut latencies, 0.99),
+        max: latencies.last().copied(),
+        forwarded: forwarded.len(),
+        release_p50: quantile(&mut release, 0.50),
+        release_p99: quantile(&mut release, 0.99),
+        server_release_p50: quantile(&mut server_release, 0.50),
+        server_release_p99: quantile(&mut server_release, 0.99),
+        errors: samples.iter().filter(|s| !s.ok).count(),
+        ..Line::default()
+    }
+}
+
+async fn run(
+    scenario: Scenario,
+    row: Row,
+    cfg: &Config,
+    redis: Option<&RedisTarget>,
+    nonce: u64,
+) -> Line {
+    let delay = match (row, scenario) {
+        (Row::Floor, _) => Duration::ZERO,
+        (_, Scenario::Slow) => cfg.slow_delay,
+        _ => cfg.delay,
+    };
+    let lease = (scenario == Scenario::Slow).then_some(Duration::from_secs(1));
+    let cluster = match cluster(row, cfg, delay, scenario.cache_control(), redis, lease).await {
+        Ok(c) => c,
+        Err(note) => {
+            return Line {
+                note,
+                ..Line::default()
+            }
+        }
+    };
+    let addrs = cluster.addrs();
+    // A new key per run, so rows sharing one Redis never see each other's entries.
+    let path = format!("/k/{}-{}-{nonce}", scenario.id(), row as u8);
+    let timeout = delay + Duration::from_secs(10);
+
+    if scenario == Scenario::Expired {
+        for addr in &addrs {
+            if let Ok(mut c) = Conn::connect(*addr).await {
+                let _ = tokio::time::timeout(timeout, c.get(&path)).await;
+            }
+        }
+        // Past max-age=1 (fresh_for is max-age minus the fill's response delay).
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+
+    let redis_before = match (row, redis) {
+        (Row::Redis, Some(r)) => r.commands().await.ok(),
+        _ => None,
+    };
+    let calls_before = cluster.origin.calls();
+    let samples = match scenario {
+        Scenario::Cold | Scenario::Expired | Scenario::Slow => {
+            burst(&addrs, cfg.requests, &path, timeout).await
+        }
+        Scenario::Steady => steady(&addrs, cfg.clients, &path, cfg.seconds, timeout).await,
+    };
+    if scenario == Scenario::Expired {
+        // Let the background refreshes land so they are counted.
+        tokio::time::sleep(delay + Duration::from_millis(100)).await;
+    }
+    let origin_calls = cluster.origin.calls() - calls_before;
+    let mut line = summarize(row, &samples, &cluster.origin.fills(), cluster.scope);
+    line.origin_calls = origin_calls;
+    if let (Some(before), Some(r)) = (redis_before, redis) {
+        if let Ok(after) = r.commands().await {
+            line.redis_per_request = Some((after - before) as f64 / line.requests.max(1) as f64);
+        }
+    }
+    if row == Row::Memory {
+        let stats: Vec<String> = cluster
+            .instances
+            .iter()
+            .filter_map(|i| i.layer.as_ref())
+            .map(|l| {
+                let s = l.stats();
+                format!("{}h/{}s/{}m/{}c", s.hits, s.stale, s.misses, s.coalesced)
+            })
+            .collect();
+        line.note = format!("hit/stale/miss/coalesced per instance: {}", stats.join(" "));
+        if scenario == Scenario::Slow {
+            line.note = format!("no lease in memory; {}", line.note);
+        }
+    }
+    line
+}
+
+fn opt_ms(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_owned(), ms)
+}
+
+fn print_header() {
+    println!(
+        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}  note",
+        "row",
+        "reqs",
+        "origin",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "fwd",
+        "rel p50",
+        "rel p99",
+        "srv p50",
+        "srv p99",
+        "redis/r",
+        "errors"
+    );
+}
+
+fn print_line(row: Row, l: &Line) {
+    println!(
+        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}  {}",
+        row.name(),
+        l.requests,
+        l.origin_calls,
+        opt_ms(l.p50),
+        opt_ms(l.p99),
+        opt_ms(l.max),
+        l.forwarded,
+        opt_ms(l.release_p50),
+        opt_ms(l.release_p99),
+        opt_ms(l.server_release_p50),
+        opt_ms(l.server_release_p99),
+        l.redis_per_request
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
+        l.errors,
+        l.note
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse(
+        &[
+            "instances",
+            "requests",
+            "origin-delay-ms",
+            "slow-origin-ms",
+            "clients",
+            "seconds",
+            "body-bytes",
+            "only",
+            "budget-seconds",
+            "redis",
+        ],
+        USAGE,
+    );
+    let cfg = Config {
+        instances: args.get("instances", 4usize).max(1),
+        requests: args.get("requests", 1000usize).clamp(1, 10_000),
+        delay: Duration::from_millis(args.get("origin-delay-ms", 100u64)),
+        slow_delay: Duration::from_millis(args.get("slow-origin-ms", 3000u64)),
+        clients: args.get("clients", 64usize).clamp(1, 1024),
+        seconds: Duration::from_secs_f64(args.get("seconds", 5.0f64).clamp(0.1, 600.0)),
+        body_bytes: args.get("body-bytes", 512usize),
+        only: args
+            .value("only")
+            .map(|v| v.split(',').map(str::to_owned).collect()),
+        budget: Duration::from_secs(args.get("budget-seconds", 110u64)),
+    };
+    let redis = match RedisTarget::from_args(&args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("redis: {e}");
+            std::process::exit(2);
+        }
+    };
+    let started = Instant::now();
+    let _ = common::origin::epoch();
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+
+    println!(
+        "herdguard stampede bench: P={} N={} origin={} ms, loopback, {} cores",
+        cfg.instances,
+        cfg.requests,
+        cfg.delay.as_millis(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    match &redis {
+        Some(r) => match r.commands().await {
+            Ok(n) => println!("redis: {} ({n} commands executed so far)", r.url),
+            Err(e) => println!("redis: {} (INFO commandstats failed: {e})", r.url),
+        },
+        None => println!("redis: none (the Redis row is skipped; --redis URL|spawn)"),
+    }
+    for scenario in Scenario::ALL {
+        if let Some(only) = &cfg.only {
+            if !only.iter().any(|o| o == scenario.id()) {
+                continue;
+            }
+        }
+        println!("\n== {}", scenario.title(&cfg));
+        print_header();
+        // The floor is the same for every burst; once is enough.
+        let rows: &[Row] = if scenario == Scenario::Cold {
+            &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis]
+        } else {
+            &[Row::NoCache, Row::Memory, Row::Redis]
+        };
+        for &row in rows {
+            let left = cfg.budget.saturating_sub(started.elapsed());
+            let line =
+                match tokio::time::timeout(left, run(scenario, row, &cfg, redis.as_ref(), nonce))
+                    .await
+                {
+                    Ok(line) => line,
+                    Err(_) => Line {
+                        note: format!("not run: the {} s budget ran out", cfg.budget.as_secs()),
+                        ..Line::default()
+                    },
+                };
+            print_line(row, &line);
+        }
+    }
+    println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
+}
