@@ -195,7 +195,7 @@ fn tower_paths(c: &mut Criterion) {
 fn engine_paths(c: &mut Criterion) {
     let rt = runtime();
     let fresh = Freshness::new(Duration::from_secs(3600));
-    let cache: Cache<Bytes> = Cache::builder().build();
+    let cache: Cache<Bytes> = Cache::builder().build().expect("valid cache");
     let hot = CacheKey::new("hot");
     let value = Bytes::from(vec![b'x'; BODY_BYTES]);
     let v = value.clone();

@@ -19,7 +19,7 @@
 //! stack had the response ready (an outermost middleware stamps it), which
 //! leaves out the loopback and client costs that dominate the client-side
 //! number when N connections share 2 cores (the `floor` row shows those);
-//! Redis commands per request (`INFO commandstats` delta); errors.
+//! Redis commands per request (`INFO stats` total_commands_processed delta: client round trips, not commands run inside scripts); errors.
 
 mod common;
 
@@ -562,7 +562,7 @@ async fn main() {
     match &redis {
         Some(r) => match r.commands().await {
             Ok(n) => println!("redis: {} ({n} commands executed so far)", r.url),
-            Err(e) => println!("redis: {} (INFO commandstats failed: {e})", r.url),
+            Err(e) => println!("redis: {} (INFO stats failed: {e})", r.url),
         },
         None => println!("redis: none (the Redis row is skipped; --redis URL|spawn)"),
     }

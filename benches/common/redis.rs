@@ -1,5 +1,5 @@
 //! The Redis side of the benches: where the Redis URL comes from, a
-//! throwaway redis-server on a free loopback port, the `INFO commandstats`
+//! throwaway redis-server on a free loopback port, the `INFO stats`
 //! delta, and THE two functions to fill in once the crate's Redis builder
 //! lands ([`with_redis`]).
 
@@ -28,26 +28,21 @@ pub(crate) enum L1 {
 /// `lease`: the lease TTL a scenario needs (the slow-origin scenario asks
 /// for 1 s so the watchdog must extend it); `None` keeps the crate default.
 ///
-/// TODO(redis): fill in when `CacheLayer::builder().redis(..)` lands, e.g.
-/// ```text
-/// let mut b = builder.redis(url).map_err(|e| e.to_string())?;
-/// if let Some(lease) = lease { b = b.lease_ttl(lease); }
-/// Ok(match l1 { L1::Default => b, L1::Off => b.l1_ttl(Duration::ZERO) })
-/// ```
-/// Every "herdguard + Redis" row of every bench goes through here; nothing
-/// else needs to change to switch them on.
+/// Every "herdguard + Redis" row of every bench goes through here.
 pub(crate) fn with_redis(
     builder: CacheLayerBuilder,
     url: &str,
     l1: L1,
     lease: Option<Duration>,
 ) -> Result<CacheLayerBuilder, String> {
-    let _ = (builder, url, l1, lease);
-    Err(
-        "needs Redis: CacheLayer::builder().redis(..) is not in the crate yet \
-         (fill in benches/common/redis.rs::with_redis)"
-            .to_owned(),
-    )
+    let mut opts = herdguard::RedisOptions::new(url).namespace("bench");
+    if let Some(lease) = lease {
+        opts = opts.lease_ttl(lease);
+    }
+    if l1 == L1::Off {
+        opts = opts.l1_ttl(Duration::ZERO);
+    }
+    Ok(builder.redis(opts))
 }
 
 /// A Redis to run the Redis rows against: `--redis URL`, else the
@@ -161,14 +156,17 @@ impl Drop for RedisServer {
     }
 }
 
-/// Sum of `calls=` over `INFO commandstats`, leaving out `info` itself, via
+/// `total_commands_processed` from `INFO stats`, leaving out our own INFO calls, via
 /// raw RESP so the benches need no Redis client of their own.
 pub(crate) async fn command_calls(addr: SocketAddr) -> io::Result<u64> {
     let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::other("connect to redis timed out"))??;
-    s.write_all(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
-        .await?;
+    // `total_commands_processed` counts what clients send; commands run
+    // inside a Lua script are not round trips and are not counted there
+    // (they are in `commandstats`). Our own INFO calls are subtracted.
+    let ours = INFO_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    s.write_all(b"*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n").await?;
     let mut buf = Vec::with_capacity(8192);
     let read = async {
         loop {
@@ -185,9 +183,16 @@ pub(crate) async fn command_calls(addr: SocketAddr) -> io::Result<u64> {
     };
     let body = tokio::time::timeout(Duration::from_secs(2), read)
         .await
-        .map_err(|_| io::Error::other("INFO commandstats timed out"))??;
-    Ok(sum_calls(&String::from_utf8_lossy(&body)))
+        .map_err(|_| io::Error::other("INFO stats timed out"))??;
+    let total = String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .ok_or_else(|| io::Error::other("no total_commands_processed in INFO stats"))?;
+    Ok(total.saturating_sub(ours))
 }
+
+static INFO_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The payload of a complete RESP bulk string (`$len\r\n…\r\n`).
 fn complete_bulk(buf: &[u8]) -> Option<&[u8]> {
@@ -199,13 +204,3 @@ fn complete_bulk(buf: &[u8]) -> Option<&[u8]> {
     buf.get(line_end + 2..line_end + 2 + len)
 }
 
-fn sum_calls(info: &str) -> u64 {
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter(|l| !l.starts_with("info:"))
-        .filter_map(|l| {
-            let calls = l.split_once("calls=")?.1;
-            calls.split(',').next()?.parse::<u64>().ok()
-        })
-        .sum()
-}
