@@ -280,11 +280,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("--upstream must be http://host:port".into());
     }
     let purge_token = arg_value(&args, "--purge-token");
-    let builder = CacheLayer::builder();
+    let mut builder = CacheLayer::builder();
     if let Some(redis) = arg_value(&args, "--redis") {
-        // Wired once this branch meets the Redis store:
-        // `builder.redis(herdguard::RedisOptions::new(redis))`.
-        eprintln!("--redis {redis}: not yet supported by this build; running on memory alone");
+        // Every proxy on this Redis shares entries and the single flight.
+        builder = builder.redis(herdguard::RedisOptions::new(redis).namespace("proxy"));
     }
     let cache = builder.build()?;
     let app = app(

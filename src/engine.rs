@@ -180,8 +180,19 @@ impl<V: Value> Shared<V> {
             None => None,
         };
         let redlock = config.redlock.clone();
+        let memory = MemoryStore::new(config.capacity_bytes);
+        if let Some(remote) = &remote {
+            // Other instances' purges clear this process's copy too. (The
+            // HTTP layer installs a richer handler for URL and tag purges.)
+            let mem = memory.clone();
+            remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
+                if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
+                    mem.remove(&key);
+                }
+            }));
+        }
         Ok(Self {
-            memory: MemoryStore::new(config.capacity_bytes),
+            memory,
             flights: Arc::new(Flights::new()),
             fallback: Semaphore::new(config.fallback_limit.max(1)),
             config,
@@ -199,9 +210,11 @@ impl<V: Value> Shared<V> {
             let remote = Arc::clone(remote);
             let key = *key;
             tokio::spawn(async move {
+                let notice = format!("k:{}", key.to_hex());
                 if let Err(e) = remote.purge(&key).await {
                     tracing::warn!(key = %key.short(), error = %e, "purge in redis failed");
                 }
+                let _ = remote.publish_purge(notice.as_bytes()).await;
             });
         }
     }
@@ -582,6 +595,7 @@ impl<V: Value> Shared<V> {
                     (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
                         metrics::record_entry_bytes(value.weight());
                         let hard = meta.fresh_for.saturating_add(meta.stale_for);
+                        self.index_in_background(remote, key, &value, hard);
                         let entry = self.fill_l1(key, value, meta, meta.fresh_for, hard);
                         Outcome::Value {
                             entry,
@@ -601,6 +615,23 @@ impl<V: Value> Shared<V> {
                 }
             }
         }
+    }
+
+    /// Record the entry under its purge groups (URL, tags) in Redis, off the
+    /// request path.
+    fn index_in_background(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        value: &V,
+        ttl: Duration,
+    ) {
+        let groups = value.purge_groups();
+        if groups.is_empty() {
+            return;
+        }
+        let remote = Arc::clone(remote);
+        tokio::spawn(async move { remote.index_groups(&key, &groups, ttl).await });
     }
 
     /// The remote wait ran out: compute once for this process, store nothing.
@@ -748,6 +779,9 @@ impl<V: Value> Shared<V> {
         value: V,
         freshness: Freshness,
     ) -> Option<Arc<Stored<V>>> {
+        if let Some(remote) = &self.remote {
+            self.write_outside_flight(remote, key, &value, freshness);
+        }
         let fill = Fill::Store {
             value,
             fresh_for: freshness.fresh_for,
@@ -757,6 +791,43 @@ impl<V: Value> Shared<V> {
             Outcome::Value { entry, .. } => Some(entry),
             Outcome::Pass(_) | Outcome::Failed(_) => None,
         }
+    }
+
+    /// The Redis half of [`store_outside_flight`](Self::store_outside_flight):
+    /// a fresh fence, a fenced write (no lease is held, so nothing to
+    /// release), and the purge index; in the background.
+    fn write_outside_flight(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        value: &V,
+        freshness: Freshness,
+    ) {
+        let hard = freshness.fresh_for.saturating_add(freshness.stale_for);
+        if hard.is_zero() {
+            return;
+        }
+        let groups = value.purge_groups();
+        let remote = Arc::clone(remote);
+        let value = value.clone();
+        tokio::spawn(async move {
+            let Ok(fence) = remote.next_fence(&key).await else {
+                return;
+            };
+            let meta = EntryMeta::now(freshness.fresh_for, freshness.stale_for, fence.0);
+            let bytes = encode_entry(&meta, &value);
+            let mode = WriteMode::Store {
+                bytes: &bytes,
+                fresh: freshness.fresh_for,
+                hard,
+            };
+            let nobody = LeaseToken::random();
+            if let Ok(w) = remote.write_and_release(&key, &nobody, fence, mode).await {
+                if w.accepted && !groups.is_empty() {
+                    remote.index_groups(&key, &groups, hard).await;
+                }
+            }
+        });
     }
 
     /// Drop every entry of this process for which `matches` holds (purge by

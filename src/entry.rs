@@ -33,6 +33,12 @@ pub trait Value: Clone + Send + Sync + 'static {
     fn decode(bytes: Bytes) -> Result<Self, DecodeError>;
     /// Approximate bytes held in memory; bounds the in-process cache.
     fn weight(&self) -> usize;
+
+    /// Purge groups the value belongs to (a URL, a tag), indexed in a shared
+    /// store so a purge by group can find every member. None by default.
+    fn purge_groups(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 impl Value for Bytes {
@@ -208,6 +214,18 @@ impl CachedResponse {
 }
 
 impl Value for CachedResponse {
+    fn purge_groups(&self) -> Vec<String> {
+        let mut groups = vec![format!("url:{}", self.url.to_hex())];
+        let tags = self
+            .headers
+            .get_all("surrogate-key")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(str::split_ascii_whitespace);
+        groups.extend(tags.map(|t| format!("tag:{t}")));
+        groups
+    }
+
     fn encode(&self, out: &mut BytesMut) {
         out.put_u16_le(self.status.as_u16());
         out.put_u32_le(self.initial_age);

@@ -247,13 +247,22 @@ impl CacheLayerBuilder {
                 "cache name {name:?} is not a token"
             )));
         }
-        Ok(CacheLayer {
-            state: Arc::new(LayerState {
-                vary: VaryIndex::new(1_000_000),
-                retained: RetainedStore::new(self.engine.capacity_bytes),
-                engine: Arc::new(Shared::new(self.engine)?),
-                http: self.http,
-            }),
-        })
+        let state = Arc::new(LayerState {
+            vary: VaryIndex::new(1_000_000),
+            retained: RetainedStore::new(self.engine.capacity_bytes),
+            engine: Arc::new(Shared::new(self.engine)?),
+            http: self.http,
+        });
+        if let Some(remote) = &state.engine.remote {
+            // Weak: the store lives inside the state, so a strong handle
+            // here would keep both alive forever.
+            let weak = Arc::downgrade(&state);
+            remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
+                if let Some(state) = weak.upgrade() {
+                    state.apply_notice(payload);
+                }
+            }));
+        }
+        Ok(CacheLayer { state })
     }
 }

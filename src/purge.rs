@@ -33,9 +33,57 @@ impl PurgeTarget {
     }
 }
 
+impl PurgeTarget {
+    /// The notice other instances receive over pub/sub.
+    fn notice(&self) -> Vec<u8> {
+        match self {
+            PurgeTarget::Key(k) => format!("k:{}", k.to_hex()).into_bytes(),
+            PurgeTarget::Tag(t) => format!("t:{t}").into_bytes(),
+        }
+    }
+
+    fn from_notice(payload: &[u8]) -> Option<Self> {
+        if let Some(hex) = payload.strip_prefix(b"k:") {
+            return CacheKey::from_hex(hex).map(PurgeTarget::Key);
+        }
+        let tag = std::str::from_utf8(payload.strip_prefix(b"t:")?).ok()?;
+        Some(PurgeTarget::Tag(Box::from(tag)))
+    }
+}
+
 impl LayerState {
-    /// Remove what `target` names from this process.
+    /// Remove what `target` names from this process and, with Redis, from
+    /// Redis and (through a published notice) from every other instance.
     pub(crate) fn purge(&self, target: PurgeTarget) {
+        if let Some(remote) = &self.engine.remote {
+            let remote = Arc::clone(remote);
+            let t = target.clone();
+            tokio::spawn(async move {
+                let result = match &t {
+                    PurgeTarget::Key(k) => match remote.purge(k).await {
+                        Ok(()) => remote.purge_group(&format!("url:{}", k.to_hex())).await,
+                        Err(e) => Err(e),
+                    },
+                    PurgeTarget::Tag(tag) => remote.purge_group(&format!("tag:{tag}")).await,
+                };
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "purge in redis failed");
+                }
+                let _ = remote.publish_purge(&t.notice()).await;
+            });
+        }
+        self.purge_local(target);
+    }
+
+    /// Apply a purge notice published by any instance.
+    pub(crate) fn apply_notice(&self, payload: &[u8]) {
+        if let Some(target) = PurgeTarget::from_notice(payload) {
+            self.purge_local(target);
+        }
+    }
+
+    /// Remove what `target` names from this process only.
+    fn purge_local(&self, target: PurgeTarget) {
         if let PurgeTarget::Key(k) = &target {
             self.engine.memory.remove(k);
             self.retained.remove(k);

@@ -323,8 +323,21 @@ async fn hostile_requests_cannot_steer_or_collide_keys() {
         .await
         .unwrap();
     let mut tags = std::collections::BTreeSet::new();
+    let mut url_groups = 0;
     for k in &keys {
         let k = std::str::from_utf8(k).expect("key names are ASCII");
+        if let Some(group) = k.strip_prefix("t:g:{") {
+            // A purge index: named by a hash too, nothing after the tag.
+            let hex = group
+                .strip_suffix('}')
+                .expect("group key ends with its tag");
+            assert!(
+                hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+                "group {k}"
+            );
+            url_groups += 1;
+            continue;
+        }
         let rest = k.strip_prefix("t:{").expect("namespace, then the tag");
         let (tag, suffix) = rest
             .split_once("}:")
@@ -344,10 +357,11 @@ async fn hostile_requests_cannot_steer_or_collide_keys() {
         uris.len(),
         "one distinct tag per distinct request"
     );
+    assert_eq!(url_groups, uris.len(), "one purge index per distinct URL");
     assert_eq!(origin.calls(), uris.len());
 }
 
-/// A cold burst of 500 in one process sends one lookup-or-lease and one fenced write: at most 4 commands in all.
+/// A cold burst of 500 in one process sends one lookup-or-lease, one fenced write and one purge-index update: at most 4 commands in all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flight_costs_two_script_calls() {
     let server = RedisServer::start();
@@ -364,7 +378,10 @@ async fn a_flight_costs_two_script_calls() {
     }
     let sent = monitor.client_commands();
     let evalsha = sent.iter().filter(|c| *c == "EVALSHA").count();
-    assert_eq!(evalsha, 2, "lookup-or-lease + write-and-release: {sent:?}");
+    assert_eq!(
+        evalsha, 3,
+        "lookup-or-lease + write-and-release + URL index: {sent:?}"
+    );
     assert!(sent.len() <= 4, "{sent:?}");
     assert_eq!(origin.calls.load(Ordering::SeqCst), 5);
 }

@@ -203,4 +203,3 @@ fn complete_bulk(buf: &[u8]) -> Option<&[u8]> {
         .ok()?;
     buf.get(line_end + 2..line_end + 2 + len)
 }
-

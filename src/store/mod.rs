@@ -2,4 +2,5 @@
 //! of a shared store.
 
 pub(crate) mod memory;
+pub(crate) mod purge_bus;
 pub(crate) mod redis;

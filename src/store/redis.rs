@@ -412,6 +412,7 @@ pub(crate) struct RedisStore {
     shutdown: watch::Sender<bool>,
     /// The lease is taken on Redlock nodes, so lookups never lease here.
     lease_elsewhere: bool,
+    pub(crate) purge_bus: Arc<crate::store::purge_bus::PurgeBus>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -465,6 +466,7 @@ impl RedisStore {
             entry_prefix,
             shutdown: watch::channel(false).0,
             lease_elsewhere: false,
+            purge_bus: Arc::default(),
             options,
         })
     }
@@ -494,6 +496,7 @@ impl RedisStore {
         token: &LeaseToken,
         skip_entry: bool,
     ) -> Result<RemoteLookup, StoreError> {
+        self.ensure_purge_listener();
         let k = self.keys(key);
         let mut inv = LOOKUP_OR_LEASE.prepare_invoke();
         inv.key(&k.value)
@@ -720,6 +723,32 @@ impl RedisStore {
         *self.connections[slot]
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// A script call with the store's timeouts and breaker (for sibling modules).
+    pub(crate) async fn invoke_script<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        self.invoke(op, inv).await
+    }
+
+    /// A command with the store's timeouts and breaker (for sibling modules).
+    pub(crate) async fn run_query<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        self.query(op, cmd).await
+    }
+
+    pub(crate) fn pubsub_client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
     }
 
     // ---- Lease pieces used by Redlock and the guarded-work API ----

@@ -57,7 +57,7 @@ impl Origin {
     /// A router serving every path through `layer`.
     pub fn app(&self, layer: CacheLayer) -> Router {
         Router::new()
-            .fallback(get(handler))
+            .fallback(get(handler).post(handler))
             .layer(layer)
             .with_state(self.clone())
     }

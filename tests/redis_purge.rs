@@ -1,0 +1,116 @@
+//! Purges with Redis: by URL, by tag, and by unsafe method, reaching every
+//! instance's L1 through pub/sub, and the Redis copies too.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::http::Method;
+use axum::Router;
+use herdguard::{CacheLayer, RedisOptions};
+use support::origin::{cache_status, get_req, req, send, Origin};
+use support::RedisServer;
+
+/// A long L1, so only the purge notice (not L1 expiry) can clear an instance.
+fn layer(server: &RedisServer) -> CacheLayer {
+    CacheLayer::builder()
+        .redis(
+            RedisOptions::new(server.url())
+                .namespace("p")
+                .l1_ttl(Duration::from_secs(30)),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Poll `app` for `uri` until it is no longer a hit, at most 2 s.
+async fn until_not_hit(app: &Router, uri: &str) -> Duration {
+    let start = tokio::time::Instant::now();
+    loop {
+        let (_, h, _) = send(app, get_req(uri)).await;
+        if !cache_status(&h).contains("; hit") {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the purge never reached this instance"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn is_hit(app: &Router, uri: &str) -> bool {
+    let (_, h, _) = send(app, get_req(uri)).await;
+    cache_status(&h).contains("; hit")
+}
+
+/// A URL purged on one instance is gone from another instance's L1 within a bounded delay, and from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_by_url_reaches_every_instance() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60")]);
+    let (la, lb) = (layer(&server), layer(&server));
+    let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    send(&a, get_req("/item/1")).await;
+    assert!(is_hit(&b, "/item/1").await, "B reads A's fill from Redis");
+    assert!(is_hit(&b, "/item/1").await, "and keeps it in its L1");
+    assert_eq!(origin.calls(), 1);
+
+    la.purge_url(&"http://example.test/item/1".parse().unwrap());
+    let delay = until_not_hit(&b, "/item/1").await;
+    assert!(delay < Duration::from_secs(2));
+    assert_eq!(origin.calls(), 2, "B went back to the origin");
+    let fresh = origin.app(layer(&server));
+    assert!(
+        is_hit(&fresh, "/item/1").await,
+        "B's refill is in Redis, the purged copy is not"
+    );
+}
+
+/// A tag purge removes every tagged entry on every instance and leaves untagged ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_by_tag_reaches_every_instance() {
+    let server = RedisServer::start();
+    let tagged = Origin::new(&[
+        ("cache-control", "max-age=60"),
+        ("surrogate-key", "product-7 list"),
+    ]);
+    let plain = Origin::new(&[("cache-control", "max-age=60")]);
+    let (la, lb) = (layer(&server), layer(&server));
+    let (ta, tb, pb) = (
+        tagged.app(la.clone()),
+        tagged.app(lb.clone()),
+        plain.app(lb),
+    );
+    for uri in ["/a", "/b"] {
+        send(&ta, get_req(uri)).await;
+        assert!(is_hit(&tb, uri).await);
+    }
+    send(&pb, get_req("/c")).await;
+    assert!(is_hit(&pb, "/c").await);
+
+    la.purge_tag("product-7");
+    until_not_hit(&tb, "/a").await;
+    until_not_hit(&tb, "/b").await;
+    assert!(is_hit(&pb, "/c").await, "untagged entries stay");
+    assert_eq!(tagged.calls(), 4);
+}
+
+/// A successful POST on one instance invalidates the URL on the others; a failed PUT invalidates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_method_on_one_instance_invalidates_all() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60")]);
+    let (a, b) = (origin.app(layer(&server)), origin.app(layer(&server)));
+    send(&a, get_req("/cart")).await;
+    assert!(is_hit(&b, "/cart").await);
+    let (code, _, _) = send(&a, req(Method::PUT, "/cart", &[])).await;
+    assert_eq!(code, 405, "no PUT route: not a success");
+    assert!(
+        is_hit(&b, "/cart").await,
+        "a failed PUT invalidates nothing"
+    );
+    let (code, _, _) = send(&a, req(Method::POST, "/cart", &[])).await;
+    assert_eq!(code, 200);
+    until_not_hit(&b, "/cart").await;
+}
