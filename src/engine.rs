@@ -281,7 +281,13 @@ impl<V: Value> Shared<V> {
 
     fn spawn_drive(self: &Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
         let shared = Arc::clone(self);
-        tokio::spawn(async move { shared.drive(handle, fut).await });
+        // The leader's task carries the request's span, so its lease, fence
+        // and outcome show up under the request that started it.
+        let span = tracing::Span::current();
+        tokio::spawn(tracing::Instrument::instrument(
+            async move { shared.drive(handle, fut).await },
+            span,
+        ));
     }
 
     /// The leader's task: find the value in Redis, or win the lease and
@@ -514,10 +520,14 @@ impl<V: Value> Shared<V> {
         };
         let held_since = Instant::now();
         let (watchdog, token) = Watchdog::watch(remote, key, lease, ttl, remote.options.watchdog);
+        let span = tracing::Span::current();
+        span.record("lease", token.prefix());
+        span.record("fence", fence.0);
         self.counters.origin_call();
         let result = self.run_compute(fut).await;
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
+        metrics::record_lease_remaining(stopped.remaining.as_secs_f64());
         // A lease that lives elsewhere is released after the write, so no one
         // can take it between our compute and our fill.
         let redlock = stopped.redlock;
@@ -735,6 +745,7 @@ impl<V: Value> Shared<V> {
         if !initiator {
             metrics::record_wait(started.elapsed().as_secs_f64());
         }
+        tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
         let shared_source = if initiator {
             Source::Miss
         } else {

@@ -43,6 +43,7 @@ pub(crate) mod names {
     pub(crate) const WAIT_SECONDS: &str = "herdguard_wait_seconds";
     pub(crate) const ENTRY_BYTES: &str = "herdguard_entry_bytes";
     pub(crate) const FENCED_REJECTED: &str = "herdguard_fenced_writes_rejected_total";
+    pub(crate) const LEASE_REMAINING: &str = "herdguard_lease_remaining_at_release_seconds";
 }
 
 /// A snapshot of one cache's counters since it was built.
@@ -90,11 +91,13 @@ impl Counters {
         };
         c.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::REQUESTS, "outcome" => source.as_str()).increment(1);
+        tracing::Span::current().record("outcome", source.as_str());
     }
 
     pub(crate) fn record_error(&self) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::REQUESTS, "outcome" => "error").increment(1);
+        tracing::Span::current().record("outcome", "error");
     }
 
     pub(crate) fn origin_call(&self) {
@@ -124,6 +127,10 @@ impl Counters {
 
 pub(crate) fn record_wait(seconds: f64) {
     metrics::histogram!(names::WAIT_SECONDS).record(seconds);
+}
+
+pub(crate) fn record_lease_remaining(seconds: f64) {
+    metrics::histogram!(names::LEASE_REMAINING).record(seconds);
 }
 
 pub(crate) fn record_entry_bytes(bytes: usize) {

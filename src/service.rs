@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -131,9 +132,23 @@ where
 
         let head = req.method() == Method::HEAD;
         let target = state.target_for(&req);
+        // One span per request; fields are filled in as the outcome is known
+        // (lease and fence by the leader's task, which carries this span).
+        let span = tracing::debug_span!(
+            "herdguard",
+            key = %target.key.short(),
+            outcome = tracing::field::Empty,
+            lease = tracing::field::Empty,
+            fence = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        let boxed = |fut: BoxFuture<'static, Result<Response<CacheBody<ResB>>, S::Error>>| {
+            ResponseFuture::boxed(Box::pin(tracing::Instrument::instrument(fut, span.clone())))
+        };
         if rd.no_cache && !rd.only_if_cached {
             let fut = forward(Arc::clone(state), target, head, inner, req);
-            return ResponseFuture::boxed(Box::pin(fut));
+            return boxed(Box::pin(fut));
         }
 
         let candidate = match state.engine.probe(&target.key) {
@@ -167,7 +182,7 @@ where
                 return ResponseFuture::ready(state.only_if_cached());
             }
             let fut = miss(Arc::clone(state), target, head, inner, req, None);
-            return ResponseFuture::boxed(Box::pin(fut));
+            return boxed(Box::pin(fut));
         };
         let age = entry.value.current_age(entry.age());
         let view = View::of(&req, head);
@@ -202,11 +217,11 @@ where
             // it: the flight would hand it back, so forward on our own.
             Usable::Revalidate if engine_fresh => {
                 let fut = forward(Arc::clone(state), target, head, inner, req);
-                ResponseFuture::boxed(Box::pin(fut))
+                boxed(Box::pin(fut))
             }
             Usable::Fresh | Usable::Revalidate => {
                 let fut = miss(Arc::clone(state), target, head, inner, req, Some(entry));
-                ResponseFuture::boxed(Box::pin(fut))
+                boxed(Box::pin(fut))
             }
         }
     }

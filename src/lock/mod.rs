@@ -27,6 +27,11 @@ impl LeaseToken {
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The first 8 characters: enough to correlate logs, useless to forge.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.0[..8.min(self.0.len())]
+    }
 }
 
 impl fmt::Debug for LeaseToken {

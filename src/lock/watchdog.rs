@@ -1,12 +1,13 @@
 //! Keeps a lease alive while the leader works: extends it every lease/3, and
 //! stops when the work ends (dropping the guard aborts the task).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::key::CacheKey;
 use crate::lock::redlock::{Redlock, RedlockLease};
@@ -29,6 +30,9 @@ pub(crate) struct Stopped {
     pub(crate) lost: bool,
     /// A Redlock lease to release (single leases are released by the write).
     pub(crate) redlock: Option<(Arc<Redlock>, RedlockLease)>,
+    /// Lease time left now, by our own clock: how close the work came to
+    /// the lease's end.
+    pub(crate) remaining: Duration,
 }
 
 /// A running watchdog.
@@ -37,6 +41,11 @@ pub(crate) struct Watchdog {
     /// `None` once stopped; `Drop` aborts whatever still runs.
     kind: Option<Kind>,
     lost: Arc<AtomicBool>,
+    /// When the single lease was taken; with `renewed_ms`, its expiry.
+    started: Instant,
+    /// Milliseconds after `started` of the last successful extension.
+    renewed_ms: Arc<AtomicU64>,
+    ttl: Duration,
 }
 
 #[derive(Debug)]
@@ -63,24 +72,32 @@ impl Watchdog {
         enabled: bool,
     ) -> (Self, LeaseToken) {
         let lost = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let renewed_ms = Arc::new(AtomicU64::new(0));
         let every = (ttl / 3).max(Duration::from_millis(10));
+        let make = |kind: Kind, lost: Arc<AtomicBool>, renewed_ms: Arc<AtomicU64>| Self {
+            kind: Some(kind),
+            lost,
+            started,
+            renewed_ms,
+            ttl,
+        };
         match lease {
             HeldLease::Single(token) => {
                 if !enabled {
-                    return (
-                        Self {
-                            kind: Some(Kind::Off),
-                            lost,
-                        },
-                        token,
-                    );
+                    return (make(Kind::Off, lost, renewed_ms), token);
                 }
                 let (store, flag, t) = (Arc::clone(store), Arc::clone(&lost), token.clone());
+                let renewed = Arc::clone(&renewed_ms);
                 let task = tokio::spawn(async move {
                     loop {
                         tokio::time::sleep(every).await;
+                        let asked = started.elapsed();
                         match store.extend(&key, &t, ttl).await {
-                            Ok(true) => {}
+                            Ok(true) => {
+                                // Measured from when we asked: the conservative end.
+                                renewed.store(asked.as_millis() as u64, Ordering::Relaxed);
+                            }
                             Ok(false) => {
                                 // Someone else holds it now (or it expired): the
                                 // fenced write decides what lands.
@@ -92,22 +109,13 @@ impl Watchdog {
                         }
                     }
                 });
-                (
-                    Self {
-                        kind: Some(Kind::Single(task)),
-                        lost,
-                    },
-                    token,
-                )
+                (make(Kind::Single(task), lost, renewed_ms), token)
             }
             HeldLease::Redlock(lock, lease) => {
                 let token = lease.token().clone();
                 if !enabled {
                     return (
-                        Self {
-                            kind: Some(Kind::RedlockIdle(lock, lease)),
-                            lost,
-                        },
+                        make(Kind::RedlockIdle(lock, lease), lost, renewed_ms),
                         token,
                     );
                 }
@@ -128,17 +136,12 @@ impl Watchdog {
                         }
                     }
                 });
-                (
-                    Self {
-                        kind: Some(Kind::Redlock {
-                            stop: Some(stop_tx),
-                            task,
-                            lock,
-                        }),
-                        lost,
-                    },
-                    token,
-                )
+                let kind = Kind::Redlock {
+                    stop: Some(stop_tx),
+                    task,
+                    lock,
+                };
+                (make(kind, lost, renewed_ms), token)
             }
         }
     }
@@ -166,9 +169,17 @@ impl Watchdog {
                 task.await.ok().map(|lease| (lock, lease))
             }
         };
+        let remaining = match &redlock {
+            Some((_, lease)) => lease.remaining(),
+            None => {
+                let renewed = Duration::from_millis(self.renewed_ms.load(Ordering::Relaxed));
+                (self.started + renewed + self.ttl).saturating_duration_since(Instant::now())
+            }
+        };
         Stopped {
             lost: lost.load(Ordering::SeqCst),
             redlock,
+            remaining,
         }
     }
 }
