@@ -77,6 +77,7 @@ impl LayerState {
 
     /// Apply a purge notice published by any instance.
     pub(crate) fn apply_notice(&self, payload: &[u8]) {
+        tracing::debug!(notice = %String::from_utf8_lossy(payload), "purge notice");
         if let Some(target) = PurgeTarget::from_notice(payload) {
             self.purge_local(target);
         }

@@ -72,7 +72,6 @@ impl RetainedStore {
                 (r.entry.value.weight() + 128).min(u32::MAX as usize) as u32
             })
             .expire_after(RetainedExpiry)
-            .support_invalidation_closures()
             .build();
         Self { cache }
     }
@@ -109,12 +108,11 @@ impl RetainedStore {
         &self,
         matches: impl Fn(&CacheKey, &CachedResponse) -> bool + Send + Sync + 'static,
     ) {
-        let registered = self
-            .cache
-            .invalidate_entries_if(move |key, r| matches(key, &r.entry.value));
-        if let Err(error) = registered {
-            // Only possible if the builder above lost its flag.
-            tracing::error!(%error, "purge by predicate is not enabled");
+        // A walk, not moka's lazy closures (see `MemoryStore::purge_where`).
+        for (key, r) in self.cache.iter() {
+            if matches(&key, &r.entry.value) {
+                self.cache.invalidate(&*key);
+            }
         }
     }
 }

@@ -16,8 +16,11 @@ use support::RedisServer;
 /// count their samples, gauges count the snapshots that saw them.
 struct Totals {
     snap: Snapshotter,
-    seen: Vec<(String, Vec<(String, String)>, u64)>,
+    seen: Vec<Seen>,
 }
+
+/// Name, labels, and the total seen so far.
+type Seen = (String, Vec<(String, String)>, u64);
 
 impl Totals {
     fn drain(&mut self) {

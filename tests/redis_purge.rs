@@ -23,6 +23,13 @@ fn layer(server: &RedisServer) -> CacheLayer {
         .unwrap()
 }
 
+/// Give each layer's purge listener time to subscribe (it starts when the
+/// layer is built; a notice sent before that is only bounded by the L1 TTL,
+/// which these tests set long on purpose).
+async fn listeners_subscribed() {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
 /// Poll `app` for `uri` until it is no longer a hit, at most 2 s.
 async fn until_not_hit(app: &Router, uri: &str) -> Duration {
     let start = tokio::time::Instant::now();
@@ -51,6 +58,7 @@ async fn purge_by_url_reaches_every_instance() {
     let origin = Origin::new(&[("cache-control", "max-age=60")]);
     let (la, lb) = (layer(&server), layer(&server));
     let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    listeners_subscribed().await;
     send(&a, get_req("/item/1")).await;
     assert!(is_hit(&b, "/item/1").await, "B reads A's fill from Redis");
     assert!(is_hit(&b, "/item/1").await, "and keeps it in its L1");
@@ -102,6 +110,7 @@ async fn unsafe_method_on_one_instance_invalidates_all() {
     let server = RedisServer::start();
     let origin = Origin::new(&[("cache-control", "max-age=60")]);
     let (a, b) = (origin.app(layer(&server)), origin.app(layer(&server)));
+    listeners_subscribed().await;
     send(&a, get_req("/cart")).await;
     assert!(is_hit(&b, "/cart").await);
     let (code, _, _) = send(&a, req(Method::PUT, "/cart", &[])).await;

@@ -162,8 +162,6 @@ impl<V: Value> MemoryStore<V> {
                 w.min(u32::MAX as usize) as u32
             })
             .expire_after(SlotExpiry)
-            // Purge by URL or tag (a predicate over the stored values).
-            .support_invalidation_closures()
             .build();
         Self { cache }
     }
@@ -205,21 +203,18 @@ impl<V: Value> MemoryStore<V> {
         self.cache.entry_count()
     }
 
-    /// Drop every entry for which `matches` holds. moka applies the predicate
-    /// lazily, but never returns an entry it matches from then on.
-    pub(crate) fn purge_where(
-        &self,
-        matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
-    ) {
-        let registered = self
-            .cache
-            .invalidate_entries_if(move |key, slot| match slot {
-                Slot::Entry(e) => matches(key, &e.value),
-                Slot::Pass { .. } => false,
-            });
-        if let Err(error) = registered {
-            // Only possible if the builder above lost its flag.
-            tracing::error!(%error, "purge by predicate is not enabled");
+    /// Drop every entry for which `matches` holds, now. A walk over the
+    /// entries rather than moka's lazy invalidation closures: those compare
+    /// the entry's and the predicate's times on a coarse clock, and an entry
+    /// read just before a purge could survive it. Purges are rare; a walk is
+    /// cheap enough.
+    pub(crate) fn purge_where(&self, matches: impl Fn(&CacheKey, &V) -> bool) {
+        for (key, slot) in self.cache.iter() {
+            if let Slot::Entry(e) = &slot {
+                if matches(&key, &e.value) {
+                    self.cache.invalidate(&*key);
+                }
+            }
         }
     }
 }
@@ -251,6 +246,29 @@ mod tests {
         assert!(matches!(store.probe(&key), Probe::Stale(_)));
         tokio::time::advance(Duration::from_secs(5)).await;
         assert!(matches!(store.probe(&key), Probe::Miss));
+    }
+
+    /// An entry read just before a purge by predicate is not returned after it.
+    #[test]
+    fn purge_where_hides_an_entry_read_just_before() {
+        let store = MemoryStore::new(1 << 20);
+        let key = CacheKey::new("k");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for _ in 0..200 {
+                store.insert(key, stored(60, 60));
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                assert!(matches!(store.probe(&key), Probe::Fresh(_)));
+                store.purge_where(|_, _| true);
+                assert!(
+                    matches!(store.probe(&key), Probe::Miss),
+                    "purged entry returned"
+                );
+            }
+        });
     }
 
     /// The byte bound evicts: far more bytes than the capacity never stay resident.
