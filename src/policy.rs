@@ -44,7 +44,18 @@ impl CacheControl {
                     None => (directive, None),
                 };
                 let secs = || value.map(parse_delta);
-                match name.to_ascii_lowercase().as_str() {
+                // Lowercased on the stack: every directive we know is short,
+                // and a longer one is one we ignore.
+                let mut buf = [0u8; 24];
+                let lower = match buf.get_mut(..name.len()) {
+                    Some(b) => {
+                        b.copy_from_slice(name.as_bytes());
+                        b.make_ascii_lowercase();
+                        std::str::from_utf8(b).unwrap_or("")
+                    }
+                    None => "",
+                };
+                match lower {
                     "no-store" => cc.no_store = true,
                     // `no-cache="field"` restricts named fields; treating it as a
                     // plain no-cache is the conservative reading.
@@ -575,6 +586,18 @@ mod tests {
             matches!(v, ResponseVerdict::Store { fresh_for, .. } if fresh_for >= Duration::from_secs(119))
         );
         assert_eq!(classify(&[("expires", "0")], false), ResponseVerdict::Share);
+    }
+
+    /// Directive names are case-insensitive, and an overlong unknown name is ignored.
+    #[test]
+    fn directive_names_ignore_case() {
+        let long = format!("{}=1, Max-Age=7", "x".repeat(100));
+        let cc = CacheControl::parse(&headers(&[
+            ("cache-control", "NO-STORE"),
+            ("cache-control", &long),
+        ]));
+        assert!(cc.no_store);
+        assert_eq!(cc.max_age, Some(7));
     }
 
     /// Huge max-age values saturate instead of overflowing.

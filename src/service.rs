@@ -40,7 +40,7 @@ use crate::key::{CacheKey, KeyHasher};
 use crate::layer::LayerState;
 use crate::metrics::Source;
 use crate::policy::{self, Forward, RequestVerdict, ResponseVerdict, StoredRules, Usable};
-use crate::purge::{url_key, Invalidation};
+use crate::purge::{host_name, url_key, Invalidation};
 use crate::store::memory::{Probe, Stored};
 use crate::vary::variant_key;
 
@@ -86,8 +86,6 @@ impl<S> CacheService<S> {
 /// Where a request's entry lives.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Target {
-    /// The URL alone; purge by URL matches on it.
-    url: CacheKey,
     /// URL + Authorization presence + configured key headers.
     base: CacheKey,
     /// `base` refined by the request's values of the learned Vary headers.
@@ -601,6 +599,7 @@ where
             Some(i) => (Some(i.passthrough), Some(i.error)),
             None => (None, None),
         };
+        let url = url_of(&req);
         let (mut template, _body) = req.into_parts();
         // HEAD is filled with a GET so the stored entry can answer both; the
         // body of a GET or HEAD carries no meaning.
@@ -722,7 +721,7 @@ where
             body,
             vary,
             initial_age: 0,
-            url: target.url,
+            url,
             rules: StoredRules::default(),
             revalidated: false,
         };
@@ -815,19 +814,17 @@ fn strip_not_stored(headers: &mut HeaderMap) {
 }
 
 impl LayerState {
-    /// Where the entry for `req` lives: its URL key, the base key (URL,
-    /// Authorization present or not, configured key headers) and the variant
-    /// key for the Vary names learned for that base.
+    /// Where the entry for `req` lives: the base key (URL, Authorization
+    /// present or not, configured key headers) and the variant key for the
+    /// Vary names learned for that base. One hash on a hit: the URL's own
+    /// key (for purges) is only needed when a response is stored.
     pub(crate) fn target_for<B>(&self, req: &Request<B>) -> Target {
         let uri = effective_uri(req);
-        let url = url_key(
-            request_authority(req, uri),
-            uri.path().as_bytes(),
-            uri.query().map(str::as_bytes),
-        );
         let mut h = KeyHasher::new();
         h.part(b"base")
-            .part(url.as_bytes())
+            .opt_part_lowercase(request_authority(req, uri).map(host_name))
+            .part(non_empty_path(uri.path().as_bytes()))
+            .opt_part(uri.query().map(str::as_bytes))
             .part(&[u8::from(req.headers().contains_key(header::AUTHORIZATION))]);
         for name in &self.http.key_headers {
             h.part(name.as_str().as_bytes());
@@ -838,13 +835,11 @@ impl LayerState {
         let base = h.finish();
         match self.vary.names(&base) {
             Some(names) => Target {
-                url,
                 base,
                 key: variant_key(&base, &names, req.headers()),
                 miss: Forward::VaryMiss,
             },
             None => Target {
-                url,
                 base,
                 key: base,
                 miss: Forward::UriMiss,
@@ -1002,6 +997,25 @@ fn request_authority<'a, B>(req: &'a Request<B>, uri: &'a http::Uri) -> Option<&
         .or_else(|| req.headers().get(header::HOST).map(HeaderValue::as_bytes))
 }
 
+/// The key of a request's URL alone (purge by URL matches on it).
+fn url_of<B>(req: &Request<B>) -> CacheKey {
+    let uri = effective_uri(req);
+    url_key(
+        request_authority(req, uri),
+        uri.path().as_bytes(),
+        uri.query().map(str::as_bytes),
+    )
+}
+
+/// `""` and `"/"` name the same resource.
+fn non_empty_path(path: &[u8]) -> &[u8] {
+    if path.is_empty() {
+        b"/"
+    } else {
+        path
+    }
+}
+
 /// The URI as the client sent it: axum's nested routers strip their prefix,
 /// and two nested routes must not share a key.
 fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
@@ -1014,7 +1028,7 @@ fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
 
 #[cfg(test)]
 mod tests {
-    use crate::purge::host_name;
+    use super::host_name;
 
     /// Ports and userinfo are not part of the host; IPv6 brackets are kept.
     #[test]
