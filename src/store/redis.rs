@@ -1145,6 +1145,33 @@ mod tests {
         }
     }
 
+    /// Cluster seed URLs are redacted one by one in Debug output.
+    #[test]
+    fn cluster_debug_hides_every_password() {
+        let opts = RedisOptions::cluster(["redis://:pw-first@h:1", "redis://u:pw-second@h:2"]);
+        let shown = format!("{opts:?}");
+        assert!(!shown.contains("pw-"), "{shown}");
+        assert!(shown.contains("h:1") && shown.contains("cluster: true"));
+    }
+
+    /// Several URLs only make sense for a cluster; an empty list is refused.
+    #[test]
+    fn url_lists_are_validated() {
+        let mut several = RedisOptions::new("redis://127.0.0.1:1");
+        several.urls.push("redis://127.0.0.1:2".to_owned());
+        assert!(RedisStore::new(several).is_err());
+        assert!(RedisStore::new(RedisOptions::cluster(Vec::<String>::new())).is_err());
+        assert!(RedisStore::new(RedisOptions::cluster(["redis://127.0.0.1:1"])).is_ok());
+    }
+
+    /// Without the `tls` feature, `rediss://` is refused with a message naming the feature.
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_needs_the_tls_feature() {
+        let err = RedisStore::new(RedisOptions::new("rediss://127.0.0.1:1")).unwrap_err();
+        assert!(err.to_string().contains("`tls` feature"), "{err}");
+    }
+
     /// Bad namespaces are refused at build time.
     #[test]
     fn namespace_is_validated() {
