@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::Router;
 use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
-use support::tls::TlsRedisServer;
+use support::tls::{TlsRedisCluster, TlsRedisServer};
 
 const CACHEABLE: &[(&str, &str)] = &[("cache-control", "max-age=60")];
 const PASSWORD: &str = "pw-Zq81-hunter2";
@@ -148,4 +148,45 @@ async fn unknown_certificate_authority_is_refused() {
     let text = logs.text();
     assert!(text.contains("redis unavailable"), "{text}");
     assert!(!text.contains(PASSWORD), "{text}");
+}
+
+/// A Redis Cluster over TLS with an ACL user: 2 instances, 12 cold keys, exactly one origin call per key, entries on every master, waiters woken by sharded notifications.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_cluster_with_acl_user_calls_origin_once_per_key() {
+    let cluster = tokio::task::spawn_blocking(|| TlsRedisCluster::start(PASSWORD))
+        .await
+        .unwrap();
+    let options = || {
+        RedisOptions::cluster(cluster.urls(PASSWORD))
+            .tls_root_cert_pem(cluster.ca_pem())
+            .poll_interval(Duration::from_secs(10))
+    };
+    let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(300));
+    let apps: Vec<Router> = (0..2).map(|_| origin.app(layer(options()))).collect();
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for app in &apps {
+        for i in 0..12 {
+            for _ in 0..5 {
+                let app = app.clone();
+                tasks.push(tokio::spawn(async move {
+                    send(&app, get_req(&format!("/tls-cluster/{i}"))).await
+                }));
+            }
+        }
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().0, 200);
+    }
+    assert_eq!(origin.calls(), 12, "one origin call per key");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "waiters were woken by the fills, took {:?}",
+        started.elapsed()
+    );
+    let sizes = cluster.dbsizes();
+    assert!(
+        sizes.iter().all(|&n| n > 0),
+        "entries on every master: {sizes:?}"
+    );
 }

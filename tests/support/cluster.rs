@@ -50,18 +50,8 @@ impl RedisCluster {
         for n in &nodes {
             create.arg(format!("127.0.0.1:{}", n.port()));
         }
-        create
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .stdin(Stdio::null());
-        let out = create
-            .output()
-            .expect("redis-cli is not installed: apt-get install -y redis-tools");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
+        run_bounded(create, Duration::from_secs(30));
         let cluster = Self { nodes };
         cluster.wait_ok(Duration::from_secs(20));
         cluster
@@ -203,4 +193,35 @@ pub fn cli(port: u16, args: &[&str]) -> String {
         .output()
         .expect("redis-cli is not installed: apt-get install -y redis-tools");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Run `redis-cli --cluster create ...`, killed if it takes longer than
+/// `bound` (nodes that cannot meet make it wait forever); panics on failure.
+pub fn run_bounded(mut cmd: Command, bound: Duration) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("redis-cli is not installed: apt-get install -y redis-tools");
+    let deadline = Instant::now() + bound;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for redis-cli") {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    if let Some(mut s) = child.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut s, &mut out);
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "redis-cli --cluster create failed or took over {bound:?}: {out}"
+    );
 }
