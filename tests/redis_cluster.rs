@@ -278,3 +278,90 @@ async fn master_failover_under_load_serves_and_keeps_fencing() {
         "one origin call per key after the failover"
     );
 }
+
+/// A master is killed (SIGKILL) under load: zero 5xx while its replica takes over; the same layers then go back to the cluster by themselves and cold keys cost exactly one origin call each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_master_under_load_fails_open_and_recovers() {
+    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(1))
+        .await
+        .unwrap();
+    let fast_breaker =
+        |o: RedisOptions| o.breaker_backoff(Duration::from_millis(50), Duration::from_millis(200));
+    let layers: Vec<CacheLayer> = (0..3)
+        .map(|_| cluster_layer(&cluster, fast_breaker))
+        .collect();
+    let load_origin = Origin::new(&[("cache-control", "max-age=1")])
+        .delay(Duration::from_millis(5))
+        .tag("load");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (served, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut load = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        for j in 0..4usize {
+            let app = load_origin.app(layer.clone());
+            let (stop, served, failed) = (stop.clone(), served.clone(), failed.clone());
+            load.push(tokio::spawn(async move {
+                let mut n = i * 7 + j;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let (code, _, _) = send(&app, get_req(&format!("/load/{}", n % 30))).await;
+                    if code.is_success() {
+                        served.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let victim = cluster.master_ports()[0];
+    cluster = tokio::task::spawn_blocking(move || {
+        cluster.kill(victim);
+        cluster
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in load {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "no 5xx while a master died"
+    );
+    assert!(served.load(Ordering::SeqCst) > 100, "the load ran");
+
+    // Each layer writes to the cluster again by itself (bounded wait).
+    let probe = Origin::new(CACHEABLE);
+    for (i, layer) in layers.iter().enumerate() {
+        let app = probe.app(layer.clone());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        for n in 0.. {
+            let uri = format!("/probe/{i}/{n}");
+            assert_eq!(send(&app, get_req(&uri)).await.0, 200);
+            if cluster.exists(&entry_key(&uri)) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "layer {i} never went back to the cluster"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let after = Origin::new(CACHEABLE).delay(Duration::from_millis(200));
+    let apps: Vec<Router> = layers.iter().map(|l| after.app(l.clone())).collect();
+    let uris: Vec<String> = (0..20).map(|i| format!("/after-kill/{i}")).collect();
+    for (_, code, _) in bursts(&apps, &uris, 5).await {
+        assert_eq!(code, 200);
+    }
+    assert_eq!(
+        after.calls(),
+        20,
+        "one origin call per key after the failover"
+    );
+}

@@ -185,7 +185,8 @@ impl RedisOptions {
         self
     }
 
-    /// Multiplexed connections kept open (default 4).
+    /// Multiplexed connections kept open (default 4). On a cluster, one
+    /// cluster connection (one multiplexed connection per node) is used.
     #[must_use]
     pub fn connections(mut self, n: usize) -> Self {
         self.connections = n;
@@ -206,7 +207,8 @@ impl RedisOptions {
         self
     }
 
-    /// Bound on waiting for a pooled connection (default 250 ms).
+    /// Bound on waiting for a pooled connection (default 250 ms); on a
+    /// cluster, on waiting behind another caller's connect.
     #[must_use]
     pub fn pool_wait_timeout(mut self, t: Duration) -> Self {
         self.pool_wait_timeout = t;

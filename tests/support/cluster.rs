@@ -57,6 +57,15 @@ impl RedisCluster {
         cluster
     }
 
+    /// A node that still answers (the first ones may have been killed).
+    fn live_port(&self) -> u16 {
+        self.nodes
+            .iter()
+            .map(RedisServer::port)
+            .find(|&p| cli(p, &["ping"]).contains("PONG"))
+            .expect("a live node")
+    }
+
     /// Seed URLs of every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
@@ -68,7 +77,7 @@ impl RedisCluster {
 
     /// The topology as the first node sees it.
     pub fn topology(&self) -> Vec<NodeInfo> {
-        let text = cli(self.nodes[0].port(), &["cluster", "nodes"]);
+        let text = cli(self.live_port(), &["cluster", "nodes"]);
         text.lines()
             .filter_map(|line| {
                 let f: Vec<&str> = line.split_whitespace().collect();
@@ -79,7 +88,7 @@ impl RedisCluster {
                 Some(NodeInfo {
                     id: f[0].to_owned(),
                     port,
-                    master: f[2].contains("master"),
+                    master: f[2].contains("master") && !f[2].contains("fail"),
                     master_id: (f[3] != "-").then(|| f[3].to_owned()),
                 })
             })
@@ -97,12 +106,13 @@ impl RedisCluster {
 
     /// The port of the master that owns `key`'s slot.
     pub fn master_of(&self, key: &str) -> u16 {
-        let slot = cli(self.nodes[0].port(), &["cluster", "keyslot", key]);
+        let port = self.live_port();
+        let slot = cli(port, &["cluster", "keyslot", key]);
         let slot: u16 = slot.trim().parse().expect("a slot number");
-        let text = cli(self.nodes[0].port(), &["cluster", "nodes"]);
+        let text = cli(port, &["cluster", "nodes"]);
         for line in text.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 9 || !f[2].contains("master") {
+            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
                 continue;
             }
             for range in &f[8..] {
@@ -157,6 +167,37 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.wait_ok(Duration::from_secs(15));
+    }
+
+    /// SIGKILL the node at `port` (a crash: no failover handshake). Its
+    /// replica takes over once the others mark it failed (node timeout 2 s);
+    /// waits (bounded) until the cluster is ok again without it.
+    pub fn kill(&mut self, port: u16) {
+        let replica = self.replica_of(port);
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .expect("a node of this cluster");
+        node.stop();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let promoted = cli(replica, &["role"]).starts_with("master");
+            let ok = cli(replica, &["cluster", "info"]).contains("cluster_state:ok");
+            if promoted && ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica did not take over from the killed master"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether `key` exists on the node that owns it.
+    pub fn exists(&self, key: &str) -> bool {
+        cli(self.master_of(key), &["exists", key]).trim() == "1"
     }
 
     fn wait_ok(&self, bound: Duration) {
