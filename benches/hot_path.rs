@@ -379,29 +379,43 @@ fn hit_anatomy(c: &mut Criterion) {
 /// acquire+release on 1 node and on a 5-node Redlock quorum (one parallel
 /// round each, so the ratio is the point), and a fenced write.
 fn redis_paths(c: &mut Criterion) {
-    let servers: Vec<common::redis::RedisServer> = match (0..5).map(|_| common::redis::RedisServer::start()).collect() {
+    let servers: Vec<common::redis::RedisServer> = match (0..5)
+        .map(|_| common::redis::RedisServer::start())
+        .collect()
+    {
         Ok(s) => s,
         Err(e) => {
             eprintln!("redis paths skipped: cannot start redis-server ({e}); apt-get install redis-server");
             return;
         }
     };
-    let urls: Vec<String> = servers.iter().map(|s| format!("redis://{}", s.addr)).collect();
+    let urls: Vec<String> = servers
+        .iter()
+        .map(|s| format!("redis://{}", s.addr))
+        .collect();
     let rt = Runtime::new().expect("runtime");
     let mut group = c.benchmark_group("redis");
 
     let cache: Cache<Bytes> = rt.block_on(async {
         Cache::builder()
-            .redis(RedisOptions::new(urls[0].as_str()).namespace("hp").l1_ttl(Duration::ZERO))
+            .redis(
+                RedisOptions::new(urls[0].as_str())
+                    .namespace("hp")
+                    .l1_ttl(Duration::ZERO),
+            )
             .build()
             .expect("valid cache")
     });
     let key = CacheKey::new("redis-hit");
     let fresh = Freshness::new(Duration::from_secs(600));
     let fill = || async { Ok::<_, Infallible>(Bytes::from_static(&[b'x'; 512])) };
-    rt.block_on(cache.get_or_compute(&key, fresh, fill)).expect("fill");
+    rt.block_on(cache.get_or_compute(&key, fresh, fill))
+        .expect("fill");
     group.bench_function("redis hit (L1 off)", |b| {
-        b.iter(|| rt.block_on(cache.get_or_compute(&key, fresh, fill)).expect("hit"))
+        b.iter(|| {
+            rt.block_on(cache.get_or_compute(&key, fresh, fill))
+                .expect("hit")
+        })
     });
 
     for n in [1usize, 5] {
@@ -419,12 +433,14 @@ fn redis_paths(c: &mut Criterion) {
         });
     }
 
-    let store = FencedStore::new(RedisOptions::new(urls[0].as_str()).namespace("hp")).expect("store");
+    let store =
+        FencedStore::new(RedisOptions::new(urls[0].as_str()).namespace("hp")).expect("store");
     let fence = AtomicU64::new(1);
     group.bench_function("fenced write", |b| {
         b.iter(|| {
             let f = fence.fetch_add(1, Ordering::Relaxed);
-            rt.block_on(store.write("bench-fenced", f, b"value")).expect("write")
+            rt.block_on(store.write("bench-fenced", f, b"value"))
+                .expect("write")
         })
     });
     group.finish();

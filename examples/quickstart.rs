@@ -9,6 +9,9 @@
 //! `HERDGUARD_ORIGIN_DELAY_MS` (default 200), and `HERDGUARD_REDIS_URL`
 //! (e.g. `redis://127.0.0.1:6379`) to share one Redis between several
 //! quickstart processes, so a cold key costs one origin call in all of them.
+//! `HERDGUARD_REDIS_CLUSTER` does the same on a Redis Cluster: comma-separated
+//! seed URLs, e.g. `redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002`.
+//! `rediss://` URLs need `--features tls`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,12 +71,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|_| format!("HERDGUARD_ORIGIN_DELAY_MS must be a number, got {v:?}"))?,
         Err(_) => 200,
     };
-    let redis_url = std::env::var("HERDGUARD_REDIS_URL")
-        .ok()
-        .filter(|u| !u.is_empty());
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let redis = match (env("HERDGUARD_REDIS_CLUSTER"), env("HERDGUARD_REDIS_URL")) {
+        (Some(_), Some(_)) => {
+            return Err("set HERDGUARD_REDIS_CLUSTER or HERDGUARD_REDIS_URL, not both".into())
+        }
+        (Some(list), None) => Some(RedisOptions::cluster(
+            list.split(',').map(str::trim).filter(|u| !u.is_empty()),
+        )),
+        (None, Some(url)) => Some(RedisOptions::new(url)),
+        (None, None) => None,
+    };
+    let store = match &redis {
+        Some(o) if o.is_cluster() => "redis cluster + in-memory L1",
+        Some(_) => "redis + in-memory L1",
+        None => "in-memory",
+    };
     let mut builder = CacheLayer::builder();
-    if let Some(url) = &redis_url {
-        builder = builder.redis(RedisOptions::new(url.as_str()).namespace("quickstart"));
+    if let Some(options) = redis {
+        builder = builder.redis(options.namespace("quickstart"));
     }
     let cache = builder.build()?;
     let app = App {
@@ -89,11 +105,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let local = listener.local_addr()?;
-    let store = if redis_url.is_some() {
-        "redis + in-memory L1"
-    } else {
-        "in-memory"
-    };
     println!(
         "herdguard quickstart ({store}) on http://{local} — try: curl -i http://{local}/report/7 ; then: curl http://{local}/stats"
     );

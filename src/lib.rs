@@ -38,9 +38,10 @@
 //! stale entry, lease won  ─► everyone here gets STALE now; refresh in background
 //! stale entry, lease held ─► STALE
 //! no entry, lease won     ─► LEADER: call the origin (watchdog extends the lease
-//!                            every lease/3), fenced write + release + PUBLISH
-//! no entry, lease held    ─► WAIT for the fill notification (one subscriber
-//!                            connection per process, bounded poll as a fallback),
+//!                            every lease/3), fenced write + release + SPUBLISH
+//! no entry, lease held    ─► WAIT for the fill notification (sharded pub/sub on
+//!                            the entry's own channel, one subscriber connection
+//!                            per process, bounded poll as a fallback),
 //!                            then look again; if the lease lapsed with no fill,
 //!                            compete again: exactly one wins
 //! pass marker             ─► go to the origin (known uncacheable)
@@ -53,6 +54,13 @@
 //! only if its token is not older than the newest accepted one, so a leader
 //! whose lease lapsed (GC pause, slow origin) cannot overwrite a newer value.
 //! Rejected writes are counted in [`Stats::fenced_rejections`].
+//!
+//! Redis Cluster ([`RedisOptions::cluster`]) runs the same scripts unchanged:
+//! entries spread over the slots, and fill notifications are published on
+//! `{ns}:{H}:fill` in the entry's own slot (SPUBLISH), so they reach only the
+//! shard that owns the entry. `rediss://` (TLS via rustls, cargo feature
+//! `tls`) and ACL credentials in the URL are supported; credentials never
+//! reach logs, errors or `Debug` output. See [`RedisOptions`].
 //!
 //! ## Failure behaviour
 //!

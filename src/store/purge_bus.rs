@@ -134,9 +134,16 @@ impl RedisStore {
             return;
         }
         if !self.purge_bus.started.swap(true, Ordering::SeqCst) {
+            let client = match self.pubsub_client() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no purge listener: other instances' purges reach this one only through L1 expiry");
+                    return;
+                }
+            };
             tokio::spawn(listen(
                 Arc::downgrade(&self.purge_bus),
-                self.pubsub_client().clone(),
+                client,
                 self.purge_channel(),
                 self.options.connect_timeout,
                 self.shutdown_signal(),

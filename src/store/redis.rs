@@ -10,25 +10,33 @@
 //! {ns}:{H}:pass   hit-for-pass marker
 //! ```
 //!
-//! Connections: deadpool builds them (with connect and response timeouts),
-//! and we keep a few multiplexed connections checked out for good. A
-//! multiplexed connection already pipelines concurrent commands, and a pool
-//! checkout costs an UNWATCH+PING round trip, which would triple the commands
-//! of a Redis hit.
+//! Connections to a standalone Redis: deadpool builds them (with connect and
+//! response timeouts), and we keep a few multiplexed connections checked out
+//! for good. A multiplexed connection already pipelines concurrent commands,
+//! and a pool checkout costs an UNWATCH+PING round trip, which would triple
+//! the commands of a Redis hit. On Redis Cluster one cluster connection does
+//! the same job (see [`super::cluster`]).
+//!
+//! Fill notifications use sharded pub/sub on a per-entry channel
+//! `{ns}:{H}:fill` (see [`super::fills`]), on a cluster and standalone alike.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_redis::redis::{
-    self, aio::MultiplexedConnection, AsyncConnectionConfig, Script, Value as RedisValue,
+    self, aio::MultiplexedConnection, cluster_async::ClusterConnection, AsyncConnectionConfig,
+    IntoConnectionInfo, Script, Value as RedisValue,
 };
 use deadpool_redis::{Manager, Pool, Runtime};
-use futures_util::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+
+use super::cluster::ClusterLink;
+pub(crate) use super::fills::FillSubscription;
+use super::fills::{run_subscriber, FillSource, Fills};
+use super::tls;
 
 use crate::entry::{MAGIC, VERSION};
 use crate::error::BuildError;
@@ -46,9 +54,45 @@ use crate::lock::{FenceToken, LeaseToken};
 ///     .l1_ttl(Duration::from_millis(500));
 /// # let _ = opts;
 /// ```
+///
+/// # Redis Cluster
+///
+/// [`RedisOptions::cluster`] takes the URLs of some nodes (any subset is
+/// enough to discover the rest). Every key of one entry shares a hash tag,
+/// so each script touches one slot and runs on a cluster unchanged; entries
+/// of different keys spread over the slots. MOVED and ASK redirects are
+/// followed by the client, and fill notifications go out on sharded pub/sub
+/// (`SPUBLISH` on a channel in the entry's own slot), so they do not
+/// broadcast to every node. Redis 7 or newer is needed for the notifications;
+/// on an older server waiters fall back to polling.
+///
+/// ```
+/// use herdguard::RedisOptions;
+/// let opts = RedisOptions::cluster([
+///     "redis://10.0.0.1:6379",
+///     "redis://10.0.0.2:6379",
+///     "redis://10.0.0.3:6379",
+/// ]);
+/// # let _ = opts;
+/// ```
+///
+/// # TLS and credentials
+///
+/// `rediss://` URLs connect over TLS (rustls) when the crate's `tls` feature
+/// is on; without it, building the layer fails with an error that says so.
+/// The server certificate is checked against the system's root store, or
+/// against your own CA with `tls_root_cert_pem`. Credentials go in the URL:
+/// `rediss://user:password@host:6380` for an ACL user, `rediss://:password@host`
+/// for `requirepass`. They are sent with `HELLO`/`AUTH` and never appear in
+/// logs, errors, `Debug` output or metric labels. A wrong password is logged
+/// as an authentication failure and the layer serves from memory meanwhile.
 #[derive(Clone)]
 pub struct RedisOptions {
-    pub(crate) url: String,
+    /// Standalone: one URL. Cluster: the seed nodes.
+    pub(crate) urls: Vec<String>,
+    pub(crate) cluster: bool,
+    #[cfg(feature = "tls")]
+    pub(crate) tls_root_cert: Option<Arc<[u8]>>,
     pub(crate) namespace: String,
     pub(crate) connections: usize,
     pub(crate) connect_timeout: Duration,
@@ -65,12 +109,19 @@ pub struct RedisOptions {
 
 impl std::fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisOptions")
-            .field("url", &redact(&self.url))
+        let urls: Vec<String> = self.urls.iter().map(|u| redact(u)).collect();
+        let mut d = f.debug_struct("RedisOptions");
+        d.field("urls", &urls)
+            .field("cluster", &self.cluster)
             .field("namespace", &self.namespace)
             .field("lease_ttl", &self.lease_ttl)
-            .field("l1_ttl", &self.l1_ttl)
-            .finish_non_exhaustive()
+            .field("l1_ttl", &self.l1_ttl);
+        #[cfg(feature = "tls")]
+        d.field(
+            "tls_root_cert",
+            &self.tls_root_cert.as_ref().map(|_| "<pem>"),
+        );
+        d.finish_non_exhaustive()
     }
 }
 
@@ -90,8 +141,28 @@ impl RedisOptions {
     /// timeout 250 ms, pool wait 250 ms, lease 5 s (extended every lease/3
     /// while the origin works), L1 1 s, waiter poll 200 ms.
     pub fn new(url: impl Into<String>) -> Self {
+        Self::with_urls(vec![url.into()], false)
+    }
+
+    /// Options for the Redis Cluster reached through `urls` (seed nodes, at
+    /// least one; the client discovers the rest and follows the cluster as
+    /// slots move). Same defaults as [`RedisOptions::new`], except that one
+    /// multiplexed cluster connection is used whatever
+    /// [`connections`](Self::connections) says, and no pool is involved.
+    pub fn cluster<I, U>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        Self::with_urls(urls.into_iter().map(Into::into).collect(), true)
+    }
+
+    fn with_urls(urls: Vec<String>, cluster: bool) -> Self {
         Self {
-            url: url.into(),
+            urls,
+            cluster,
+            #[cfg(feature = "tls")]
+            tls_root_cert: None,
             namespace: "herdguard".to_owned(),
             connections: 4,
             connect_timeout: Duration::from_secs(1),
@@ -114,7 +185,8 @@ impl RedisOptions {
         self
     }
 
-    /// Multiplexed connections kept open (default 4).
+    /// Multiplexed connections kept open (default 4). On a cluster, one
+    /// cluster connection (one multiplexed connection per node) is used.
     #[must_use]
     pub fn connections(mut self, n: usize) -> Self {
         self.connections = n;
@@ -135,7 +207,8 @@ impl RedisOptions {
         self
     }
 
-    /// Bound on waiting for a pooled connection (default 250 ms).
+    /// Bound on waiting for a pooled connection (default 250 ms); on a
+    /// cluster, on waiting behind another caller's connect.
     #[must_use]
     pub fn pool_wait_timeout(mut self, t: Duration) -> Self {
         self.pool_wait_timeout = t;
@@ -180,7 +253,31 @@ impl RedisOptions {
         self
     }
 
+    /// Trust only this CA (PEM, one or more certificates) for `rediss://`,
+    /// instead of the system's root store: for a private CA or a self-signed
+    /// server certificate. Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into().into());
+        self
+    }
+
+    /// Whether these options name a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
     fn validate(&self) -> Result<(), BuildError> {
+        if self.urls.is_empty() || self.urls.iter().any(|u| u.trim().is_empty()) {
+            return Err(BuildError::new("redis needs at least one non-empty url"));
+        }
+        if !self.cluster && self.urls.len() > 1 {
+            return Err(BuildError::new(
+                "several redis urls need RedisOptions::cluster",
+            ));
+        }
+        tls::check_available(&self.urls)?;
         let ns = &self.namespace;
         let ok = !ns.is_empty()
             && ns.len() <= 64
@@ -323,6 +420,7 @@ static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
         r"
 -- KEYS: v fresh lock fence pass
 -- ARGV: token fence mode value fresh_ms hard_ms channel key_hex fence_retention_ms pass_ms
+-- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
 local f = tonumber(ARGV[2])
 local hw = tonumber(redis.call('HGET', KEYS[4], 'hw') or '0')
 local accepted = 0
@@ -354,7 +452,9 @@ if redis.call('GET', KEYS[3]) == ARGV[1] then
   redis.call('DEL', KEYS[3])
   released = 1
 end
-redis.call('PUBLISH', ARGV[7], ARGV[8])
+-- Best effort: waiters also poll, and a server without sharded pub/sub
+-- (before Redis 7) must not turn a stored entry into a failed write.
+redis.pcall('SPUBLISH', ARGV[7], ARGV[8])
 return {accepted, released}
 ",
     )
@@ -399,20 +499,66 @@ pub(crate) struct EntryKeys {
 /// The Redis store of one cache.
 pub(crate) struct RedisStore {
     pub(crate) options: RedisOptions,
-    pool: Pool,
-    client: redis::Client,
-    /// Multiplexed connections kept checked out; a std `Mutex` because it is
-    /// only held to clone or replace a handle, never across an `.await`.
-    connections: Vec<Mutex<Option<MultiplexedConnection>>>,
-    next: AtomicUsize,
+    link: Link,
     breaker: Breaker,
     fills: Arc<Fills>,
-    channel: String,
+    /// Taken by the subscriber task when the first waiter subscribes.
+    fill_source: Mutex<Option<(FillSource, mpsc::UnboundedReceiver<CacheKey>)>>,
     entry_prefix: Vec<u8>,
     shutdown: watch::Sender<bool>,
     /// The lease is taken on Redlock nodes, so lookups never lease here.
     lease_elsewhere: bool,
     pub(crate) purge_bus: Arc<crate::store::purge_bus::PurgeBus>,
+}
+
+/// How commands reach Redis.
+enum Link {
+    Standalone {
+        pool: Pool,
+        /// Multiplexed connections kept checked out; a std `Mutex` because it
+        /// is only held to clone or replace a handle, never across an `.await`.
+        connections: Vec<Mutex<Option<MultiplexedConnection>>>,
+        next: AtomicUsize,
+    },
+    Cluster(Box<ClusterLink>),
+}
+
+/// A connection of either kind; both multiplex, so a clone per call is cheap.
+#[derive(Clone)]
+enum Conn {
+    Standalone(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, RedisValue> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<RedisValue>> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Standalone(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -433,16 +579,53 @@ impl Drop for RedisStore {
 impl RedisStore {
     pub(crate) fn new(options: RedisOptions) -> Result<Self, BuildError> {
         options.validate()?;
+        let (link, fill_source) = if options.cluster {
+            (
+                Link::Cluster(Box::new(ClusterLink::new(&options)?)),
+                FillSource::Cluster(Box::new(options.clone())),
+            )
+        } else {
+            Self::standalone(&options)?
+        };
+        let (fills, changes) = Fills::new(&options.namespace);
+        let mut entry_prefix = MAGIC.to_vec();
+        entry_prefix.push(VERSION);
+        Ok(Self {
+            link,
+            breaker: Breaker::new(options.breaker_min_backoff, options.breaker_max_backoff),
+            fills,
+            fill_source: Mutex::new(Some((fill_source, changes))),
+            entry_prefix,
+            shutdown: watch::channel(false).0,
+            lease_elsewhere: false,
+            purge_bus: Arc::default(),
+            options,
+        })
+    }
+
+    fn standalone(options: &RedisOptions) -> Result<(Link, FillSource), BuildError> {
+        let url = options.urls.first().map(String::as_str).unwrap_or_default();
+        let invalid = |e: redis::RedisError| {
+            BuildError::with_source(
+                format!("invalid redis url {}", redact(url)),
+                redact_error(&e),
+            )
+        };
+        let info = url.into_connection_info().map_err(invalid)?;
+        #[cfg(feature = "tls")]
+        let root_cert = options.tls_root_cert.as_deref();
+        #[cfg(not(feature = "tls"))]
+        let root_cert = None;
+        // The client carries the TLS settings (and the private CA) into the
+        // connection info that the pool and the subscriber both use.
+        let info = tls::client(info, root_cert)
+            .map_err(invalid)?
+            .get_connection_info()
+            .clone();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout));
-        let safe_url = redact(&options.url);
-        let manager = Manager::new_with_config(options.url.as_str(), config).map_err(|e| {
-            BuildError::with_source(format!("invalid redis url {safe_url}"), redact_error(&e))
-        })?;
-        let client = redis::Client::open(options.url.as_str()).map_err(|e| {
-            BuildError::with_source(format!("invalid redis url {safe_url}"), redact_error(&e))
-        })?;
+        let manager = Manager::new_with_config(info.clone(), config).map_err(invalid)?;
         let n = options.connections.max(1);
         let pool = Pool::builder(manager)
             .max_size(n * 2)
@@ -452,23 +635,20 @@ impl RedisStore {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| BuildError::with_source("cannot build the redis pool", e.to_string()))?;
-        let channel = format!("{}:fills", options.namespace);
-        let mut entry_prefix = MAGIC.to_vec();
-        entry_prefix.push(VERSION);
-        Ok(Self {
-            pool,
-            client,
-            connections: (0..n).map(|_| Mutex::new(None)).collect(),
-            next: AtomicUsize::new(0),
-            breaker: Breaker::new(options.breaker_min_backoff, options.breaker_max_backoff),
-            fills: Arc::new(Fills::default()),
-            channel,
-            entry_prefix,
-            shutdown: watch::channel(false).0,
-            lease_elsewhere: false,
-            purge_bus: Arc::default(),
-            options,
-        })
+        // Pushes (sharded messages) need RESP3 on the subscriber connection.
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let subscriber = redis::Client::open(info.set_redis_settings(resp3)).map_err(invalid)?;
+        Ok((
+            Link::Standalone {
+                pool,
+                connections: (0..n).map(|_| Mutex::new(None)).collect(),
+                next: AtomicUsize::new(0),
+            },
+            FillSource::Standalone(Box::new(subscriber)),
+        ))
     }
 
     pub(crate) fn keys(&self, key: &CacheKey) -> EntryKeys {
@@ -543,7 +723,7 @@ impl RedisStore {
             .arg(value)
             .arg(fresh)
             .arg(hard)
-            .arg(&self.channel)
+            .arg(self.fills.channel(key))
             .arg(key.to_hex())
             .arg(millis(self.options.fence_retention))
             .arg(pass);
@@ -598,13 +778,21 @@ impl RedisStore {
     /// connection on first use).
     pub(crate) fn subscribe_fills(&self, key: CacheKey) -> FillSubscription {
         if !self.fills.started.swap(true, Ordering::SeqCst) {
-            tokio::spawn(run_subscriber(
-                Arc::downgrade(&self.fills),
-                self.client.clone(),
-                self.channel.clone(),
-                self.options.connect_timeout,
-                self.shutdown.subscribe(),
-            ));
+            let source = self
+                .fill_source
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some((source, changes)) = source {
+                tokio::spawn(run_subscriber(
+                    Arc::downgrade(&self.fills),
+                    source,
+                    changes,
+                    self.options.connect_timeout,
+                    self.options.response_timeout,
+                    self.shutdown.subscribe(),
+                ));
+            }
         }
         self.fills.subscribe(key)
     }
@@ -658,14 +846,15 @@ impl RedisStore {
                     || e.is_unrecoverable_error()
                     || e.is_timeout()
                     || e.is_io_error()
+                    || e.is_cluster_error()
                 {
-                    self.drop_connection(slot);
-                    self.failure(op, &e.to_string());
+                    self.drop_connection(slot, &e);
+                    self.failure(op, &describe(&e));
                 } else {
                     // A reply error about one key (say a foreign value type)
                     // says nothing about Redis being up: no breaker trip.
                     record_error(op);
-                    tracing::warn!(op, error = %e, "redis command failed");
+                    tracing::warn!(op, error = %describe(&e), "redis command failed");
                 }
                 Err(StoreError::Redis(e))
             }
@@ -684,45 +873,83 @@ impl RedisStore {
                 why,
                 "redis unavailable; serving from memory until it answers again"
             );
+        } else {
+            tracing::debug!(op, why, "redis call failed");
         }
     }
 
-    async fn connection(
-        &self,
-        op: &'static str,
-    ) -> Result<(usize, MultiplexedConnection), StoreError> {
-        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        if let Some(conn) = self.connections[slot]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-        {
-            return Ok((slot, conn));
-        }
-        let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
-        match tokio::time::timeout(bound, self.pool.get()).await {
-            Ok(Ok(pooled)) => {
-                let conn = deadpool_redis::Connection::take(pooled);
-                *self.connections[slot]
+    async fn connection(&self, op: &'static str) -> Result<(usize, Conn), StoreError> {
+        match &self.link {
+            Link::Standalone {
+                pool,
+                connections,
+                next,
+            } => {
+                let slot = next.fetch_add(1, Ordering::Relaxed) % connections.len();
+                if let Some(conn) = connections[slot]
                     .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-                Ok((slot, conn))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone()
+                {
+                    return Ok((slot, Conn::Standalone(conn)));
+                }
+                let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
+                match tokio::time::timeout(bound, pool.get()).await {
+                    Ok(Ok(pooled)) => {
+                        let conn = deadpool_redis::Connection::take(pooled);
+                        *connections[slot]
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                        Ok((slot, Conn::Standalone(conn)))
+                    }
+                    Ok(Err(e)) => {
+                        let why = match &e {
+                            deadpool_redis::PoolError::Backend(e) => describe(e),
+                            other => redact_error(other),
+                        };
+                        self.failure(op, &why);
+                        Err(StoreError::Unavailable)
+                    }
+                    Err(_) => {
+                        self.failure(op, "connect timed out");
+                        Err(StoreError::Timeout)
+                    }
+                }
             }
-            Ok(Err(e)) => {
-                self.failure(op, &redact_error(&e));
-                Err(StoreError::Unavailable)
-            }
-            Err(_) => {
-                self.failure(op, "connect timed out");
-                Err(StoreError::Timeout)
+            Link::Cluster(link) => {
+                // The connect is bounded by the connection timeout; waiting
+                // behind another caller's connect, by the pool wait.
+                let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
+                match tokio::time::timeout(bound, link.get()).await {
+                    Ok(Ok(conn)) => Ok((0, Conn::Cluster(conn))),
+                    Ok(Err(e)) => {
+                        self.failure(op, &describe(&e));
+                        Err(StoreError::Unavailable)
+                    }
+                    Err(_) => {
+                        self.failure(op, "connect timed out");
+                        Err(StoreError::Timeout)
+                    }
+                }
             }
         }
     }
 
-    fn drop_connection(&self, slot: usize) {
-        *self.connections[slot]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+    fn drop_connection(&self, slot: usize, e: &redis::RedisError) {
+        match &self.link {
+            Link::Standalone { connections, .. } => {
+                *connections[slot]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            // A cluster connection reconnects to nodes and refreshes slots by
+            // itself; only an error it cannot get past calls for a new one.
+            Link::Cluster(link) => {
+                if e.is_unrecoverable_error() {
+                    link.reset();
+                }
+            }
+        }
     }
 
     /// A script call with the store's timeouts and breaker (for sibling modules).
@@ -743,8 +970,22 @@ impl RedisStore {
         self.query(op, cmd).await
     }
 
-    pub(crate) fn pubsub_client(&self) -> &redis::Client {
-        &self.client
+    /// A client for classic pub/sub (purge notices) on the first URL. On a
+    /// cluster, PUBLISH reaches every node, so one seed node is enough.
+    pub(crate) fn pubsub_client(&self) -> Result<redis::Client, StoreError> {
+        let url = self
+            .options
+            .urls
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default();
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(url).map_err(StoreError::Redis)?;
+        #[cfg(feature = "tls")]
+        let root_cert = self.options.tls_root_cert.as_deref();
+        #[cfg(not(feature = "tls"))]
+        let root_cert = None;
+        tls::client(info, root_cert).map_err(StoreError::Redis)
     }
 
     pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
@@ -818,7 +1059,7 @@ fn pttl(ms: i64) -> Duration {
 }
 
 /// An error's text without credentials (redis errors may echo the URL).
-fn redact_error(e: &dyn std::fmt::Display) -> String {
+pub(crate) fn redact_error(e: &dyn std::fmt::Display) -> String {
     let s = e.to_string();
     match s.find("://") {
         Some(_) => s
@@ -827,6 +1068,19 @@ fn redact_error(e: &dyn std::fmt::Display) -> String {
             .collect::<Vec<_>>()
             .join(" "),
         None => s,
+    }
+}
+
+/// A redis error for a log line: credentials redacted, and a rejected login
+/// said in plain words (the server's own text is terse).
+pub(crate) fn describe(e: &redis::RedisError) -> String {
+    let text = redact_error(e);
+    let rejected = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
+    if rejected {
+        format!("authentication failed (check the user and password of the redis url): {text}")
+    } else {
+        text
     }
 }
 
@@ -969,123 +1223,6 @@ impl Breaker {
     }
 }
 
-/// Local registry of waiters for fill notifications.
-#[derive(Debug, Default)]
-struct Fills {
-    /// A std `Mutex`: held only for a map operation, never across `.await`.
-    waiting: Mutex<HashMap<CacheKey, watch::Sender<u64>>>,
-    connected: AtomicBool,
-    started: AtomicBool,
-}
-
-impl Fills {
-    fn subscribe(self: &Arc<Self>, key: CacheKey) -> FillSubscription {
-        let mut map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let rx = map
-            .entry(key)
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
-        FillSubscription {
-            rx,
-            key,
-            fills: Arc::clone(self),
-        }
-    }
-
-    fn notify(&self, payload: &[u8]) {
-        let Some(key) = CacheKey::from_hex(payload) else {
-            return;
-        };
-        let map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(tx) = map.get(&key) {
-            tx.send_modify(|n| *n += 1);
-        }
-    }
-}
-
-/// Interest in the next fill of one key. Created before the re-check that
-/// precedes a wait, so a fill published in between is not missed.
-#[derive(Debug)]
-pub(crate) struct FillSubscription {
-    rx: watch::Receiver<u64>,
-    key: CacheKey,
-    fills: Arc<Fills>,
-}
-
-impl FillSubscription {
-    /// Wait for a fill notification, at most `bound`.
-    pub(crate) async fn wait(&mut self, bound: Duration) {
-        let _ = tokio::time::timeout(bound, self.rx.changed()).await;
-    }
-}
-
-impl Drop for FillSubscription {
-    fn drop(&mut self) {
-        let mut map = self
-            .fills
-            .waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Ours is the last receiver: nobody else waits for this key.
-        if map
-            .get(&self.key)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
-        {
-            map.remove(&self.key);
-        }
-    }
-}
-
-/// One subscriber connection per store: reconnects with back-off, exits when
-/// the store is dropped.
-async fn run_subscriber(
-    fills: Weak<Fills>,
-    client: redis::Client,
-    channel: String,
-    connect_timeout: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        if let Ok(Ok(mut pubsub)) =
-            tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await
-        {
-            if let Ok(Ok(())) =
-                tokio::time::timeout(connect_timeout, pubsub.subscribe(&channel)).await
-            {
-                backoff = Duration::from_millis(100);
-                if let Some(f) = fills.upgrade() {
-                    f.connected.store(true, Ordering::SeqCst);
-                }
-                let mut messages = pubsub.into_on_message();
-                loop {
-                    tokio::select! {
-                        msg = messages.next() => match msg {
-                            Some(m) => match fills.upgrade() {
-                                Some(f) => f.notify(m.get_payload_bytes()),
-                                None => return,
-                            },
-                            None => break,
-                        },
-                        _ = shutdown.changed() => return,
-                    }
-                }
-                if let Some(f) = fills.upgrade() {
-                    f.connected.store(false, Ordering::SeqCst);
-                }
-            }
-        }
-        if fills.strong_count() == 0 {
-            return;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.changed() => return,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1113,6 +1250,33 @@ mod tests {
         for name in [&k.fresh, &k.lock, &k.fence, &k.pass] {
             assert_eq!(tag(name), t);
         }
+    }
+
+    /// Cluster seed URLs are redacted one by one in Debug output.
+    #[test]
+    fn cluster_debug_hides_every_password() {
+        let opts = RedisOptions::cluster(["redis://:pw-first@h:1", "redis://u:pw-second@h:2"]);
+        let shown = format!("{opts:?}");
+        assert!(!shown.contains("pw-"), "{shown}");
+        assert!(shown.contains("h:1") && shown.contains("cluster: true"));
+    }
+
+    /// Several URLs only make sense for a cluster; an empty list is refused.
+    #[test]
+    fn url_lists_are_validated() {
+        let mut several = RedisOptions::new("redis://127.0.0.1:1");
+        several.urls.push("redis://127.0.0.1:2".to_owned());
+        assert!(RedisStore::new(several).is_err());
+        assert!(RedisStore::new(RedisOptions::cluster(Vec::<String>::new())).is_err());
+        assert!(RedisStore::new(RedisOptions::cluster(["redis://127.0.0.1:1"])).is_ok());
+    }
+
+    /// Without the `tls` feature, `rediss://` is refused with a message naming the feature.
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_needs_the_tls_feature() {
+        let err = RedisStore::new(RedisOptions::new("rediss://127.0.0.1:1")).unwrap_err();
+        assert!(err.to_string().contains("`tls` feature"), "{err}");
     }
 
     /// Bad namespaces are refused at build time.

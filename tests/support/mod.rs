@@ -9,7 +9,9 @@
     reason = "support is a private module of each test crate"
 )]
 
+pub mod cluster;
 pub mod origin;
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -1,0 +1,447 @@
+//! Fill notifications over sharded pub/sub (Redis 7: SPUBLISH / SSUBSCRIBE).
+//!
+//! The fenced write publishes on `{ns}:{H}:fill`, a channel under the entry's
+//! own hash tag: on a cluster it lives in the entry's slot, so the script may
+//! publish it and only the shard that owns the entry carries it (classic
+//! PUBLISH would be broadcast to every node). The same code runs on a
+//! standalone Redis.
+//!
+//! Each store has one subscriber connection (RESP3, pushes delivered to a
+//! channel) and subscribes only to the keys its waiters wait for: a waiter
+//! registers here, the subscriber task SSUBSCRIBEs its channel, and
+//! SUNSUBSCRIBEs when the last waiter of that key is gone. A missed
+//! notification costs at most one poll interval: waiters also poll.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use deadpool_redis::redis::{
+    self, aio::MultiplexedConnection, cluster_async::ClusterConnection, AsyncConnectionConfig,
+    PushInfo, PushKind,
+};
+use futures_util::future::join_all;
+use tokio::sync::{mpsc, watch};
+
+use super::redis::RedisOptions;
+use crate::key::CacheKey;
+
+/// What a waiter sees of its key.
+#[derive(Debug, Clone, Copy, Default)]
+struct FillState {
+    /// Fills announced since the key got its first waiter.
+    fills: u64,
+    /// The key's channel is subscribed on the server: from now on a fill is
+    /// announced, so a lookup made after this cannot miss one.
+    ready: bool,
+}
+
+/// Local registry of waiters for fill notifications.
+#[derive(Debug)]
+pub(crate) struct Fills {
+    /// A std `Mutex`: held only for a map operation, never across `.await`.
+    waiting: Mutex<HashMap<CacheKey, watch::Sender<FillState>>>,
+    /// Keys whose interest changed, for the subscriber task to reconcile.
+    changes: mpsc::UnboundedSender<CacheKey>,
+    pub(crate) connected: AtomicBool,
+    pub(crate) started: AtomicBool,
+    /// Channel name prefix, `{ns}:`.
+    namespace: String,
+}
+
+impl Fills {
+    pub(crate) fn new(namespace: &str) -> (Arc<Self>, mpsc::UnboundedReceiver<CacheKey>) {
+        let (changes, rx) = mpsc::unbounded_channel();
+        let fills = Arc::new(Self {
+            waiting: Mutex::new(HashMap::new()),
+            changes,
+            connected: AtomicBool::new(false),
+            started: AtomicBool::new(false),
+            namespace: namespace.to_owned(),
+        });
+        (fills, rx)
+    }
+
+    /// The sharded channel of `key`: same hash tag as its entry.
+    pub(crate) fn channel(&self, key: &CacheKey) -> String {
+        channel(&self.namespace, key)
+    }
+
+    pub(crate) fn subscribe(self: &Arc<Self>, key: CacheKey) -> FillSubscription {
+        let mut map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut added = false;
+        let rx = map
+            .entry(key)
+            .or_insert_with(|| {
+                added = true;
+                watch::channel(FillState::default()).0
+            })
+            .subscribe();
+        drop(map);
+        if added {
+            let _ = self.changes.send(key);
+        }
+        FillSubscription {
+            rx,
+            key,
+            fills: Arc::clone(self),
+            armed: false,
+        }
+    }
+
+    fn notify(&self, payload: &[u8]) {
+        let Some(key) = CacheKey::from_hex(payload) else {
+            return;
+        };
+        let map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = map.get(&key) {
+            tx.send_modify(|s| s.fills += 1);
+        }
+    }
+
+    fn waiting_keys(&self) -> HashSet<CacheKey> {
+        let map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        map.keys().copied().collect()
+    }
+
+    fn set_ready(&self, key: &CacheKey, ready: bool) {
+        let map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = map.get(key) {
+            tx.send_if_modified(|s| std::mem::replace(&mut s.ready, ready) != ready);
+        }
+    }
+
+    fn set_all_unready(&self) {
+        let map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        for tx in map.values() {
+            tx.send_if_modified(|s| std::mem::replace(&mut s.ready, false));
+        }
+    }
+}
+
+fn channel(namespace: &str, key: &CacheKey) -> String {
+    format!("{namespace}:{{{}}}:fill", key.to_hex())
+}
+
+/// The key of a channel named by [`channel`].
+fn key_of_channel(name: &[u8]) -> Option<CacheKey> {
+    let open = name.iter().position(|&b| b == b'{')?;
+    let close = open + name[open..].iter().position(|&b| b == b'}')?;
+    CacheKey::from_hex(&name[open + 1..close])
+}
+
+/// Interest in the next fill of one key. Created before the re-check that
+/// precedes a wait, so a fill published in between is not missed.
+#[derive(Debug)]
+pub(crate) struct FillSubscription {
+    rx: watch::Receiver<FillState>,
+    key: CacheKey,
+    fills: Arc<Fills>,
+    /// The first wait only waits for the subscription to be in place.
+    armed: bool,
+}
+
+impl FillSubscription {
+    /// Wait for a fill notification, at most `bound`.
+    ///
+    /// The first call returns as soon as the key's channel is subscribed
+    /// (or a fill arrives): the caller then looks again, and that lookup
+    /// happens after notifications flow, so no fill falls in between.
+    pub(crate) async fn wait(&mut self, bound: Duration) {
+        if !self.armed {
+            self.armed = true;
+            let seen = self.rx.borrow_and_update().fills;
+            let _ =
+                tokio::time::timeout(bound, self.rx.wait_for(|s| s.ready || s.fills != seen)).await;
+            return;
+        }
+        let _ = tokio::time::timeout(bound, self.rx.changed()).await;
+    }
+}
+
+impl Drop for FillSubscription {
+    fn drop(&mut self) {
+        let mut map = self
+            .fills
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Ours is the last receiver: nobody else waits for this key.
+        if map
+            .get(&self.key)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            map.remove(&self.key);
+            drop(map);
+            let _ = self.fills.changes.send(self.key);
+        }
+    }
+}
+
+/// Where the subscriber connects.
+#[derive(Debug)]
+pub(crate) enum FillSource {
+    /// A standalone Redis; the client speaks RESP3.
+    Standalone(Box<redis::Client>),
+    /// A cluster; a RESP3 client is built per connect, with its push channel.
+    Cluster(Box<RedisOptions>),
+}
+
+#[derive(Clone)]
+enum Subscriber {
+    Standalone(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Subscriber {
+    async fn connect(
+        source: &FillSource,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        push: mpsc::UnboundedSender<PushInfo>,
+    ) -> redis::RedisResult<Self> {
+        match source {
+            FillSource::Standalone(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(response_timeout))
+                    .set_push_sender(push);
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(Self::Standalone(conn))
+            }
+            FillSource::Cluster(options) => {
+                let client = super::cluster::client(options, Some(push)).map_err(|e| {
+                    redis::RedisError::from((
+                        redis::ErrorKind::InvalidClientConfig,
+                        "cluster client",
+                        e.to_string(),
+                    ))
+                })?;
+                Ok(Self::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    async fn ssubscribe(mut self, channel: String) -> redis::RedisResult<()> {
+        match &mut self {
+            Self::Standalone(c) => redis::cmd("SSUBSCRIBE")
+                .arg(channel)
+                .exec_async(c)
+                .await
+                .map(drop),
+            Self::Cluster(c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    async fn sunsubscribe(mut self, channel: String) -> redis::RedisResult<()> {
+        match &mut self {
+            Self::Standalone(c) => redis::cmd("SUNSUBSCRIBE")
+                .arg(channel)
+                .exec_async(c)
+                .await
+                .map(drop),
+            Self::Cluster(c) => c.sunsubscribe(channel).await,
+        }
+    }
+
+    /// A liveness check for a standalone connection, which may hang without
+    /// ever reporting a disconnection (a frozen server). A cluster
+    /// connection watches its nodes itself.
+    async fn ping(&mut self) -> bool {
+        match self {
+            Self::Standalone(c) => redis::cmd("PING").exec_async(c).await.is_ok(),
+            Self::Cluster(_) => true,
+        }
+    }
+}
+
+/// How often an idle standalone subscriber checks its connection.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
+/// One subscriber connection per store: reconnects with back-off, exits when
+/// the store is dropped.
+pub(crate) async fn run_subscriber(
+    fills: Weak<Fills>,
+    source: FillSource,
+    mut changes: mpsc::UnboundedReceiver<CacheKey>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let (push_tx, mut pushes) = mpsc::unbounded_channel();
+        let connected = tokio::time::timeout(
+            connect_timeout,
+            Subscriber::connect(&source, connect_timeout, response_timeout, push_tx),
+        )
+        .await;
+        if let Ok(Ok(mut conn)) = connected {
+            let Some(f) = fills.upgrade() else { return };
+            f.connected.store(true, Ordering::SeqCst);
+            // Whatever was subscribed before is gone with the old connection.
+            let mut subscribed = HashSet::new();
+            let mut dirty = f.waiting_keys();
+            drop(f);
+            let mut ping = tokio::time::interval(PING_EVERY);
+            ping.reset();
+            loop {
+                if !dirty.is_empty() {
+                    let Some(f) = fills.upgrade() else { return };
+                    let keys = std::mem::take(&mut dirty);
+                    if !reconcile(&f, &conn, &mut subscribed, keys, response_timeout).await {
+                        break;
+                    }
+                    backoff = Duration::from_millis(100);
+                }
+                tokio::select! {
+                    change = changes.recv() => match change {
+                        Some(key) => {
+                            dirty.insert(key);
+                            while let Ok(key) = changes.try_recv() {
+                                dirty.insert(key);
+                            }
+                        }
+                        None => return,
+                    },
+                    push = pushes.recv() => match push {
+                        Some(p) => match p.kind {
+                            PushKind::SMessage | PushKind::Message => {
+                                if let (Some(msg), Some(f)) = (redis::Msg::from_push_info(p), fills.upgrade()) {
+                                    f.notify(msg.get_payload_bytes());
+                                }
+                            }
+                            // The server dropped a subscription we did not
+                            // give up (its slot moved): subscribe again.
+                            PushKind::SUnsubscribe => {
+                                if let Some(key) = p.data.first().and_then(channel_bytes).and_then(key_of_channel) {
+                                    subscribed.remove(&key);
+                                    dirty.insert(key);
+                                }
+                            }
+                            PushKind::Disconnection if matches!(conn, Subscriber::Standalone(_)) => break,
+                            _ => {}
+                        },
+                        None => break,
+                    },
+                    _ = ping.tick() => {
+                        let alive = tokio::time::timeout(response_timeout, conn.ping()).await;
+                        if !matches!(alive, Ok(true)) {
+                            break;
+                        }
+                    }
+                    _ = shutdown.changed() => return,
+                }
+            }
+            match fills.upgrade() {
+                Some(f) => {
+                    f.connected.store(false, Ordering::SeqCst);
+                    f.set_all_unready();
+                }
+                None => return,
+            }
+            tracing::debug!("fill notification connection lost; reconnecting");
+        }
+        if fills.strong_count() == 0 {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn channel_bytes(v: &redis::Value) -> Option<&[u8]> {
+    match v {
+        redis::Value::BulkString(b) => Some(b),
+        redis::Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+/// Bring the server's subscriptions in line with the waiting keys among
+/// `keys`. Returns false when the connection looks unusable.
+async fn reconcile(
+    fills: &Fills,
+    conn: &Subscriber,
+    subscribed: &mut HashSet<CacheKey>,
+    keys: HashSet<CacheKey>,
+    response_timeout: Duration,
+) -> bool {
+    let (mut add, mut remove) = (Vec::new(), Vec::new());
+    {
+        let map = fills.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        for key in keys {
+            match (map.contains_key(&key), subscribed.contains(&key)) {
+                (true, false) => add.push(key),
+                (false, true) => remove.push(key),
+                (true, true) => {
+                    if let Some(tx) = map.get(&key) {
+                        tx.send_if_modified(|s| !std::mem::replace(&mut s.ready, true));
+                    }
+                }
+                (false, false) => {}
+            }
+        }
+    }
+    let (added, removed) = futures_util::future::join(
+        join_all(
+            add.iter()
+                .map(|k| bounded(response_timeout, conn.clone().ssubscribe(fills.channel(k)))),
+        ),
+        join_all(remove.iter().map(|k| {
+            bounded(
+                response_timeout,
+                conn.clone().sunsubscribe(fills.channel(k)),
+            )
+        })),
+    )
+    .await;
+    let mut healthy = true;
+    for (key, ok) in add.iter().zip(added) {
+        if ok {
+            subscribed.insert(*key);
+            fills.set_ready(key, true);
+        } else {
+            healthy = false;
+        }
+    }
+    for (key, ok) in remove.iter().zip(removed) {
+        // Even on failure: a stray subscription only delivers a message
+        // nobody waits for, and the next waiter subscribes again.
+        subscribed.remove(key);
+        healthy &= ok;
+    }
+    if !healthy {
+        tracing::debug!("fill notification subscribe failed; reconnecting");
+    }
+    healthy
+}
+
+async fn bounded(
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<()>>,
+) -> bool {
+    matches!(tokio::time::timeout(limit, call).await, Ok(Ok(())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key survives the trip through its channel name.
+    #[test]
+    fn channel_names_the_key() {
+        let key = CacheKey::new("/a");
+        let name = channel("ns", &key);
+        assert!(name.starts_with("ns:{") && name.ends_with("}:fill"));
+        assert_eq!(key_of_channel(name.as_bytes()), Some(key));
+        assert_eq!(key_of_channel(b"ns:{zz}:fill"), None);
+        assert_eq!(key_of_channel(b"no braces"), None);
+    }
+}
