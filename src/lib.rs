@@ -173,6 +173,8 @@ mod entry;
 mod error;
 mod flight;
 mod future;
+#[doc(hidden)]
+pub mod inspect;
 mod key;
 mod layer;
 mod lock;

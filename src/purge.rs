@@ -14,6 +14,7 @@ use http::Uri;
 use crate::entry::CachedResponse;
 use crate::key::CacheKey;
 use crate::layer::{CacheLayer, LayerState};
+use crate::store::redis::{RedisStore, StoreError};
 
 /// What a purge removes. Plain data, so it can travel over pub/sub.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,20 +60,23 @@ impl LayerState {
             let remote = Arc::clone(remote);
             let t = target.clone();
             tokio::spawn(async move {
-                let result = match &t {
-                    PurgeTarget::Key(k) => match remote.purge(k).await {
-                        Ok(()) => remote.purge_group(&format!("url:{}", k.to_hex())).await,
-                        Err(e) => Err(e),
-                    },
-                    PurgeTarget::Tag(tag) => remote.purge_group(&format!("tag:{tag}")).await,
-                };
-                if let Err(e) = result {
+                if let Err(e) = purge_remote(&remote, &t).await {
                     tracing::warn!(error = %e, "purge in redis failed");
                 }
-                let _ = remote.publish_purge(&t.notice()).await;
             });
         }
         self.purge_local(target);
+    }
+
+    /// Like [`purge`](Self::purge), but waits for Redis and reports its
+    /// failure instead of logging it (for the diagnostics CLI). `Ok(false)`:
+    /// the layer has no Redis, so only this process was purged.
+    pub(crate) async fn purge_and_wait(&self, target: PurgeTarget) -> Result<bool, StoreError> {
+        self.purge_local(target.clone());
+        match &self.engine.remote {
+            Some(remote) => purge_remote(remote, &target).await.map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Apply a purge notice published by any instance.
@@ -93,6 +97,20 @@ impl LayerState {
         self.engine.purge_where(move |k, v| t.matches(k, v));
         self.retained.purge_where(move |k, v| target.matches(k, v));
     }
+}
+
+/// Delete what `target` names from Redis, then tell every instance. The
+/// notice goes out even when the deletion failed: memory copies still go.
+async fn purge_remote(remote: &RedisStore, target: &PurgeTarget) -> Result<(), StoreError> {
+    let result = match target {
+        PurgeTarget::Key(k) => match remote.purge(k).await {
+            Ok(()) => remote.purge_group(&format!("url:{}", k.to_hex())).await,
+            Err(e) => Err(e),
+        },
+        PurgeTarget::Tag(tag) => remote.purge_group(&format!("tag:{tag}")).await,
+    };
+    let published = remote.publish_purge(&target.notice()).await;
+    result.and(published)
 }
 
 /// The invalidation a successful unsafe request causes, decided once its

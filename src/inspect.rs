@@ -1,0 +1,214 @@
+//! Read-only views of what the cache keeps in Redis, for the `herdguard`
+//! diagnostics CLI: key names, the entry envelope, and an awaited purge.
+//!
+//! Not part of the stable API: the CLI and the crate are released together.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::entry::{decode_entry, CachedResponse};
+use crate::error::DecodeError;
+use crate::key::CacheKey;
+use crate::layer::CacheLayer;
+use crate::purge::PurgeTarget;
+
+/// The Redis key names of one entry (the layout of the Redis store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryKeyNames {
+    /// `{ns}:{H}:v`: the encoded entry; its PTTL is the hard expiry.
+    pub value: String,
+    /// `{ns}:{H}:fresh`: present while fresh; its PTTL is the freshness left.
+    pub fresh: String,
+    /// `{ns}:{H}:lock`: the lease token.
+    pub lock: String,
+    /// `{ns}:{H}:fence`: hash with `next` and `hw`.
+    pub fence: String,
+    /// `{ns}:{H}:pass`: hit-for-pass marker.
+    pub pass: String,
+}
+
+/// The key names of `key` under `namespace`.
+pub fn entry_keys(namespace: &str, key: &CacheKey) -> EntryKeyNames {
+    let h = key.to_hex();
+    let name = |suffix: &str| format!("{namespace}:{{{h}}}:{suffix}");
+    EntryKeyNames {
+        value: name("v"),
+        fresh: name("fresh"),
+        lock: name("lock"),
+        fence: name("fence"),
+        pass: name("pass"),
+    }
+}
+
+/// A key from its 32-digit hex form (either case); `None` for anything else.
+pub fn parse_key(hex: &str) -> Option<CacheKey> {
+    CacheKey::from_hex(hex.to_ascii_lowercase().as_bytes())
+}
+
+/// What an entry envelope says, without the payload itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// Wall-clock store time, milliseconds since the Unix epoch.
+    pub stored_at_ms: u64,
+    /// Freshness lifetime at the store, milliseconds.
+    pub fresh_ms: u64,
+    /// Stale grace after freshness, milliseconds.
+    pub stale_ms: u64,
+    /// Fence token of the write that stored it (0: unfenced).
+    pub fence: u64,
+    /// Payload bytes after the envelope header.
+    pub payload_bytes: usize,
+    /// The HTTP status, when the payload is a response stored by the layer
+    /// (`None` for values stored through [`Cache`](crate::Cache)).
+    pub http_status: Option<u16>,
+    /// The response's `Surrogate-Key` tags, when it is a stored response.
+    pub tags: Vec<String>,
+}
+
+/// Decode the envelope of a stored entry. Never panics.
+///
+/// # Errors
+/// [`DecodeError`] when the bytes are not an entry this version can read:
+/// the cache treats such an entry as a miss and overwrites it.
+pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
+    let bytes = Bytes::copy_from_slice(bytes);
+    let (meta, payload) = decode_entry::<Bytes>(bytes.clone())?;
+    let response = decode_entry::<CachedResponse>(bytes).ok().map(|(_, r)| r);
+    let tags = response
+        .as_ref()
+        .map(|r| {
+            r.headers
+                .get_all("surrogate-key")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(str::split_ascii_whitespace)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Envelope {
+        stored_at_ms: meta.stored_at_ms,
+        fresh_ms: meta.fresh_for.as_millis() as u64,
+        stale_ms: meta.stale_for.as_millis() as u64,
+        fence: meta.fence,
+        payload_bytes: payload.len(),
+        http_status: response.map(|r| r.status.as_u16()),
+        tags,
+    })
+}
+
+/// What to purge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Purge {
+    /// The entry with this key, or every entry of the URL whose URL key it is.
+    Key(CacheKey),
+    /// Every entry tagged with this `Surrogate-Key` tag.
+    Tag(String),
+}
+
+/// A purge that did not reach Redis.
+#[derive(Debug, Clone)]
+pub struct PurgeError(String);
+
+impl fmt::Display for PurgeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "purge failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for PurgeError {}
+
+/// Purge through `layer` and wait until Redis has deleted the entries and
+/// the purge notice is published (bounded by the layer's Redis timeouts).
+/// The same path as [`CacheLayer::purge_key`] / [`CacheLayer::purge_tag`],
+/// which do this in the background.
+///
+/// Returns `false` when the layer has no Redis (only its memory was purged).
+///
+/// # Errors
+/// [`PurgeError`] when a Redis call failed or timed out.
+pub async fn purge_and_wait(layer: &CacheLayer, purge: Purge) -> Result<bool, PurgeError> {
+    let target = match purge {
+        Purge::Key(k) => PurgeTarget::Key(k),
+        Purge::Tag(t) => PurgeTarget::Tag(t.into_boxed_str()),
+    };
+    layer
+        .state
+        .purge_and_wait(target)
+        .await
+        .map_err(|e| PurgeError(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::{HeaderMap, HeaderValue, StatusCode};
+
+    use super::*;
+    use crate::entry::{encode_entry, EntryMeta};
+    use crate::store::redis::{RedisOptions, RedisStore};
+
+    /// The names here are the ones the Redis store uses.
+    #[test]
+    fn key_names_match_the_store() {
+        let store =
+            RedisStore::new(RedisOptions::new("redis://127.0.0.1:1").namespace("ns")).unwrap();
+        let key = CacheKey::new("k");
+        let ours = entry_keys("ns", &key);
+        let theirs = store.keys(&key);
+        assert_eq!(
+            [ours.value, ours.fresh, ours.lock, ours.fence, ours.pass],
+            [
+                theirs.value,
+                theirs.fresh,
+                theirs.lock,
+                theirs.fence,
+                theirs.pass
+            ]
+        );
+    }
+
+    /// Hex keys parse in either case; other strings do not.
+    #[test]
+    fn parse_key_accepts_hex_only() {
+        let k = CacheKey::new("x");
+        assert_eq!(parse_key(&k.to_hex().to_uppercase()), Some(k));
+        assert_eq!(parse_key("not a key"), None);
+    }
+
+    /// A stored response's envelope shows its timing, fence, status and tags.
+    #[test]
+    fn envelope_of_a_stored_response() {
+        let mut headers = HeaderMap::new();
+        headers.insert("surrogate-key", HeaderValue::from_static("a b"));
+        let response = CachedResponse {
+            status: StatusCode::OK,
+            headers,
+            body: Bytes::from_static(b"hello"),
+            vary: Vec::new(),
+            initial_age: 0,
+            url: CacheKey::new("u"),
+            rules: Default::default(),
+            revalidated: false,
+        };
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_secs(30), 7);
+        let env = decode_envelope(&encode_entry(&meta, &response)).unwrap();
+        assert_eq!((env.fresh_ms, env.stale_ms, env.fence), (5000, 30000, 7));
+        assert_eq!(env.http_status, Some(200));
+        assert_eq!(env.tags, ["a", "b"]);
+    }
+
+    /// Garbage and truncated envelopes are errors, not panics.
+    #[test]
+    fn corrupt_envelopes_are_errors() {
+        assert!(decode_envelope(b"").is_err());
+        assert!(decode_envelope(b"garbage that is long enough to pass the length").is_err());
+        let meta = EntryMeta::now(Duration::from_secs(1), Duration::ZERO, 1);
+        let ok = encode_entry(&meta, &Bytes::from_static(b"plain value"));
+        assert!(decode_envelope(&ok[..10]).is_err());
+        let env = decode_envelope(&ok).unwrap();
+        assert_eq!((env.payload_bytes, env.http_status), (11, None));
+    }
+}

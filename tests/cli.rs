@@ -1,0 +1,546 @@
+//! The `herdguard` diagnostics CLI against real redis-server processes:
+//! inspect, locks (a split made by hand), clock-skew and purge, with their
+//! exit codes (0 healthy, 1 problem, 2 usage or connection error).
+#![cfg(feature = "cli")]
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use herdguard::{redis, CacheKey, CacheLayer, RedisOptions, Redlock};
+use serde_json::Value as Json;
+use support::origin::{get_req, send, Origin};
+use support::RedisServer;
+use tokio::time::Instant;
+
+/// What one run of the binary printed, and its exit code.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Json {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+    }
+}
+
+/// Run the CLI, killed after 30 s at most.
+async fn cli(args: &[&str]) -> Run {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), child)
+        .await
+        .expect("the CLI finishes within 30 s")
+        .expect("the CLI runs");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn layer(server: &RedisServer) -> CacheLayer {
+    CacheLayer::builder()
+        .redis(RedisOptions::new(server.url()).namespace("cli"))
+        .build()
+        .unwrap()
+}
+
+fn value_key(key: &CacheKey) -> String {
+    format!("cli:{{{}}}:v", key.to_hex())
+}
+
+async fn exists(server: &RedisServer, key: &str) -> bool {
+    let mut c = server.connection().await;
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    n == 1
+}
+
+/// Wait (at most 2 s) until `key` exists in Redis: the fill is written by the leader's task.
+async fn until_stored(server: &RedisServer, key: &str) {
+    let start = Instant::now();
+    while !exists(server, key).await {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{key} was never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn set(server: &RedisServer, key: &str, value: &[u8]) {
+    let mut c = server.connection().await;
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+// ---------------------------------------------------------------- inspect
+
+/// A filled entry, named by URL (any port, any host case), is reported fresh with its size, TTLs and fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_filled_entry_by_url() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("surrogate-key", "t1 t2")]);
+    let cache = layer(&server);
+    send(&origin.app(cache.clone()), get_req("/item/1?x=2")).await;
+    let key = cache.key_for(&get_req("/item/1?x=2"));
+    until_stored(&server, &value_key(&key)).await;
+
+    let url = server.url();
+    let run = cli(&[
+        "--json",
+        "inspect",
+        "http://EXAMPLE.test:8080/item/1?x=2",
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["key"], key.to_hex(), "the layer's own key derivation");
+    assert_eq!(j["status"], "fresh");
+    assert!(j["stored_bytes"].as_u64().unwrap() > j["payload_bytes"].as_u64().unwrap());
+    assert_eq!(j["http_status"], 200);
+    assert_eq!(j["tags"], serde_json::json!(["t1", "t2"]));
+    let fresh = j["fresh_left_ms"].as_i64().unwrap();
+    assert!(fresh > 50_000 && fresh <= 60_000, "fresh left {fresh}");
+    assert!(j["hard_ttl_ms"].as_i64().unwrap() >= fresh);
+    assert_eq!(j["lock"]["held"], false);
+    assert_eq!(j["fence"]["hw"], j["fence"]["next"]);
+    assert!(j["fence"]["hw"].as_u64().unwrap() >= 1);
+
+    let text = cli(&[
+        "inspect",
+        &key.to_hex(),
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.contains("status      fresh"), "{}", text.stdout);
+    assert!(text.stdout.contains("HTTP 200"), "{}", text.stdout);
+}
+
+/// A missing entry is reported as missing (healthy), with a held lease's token and PTTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_missing_entry_shows_the_lease_holder() {
+    let server = RedisServer::start();
+    let key = CacheKey::new("anything");
+    set(
+        &server,
+        &format!("cli:{{{}}}:lock", key.to_hex()),
+        b"feedface",
+    )
+    .await;
+    let url = server.url();
+    let run = cli(&[
+        "--json",
+        "inspect",
+        &key.to_hex(),
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["status"], "missing");
+    assert_eq!(j["stored_bytes"], Json::Null);
+    assert_eq!(j["lock"]["token"], "feedface");
+    assert!(j["lock"]["pttl_ms"].as_i64().unwrap() > 50_000);
+}
+
+/// A corrupt entry is reported as corrupt with exit code 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_corrupt_entry_is_a_problem() {
+    let server = RedisServer::start();
+    let key = CacheKey::new("corrupt");
+    set(&server, &value_key(&key), b"HG\x02 this is not an entry").await;
+    let url = server.url();
+    let run = cli(&[
+        "--json",
+        "inspect",
+        &key.to_hex(),
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["status"], "corrupt");
+    assert_eq!(j["problems"].as_array().unwrap().len(), 1);
+}
+
+/// An unreachable Redis is exit 2, and its password is never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_unreachable_redis_is_exit_2_without_credentials() {
+    let mut server = RedisServer::start();
+    let url = format!("redis://:hunter2@127.0.0.1:{}", server.port());
+    server.stop();
+    let run = cli(&["inspect", &"0".repeat(32), "--redis", &url]).await;
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("cannot connect"), "{}", run.stderr);
+    assert!(!run.stderr.contains("hunter2") && !run.stdout.contains("hunter2"));
+}
+
+/// Arguments that are neither a key nor an absolute URL are a usage error.
+#[tokio::test]
+async fn bad_arguments_are_exit_2() {
+    assert_eq!(
+        cli(&["inspect", "/relative", "--redis", "redis://127.0.0.1:1"])
+            .await
+            .code,
+        2
+    );
+    assert_eq!(cli(&["locks", "job"]).await.code, 2, "--nodes is required");
+    assert_eq!(
+        cli(&["purge", "--redis", "redis://127.0.0.1:1"]).await.code,
+        2
+    );
+}
+
+// ---------------------------------------------------------------- locks
+
+fn nodes(servers: &[RedisServer]) -> String {
+    servers
+        .iter()
+        .map(RedisServer::url)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn lock_name(resource: &str) -> String {
+    format!("rl:{{{}}}:lock", CacheKey::new(resource).to_hex())
+}
+
+/// Two different tokens set by hand on two of three nodes: a split, exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_reports_a_split_made_by_hand() {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    set(&servers[0], &lock_name("job"), b"token-a").await;
+    set(&servers[1], &lock_name("job"), b"token-b").await;
+    let all = nodes(&servers);
+    let run = cli(&[
+        "--json",
+        "locks",
+        "job",
+        "--nodes",
+        &all,
+        "--namespace",
+        "rl",
+    ])
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["state"], "split");
+    assert_eq!(j["holders"]["token-a"], 1);
+    assert_eq!(j["holders"]["token-b"], 1);
+    let text = cli(&["locks", "job", "--nodes", &all, "--namespace", "rl"]).await;
+    assert_eq!(text.code, 1);
+    assert!(text.stdout.contains("SPLIT"), "{}", text.stdout);
+}
+
+/// A lock taken by Redlock itself is held on a quorum with one token: exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_accepts_a_healthy_quorum_lock() {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    let lock = Redlock::builder(servers.iter().map(RedisServer::url))
+        .namespace("rl")
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lease = lock.acquire("job").await.expect("all nodes are up");
+    let run = cli(&[
+        "--json",
+        "locks",
+        "job",
+        "--nodes",
+        &nodes(&servers),
+        "--namespace",
+        "rl",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["state"], "held");
+    assert_eq!(j["holders"].as_object().unwrap().len(), 1);
+    for node in j["nodes"].as_array().unwrap() {
+        assert!(node["pttl_ms"].as_i64().unwrap() > 25_000);
+    }
+    lock.release(lease).await;
+    let run = cli(&[
+        "--json",
+        "locks",
+        "job",
+        "--nodes",
+        &nodes(&servers),
+        "--namespace",
+        "rl",
+    ])
+    .await;
+    assert_eq!((run.code, run.json()["state"].clone()), (0, "free".into()));
+}
+
+/// One token on one node of three is below the quorum: exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_reports_a_lock_below_quorum() {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    set(&servers[2], &lock_name("job"), b"lonely").await;
+    let run = cli(&[
+        "--json",
+        "locks",
+        "job",
+        "--nodes",
+        &nodes(&servers),
+        "--namespace",
+        "rl",
+    ])
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.json()["state"], "under_quorum");
+}
+
+/// A stopped node is reported unreachable (exit 2) while the others still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_reports_unreachable_nodes() {
+    let mut servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    set(&servers[0], &lock_name("job"), b"tok").await;
+    set(&servers[1], &lock_name("job"), b"tok").await;
+    let all = nodes(&servers);
+    servers[2].stop();
+    let run = cli(&[
+        "--json",
+        "locks",
+        "job",
+        "--nodes",
+        &all,
+        "--namespace",
+        "rl",
+    ])
+    .await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["state"], "held", "the quorum is visible anyway");
+    assert_eq!(j["nodes"][2]["reachable"], false);
+}
+
+// ---------------------------------------------------------------- clock-skew
+
+/// Loopback nodes share this host's clock: the spread is within budget, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_skew_passes_on_loopback_nodes() {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    let run = cli(&[
+        "--json",
+        "clock-skew",
+        "--nodes",
+        &nodes(&servers),
+        "--samples",
+        "5",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["within_budget"], true);
+    assert!(j["spread_ms"].as_f64().unwrap() < 100.0);
+    assert_eq!(j["nodes"].as_array().unwrap().len(), 3);
+}
+
+/// A frozen node never answers TIME: exit 2 within the timeout, the others still measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_skew_with_a_frozen_node_is_exit_2() {
+    let servers: Vec<_> = (0..2).map(|_| RedisServer::start()).collect();
+    servers[1].freeze();
+    let start = Instant::now();
+    let run = cli(&[
+        "--json",
+        "--timeout-ms",
+        "300",
+        "clock-skew",
+        "--nodes",
+        &nodes(&servers),
+    ])
+    .await;
+    servers[1].thaw();
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    let j = run.json();
+    assert_eq!(j["nodes"][0]["reachable"], true);
+    assert_eq!(j["nodes"][1]["reachable"], false);
+}
+
+/// A node whose clock runs 5 s ahead (a stand-in speaking RESP on loopback) blows the budget: exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_skew_over_budget_is_exit_1() {
+    let server = RedisServer::start();
+    let skewed = skewed_time_server(Duration::from_secs(5));
+    let list = format!("{},{skewed}", server.url());
+    let run = cli(&[
+        "--json",
+        "clock-skew",
+        "--nodes",
+        &list,
+        "--budget-ms",
+        "500",
+    ])
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(j["within_budget"], false);
+    let spread = j["spread_ms"].as_f64().unwrap();
+    assert!((4_500.0..5_500.0).contains(&spread), "spread {spread}");
+}
+
+/// A loopback RESP server that answers TIME with its clock shifted by `ahead`
+/// and OK to anything else. Serves a few connections, then stops.
+fn skewed_time_server(ahead: Duration) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4).flatten() {
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut out = stream.try_clone().unwrap();
+                let mut input = BufReader::new(stream);
+                while let Some(command) = read_command(&mut input) {
+                    let reply = if command.eq_ignore_ascii_case("TIME") {
+                        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + ahead;
+                        let (s, us) = (now.as_secs().to_string(), now.subsec_micros().to_string());
+                        format!("*2\r\n${}\r\n{s}\r\n${}\r\n{us}\r\n", s.len(), us.len())
+                    } else {
+                        "+OK\r\n".to_owned()
+                    };
+                    if out.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// The name of the next RESP command (an array of bulk strings), or None at EOF.
+fn read_command(input: &mut impl BufRead) -> Option<String> {
+    let mut line = String::new();
+    input.read_line(&mut line).ok().filter(|n| *n > 0)?;
+    let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+    let mut name = None;
+    for _ in 0..n {
+        line.clear();
+        input.read_line(&mut line).ok()?;
+        let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0; len + 2];
+        input.read_exact(&mut buf).ok()?;
+        name.get_or_insert_with(|| String::from_utf8_lossy(&buf[..len]).into_owned());
+    }
+    name
+}
+
+// ---------------------------------------------------------------- purge
+
+/// Purging a URL removes its entry from Redis and leaves other URLs alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_by_url_removes_the_redis_entry() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60")]);
+    let cache = layer(&server);
+    let app = origin.app(cache.clone());
+    for path in ["/item/1", "/item/2"] {
+        send(&app, get_req(path)).await;
+        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
+    }
+    let url = server.url();
+    let run = cli(&[
+        "purge",
+        "https://example.test/item/1",
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(!exists(&server, &value_key(&cache.key_for(&get_req("/item/1")))).await);
+    assert!(exists(&server, &value_key(&cache.key_for(&get_req("/item/2")))).await);
+}
+
+/// Purging a tag removes every tagged entry from Redis and leaves untagged ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_by_tag_removes_tagged_entries() {
+    let server = RedisServer::start();
+    let tagged = Origin::new(&[("cache-control", "max-age=60"), ("surrogate-key", "sale")]);
+    let plain = Origin::new(&[("cache-control", "max-age=60")]);
+    let cache = layer(&server);
+    let (ta, pa) = (tagged.app(cache.clone()), plain.app(cache.clone()));
+    for (app, path) in [(&ta, "/a"), (&ta, "/b"), (&pa, "/c")] {
+        send(app, get_req(path)).await;
+        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
+    }
+    let url = server.url();
+    let run = cli(&[
+        "--json",
+        "purge",
+        "--tag",
+        "sale",
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["purged"]["tag"], "sale");
+    for path in ["/a", "/b"] {
+        assert!(!exists(&server, &value_key(&cache.key_for(&get_req(path)))).await);
+    }
+    assert!(exists(&server, &value_key(&cache.key_for(&get_req("/c")))).await);
+}
+
+/// A purge against a Redis that is down is exit 2 with the reason, within the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_with_redis_down_is_exit_2() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.stop();
+    let run = cli(&[
+        "purge",
+        "--tag",
+        "x",
+        "--redis",
+        &url,
+        "--timeout-ms",
+        "300",
+    ])
+    .await;
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("cannot connect"), "{}", run.stderr);
+}
