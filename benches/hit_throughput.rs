@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo bench --bench hit_throughput
-//! cargo bench --bench hit_throughput -- --seconds 5 --connections 64 --rounds 5 --redis spawn
+//! cargo bench --bench hit_throughput -- --seconds 5 --connections 64 --rounds 5    # starts its own redis-server; --redis none to skip
 //! ```
 //! Each variant gets `--seconds` of load in all, cut into `--rounds` slices
 //! run in turn (a, b, c, a, b, c, …) so machine noise lands on every variant
@@ -31,7 +31,7 @@ use common::origin::serve;
 use common::redis::{with_redis, RedisTarget, L1};
 
 const USAGE: &str = "cargo bench --bench hit_throughput -- [--seconds 5] [--connections 64] \
-[--rounds 5] [--body-bytes 512] [--client-threads 1] [--server-threads 2] [--redis URL|spawn]";
+[--rounds 5] [--body-bytes 512] [--client-threads 1] [--server-threads 2] [--redis spawn|URL|none]";
 
 /// One server under test.
 struct Variant {
@@ -91,10 +91,7 @@ fn main() {
     let bare = start(router(body.clone()));
     let l1 = start(router(body.clone()).layer(CacheLayer::new()));
     let (redis_addr, redis_note) = match &redis {
-        None => (
-            None,
-            "skipped: give --redis URL|spawn or HERDGUARD_BENCH_REDIS".to_owned(),
-        ),
+        None => (None, "skipped: --redis none".to_owned()),
         Some(target) => match with_redis(CacheLayer::builder(), &target.url, L1::Off, None)
             .and_then(|b| b.build().map_err(|e| e.to_string()))
         {

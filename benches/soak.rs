@@ -3,9 +3,9 @@
 //! memory stays flat.
 //!
 //! ```text
-//! cargo bench --bench soak                       # 60 s, in-memory
+//! cargo bench --bench soak                       # 60 s, against a redis-server it starts
 //! cargo bench --bench soak -- --seconds 10       # shorter
-//! cargo bench --bench soak -- --redis spawn      # against Redis, once it lands
+//! cargo bench --bench soak -- --redis none       # in-memory only
 //! ```
 //! Defaults: 64 connections over P=4 instances, 10,000 keys, max-age=1,
 //! origin 5 ms. Per-key windows are counted per instance in memory (each
@@ -30,7 +30,7 @@ use common::redis::{with_redis, RedisTarget, L1};
 use common::{ms, rss_bytes};
 
 const USAGE: &str = "cargo bench --bench soak -- [--seconds 60] [--connections 64] \
-[--keys 10000] [--instances 4] [--origin-delay-ms 5] [--redis URL|spawn]";
+[--keys 10000] [--instances 4] [--origin-delay-ms 5] [--redis spawn|URL|none]";
 
 const MAX_AGE: Duration = Duration::from_secs(1);
 /// Scheduling slack: a refill a hair under one max-age after the last one

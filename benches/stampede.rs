@@ -4,11 +4,12 @@
 //! ```text
 //! cargo bench --bench stampede
 //! cargo bench --bench stampede -- --instances 4 --requests 1000 --origin-delay-ms 100 \
-//!     --clients 64 --seconds 5 --redis spawn
+//!     --clients 64 --seconds 5
 //! ```
 //! Each instance has its own `CacheLayer`, as separate processes would; the
-//! Redis row shares one redis-server among them (`--redis URL|spawn` or
-//! `HERDGUARD_BENCH_REDIS`) once `common::redis::with_redis` is filled in.
+//! Redis row shares one redis-server among them: by default one the bench
+//! starts on a free loopback port (`--redis URL` to use a running one,
+//! `--redis none` to leave the row out).
 //!
 //! Columns: origin calls; latency p50/p99/max of successful responses;
 //! `fwd`, responses that led or waited for an origin call (`Cache-Status:
@@ -38,7 +39,7 @@ use common::{ms, quantile};
 
 const USAGE: &str = "cargo bench --bench stampede -- [--instances P=4] [--requests N=1000] \
 [--origin-delay-ms 100] [--slow-origin-ms 3000] [--clients C=64] [--seconds T=5] \
-[--body-bytes 512] [--only cold,expired,slow,steady] [--budget-seconds 110] [--redis URL|spawn]";
+[--body-bytes 512] [--only cold,expired,slow,steady] [--budget-seconds 110] [--redis spawn|URL|none]";
 
 #[derive(Debug, Clone)]
 struct Config {
@@ -191,9 +192,7 @@ async fn cluster(
             Row::Floor | Row::NoCache => None,
             Row::Memory => Some(CacheLayer::new()),
             Row::Redis => {
-                let target = redis.ok_or_else(|| {
-                    "skipped: give --redis URL|spawn or HERDGUARD_BENCH_REDIS".to_owned()
-                })?;
+                let target = redis.ok_or_else(|| "skipped: --redis none".to_owned())?;
                 let builder = with_redis(CacheLayer::builder(), &target.url, L1::Default, lease)?;
                 Some(builder.build().map_err(|e| e.to_string())?)
             }
@@ -564,7 +563,7 @@ async fn main() {
             Ok(n) => println!("redis: {} ({n} commands executed so far)", r.url),
             Err(e) => println!("redis: {} (INFO stats failed: {e})", r.url),
         },
-        None => println!("redis: none (the Redis row is skipped; --redis URL|spawn)"),
+        None => println!("redis: none (the Redis row is skipped: --redis none)"),
     }
     for scenario in Scenario::ALL {
         if let Some(only) = &cfg.only {

@@ -56,16 +56,19 @@ pub(crate) struct RedisTarget {
 }
 
 impl RedisTarget {
-    /// `Ok(None)` when no Redis was asked for; `Err` when one was asked for
-    /// and cannot be used.
+    /// The Redis rows run by default against a private redis-server the
+    /// bench starts (`spawn`); `--redis none` leaves them out, `--redis URL`
+    /// uses a running one. `Err` when the one asked for cannot be used.
     pub(crate) fn from_args(args: &Args) -> Result<Option<Self>, String> {
         let value = args
             .value("redis")
             .map(str::to_owned)
-            .or_else(|| std::env::var("HERDGUARD_BENCH_REDIS").ok());
-        let Some(value) = value.filter(|v| !v.is_empty()) else {
+            .or_else(|| std::env::var("HERDGUARD_BENCH_REDIS").ok())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "spawn".to_owned());
+        if value == "none" {
             return Ok(None);
-        };
+        }
         if value == "spawn" {
             let server = RedisServer::start().map_err(|e| format!("redis-server: {e}"))?;
             return Ok(Some(Self {
