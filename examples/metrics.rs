@@ -39,10 +39,13 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
     const BYTES: &[f64] = &[
         256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 8388608.0,
     ];
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS)?
         .set_buckets_for_metric(Matcher::Full("herdguard_entry_bytes".to_owned()), BYTES)?
-        .install_recorder()
+        .install_recorder()?;
+    // Help lines for every herdguard metric.
+    herdguard::describe_metrics();
+    Ok(handle)
 }
 
 #[derive(Clone)]

@@ -133,15 +133,40 @@
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
 //! - **Invalidation:** [`CacheLayer::purge_url`], [`CacheLayer::purge_key`]
-//!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags).
-//!   Purges act on this process's memory; a URL key ignores scheme and port.
+//!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags). A
+//!   URL key ignores scheme and port. With Redis, a purge also deletes the
+//!   Redis copies (entries are indexed by URL and tag) and publishes a notice
+//!   that clears every instance's memory; an instance that misses the notice
+//!   drops its copy when its L1 lifetime (1 s) ends.
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
 //!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
 //!   too-large, stale-if-error, only-if-cached and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
-
+//!
+//! ## Work that must not run twice
+//!
+//! [`Redlock`] takes a lease on a majority of independent masters, and
+//! [`Redlock::run`] runs work under its deadline and writes the result through
+//! a [`FencedStore`]. Work past the deadline is abandoned; Redlock without
+//! fencing is an efficiency lock, not a correctness guarantee. The layer can
+//! use Redlock as its lease backend ([`CacheLayerBuilder::redlock`]).
+//!
+//! ## Observability
+//!
+//! Metrics go through the `metrics` facade (`herdguard_requests_total
+//! {outcome}`, `herdguard_origin_calls_total`, `herdguard_wait_seconds`,
+//! `herdguard_fenced_writes_rejected_total`, `herdguard_redis_errors_total
+//! {op}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
+//! `herdguard_lease_remaining_at_release_seconds`,
+//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`); install any
+//! recorder (the `metrics` example serves Prometheus). Each request the layer
+//! handles has a `herdguard` span (debug level) with `key`, `outcome`,
+//! `lease` (token prefix), `fence` and `wait_ms`; the leader's spawned task
+//! carries its request's span. The `herdguard` binary (feature `cli`)
+//! inspects entries, locks and clock skew.
+//!
 //! ## With axum
 //!
 //! ```
@@ -196,7 +221,7 @@ pub use layer::{CacheLayer, CacheLayerBuilder};
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
-pub use metrics::{Source, Stats};
+pub use metrics::{describe_metrics, Source, Stats};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;
 

@@ -46,6 +46,53 @@ pub(crate) mod names {
     pub(crate) const LEASE_REMAINING: &str = "herdguard_lease_remaining_at_release_seconds";
 }
 
+/// Describe every metric herdguard emits (help text and units) to the
+/// installed recorder. Call it once after installing your recorder; the
+/// metrics work without it, but exporters then have no help lines.
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        names::REQUESTS,
+        "Requests answered by the cache layer, by outcome."
+    );
+    describe_counter!(
+        names::ORIGIN_CALLS,
+        "Origin calls (computations) made by the cache."
+    );
+    describe_histogram!(
+        names::WAIT_SECONDS,
+        Unit::Seconds,
+        "How long a waiter waited for another request's origin call."
+    );
+    describe_histogram!(names::ENTRY_BYTES, Unit::Bytes, "Size of entries stored.");
+    describe_counter!(
+        names::FENCED_REJECTED,
+        "Writes refused by the fence: a newer write had already landed."
+    );
+    describe_histogram!(
+        names::LEASE_REMAINING,
+        Unit::Seconds,
+        "Lease time left when the leader released it: how close work came to the lease end."
+    );
+    describe_counter!(
+        "herdguard_redis_errors_total",
+        "Redis calls that failed, by operation."
+    );
+    describe_gauge!(
+        "herdguard_redis_available",
+        "1 while Redis is used, 0 while the circuit is open."
+    );
+    describe_counter!(
+        crate::lock::names::ACQUIRE,
+        "Lease acquisitions by result: acquired, contended, expired_mid_work."
+    );
+    describe_histogram!(
+        crate::lock::names::HELD_SECONDS,
+        Unit::Seconds,
+        "How long a lease was held before release."
+    );
+}
+
 /// A snapshot of one cache's counters since it was built.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

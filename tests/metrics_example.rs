@@ -197,6 +197,16 @@ async fn scraped_metrics_have_documented_names_and_labels() {
 
     let (status, text) = get(&client, format!("{a}/metrics")).await;
     assert_eq!(status, 200);
+    for described in [
+        "herdguard_requests_total",
+        "redis_lock_acquire_total",
+        "herdguard_wait_seconds",
+    ] {
+        assert!(
+            text.contains(&format!("# HELP {described} ")),
+            "no help line for {described}"
+        );
+    }
     let samples = parse(&text);
     let has = |name: &str, label: Option<(&str, &str)>| {
         samples.iter().any(|s| {

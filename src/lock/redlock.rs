@@ -183,6 +183,16 @@ impl RedlockBuilder {
 
 /// A lease held on a majority of independent Redis masters.
 ///
+/// Use it where running work twice is unsafe rather than wasteful. The
+/// lease's [`deadline`](RedlockLease::deadline) is the end of its validity:
+/// **work past it must be abandoned**, because another holder may exist from
+/// then on. And **Redlock without fencing is an efficiency lock, not a
+/// correctness guarantee**: a paused holder, clock drift, or a failover that
+/// loses the lock can each produce two holders. Stamp every write to the
+/// protected resource with the fence token from the resource's own store
+/// ([`FencedStore`], or [`Work::fence`] inside [`run`](Redlock::run)) and have
+/// the resource refuse older tokens.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use herdguard::{FencedStore, RedisOptions, Redlock};
