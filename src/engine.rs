@@ -724,10 +724,12 @@ impl<V: Value> Shared<V> {
 
     async fn wait(&self, mut rx: watch::Receiver<FlightState<V>>, initiator: bool) -> Resolved<V> {
         let started = Instant::now();
-        // The leader's own caller always gets an outcome: the computation is
-        // bounded by the origin timeout. Followers give up after `max_wait`.
+        // The leader's own caller always gets an outcome: its task waits for
+        // another instance's fill at most `max_wait`, then computes within the
+        // origin timeout (Redis calls have their own bounds, well below the
+        // margin). Followers give up after `max_wait`.
         let bound = if initiator {
-            self.config.origin_timeout + Duration::from_secs(1)
+            self.config.max_wait + self.config.origin_timeout + Duration::from_secs(5)
         } else {
             self.config.max_wait
         };
