@@ -858,9 +858,13 @@ impl LayerState {
     }
 
     fn status(&self, params: std::fmt::Arguments<'_>) -> HeaderValue {
-        let s = format!("{}; {}", self.http.cache_name, params);
+        use std::fmt::Write;
+        let mut s = String::with_capacity(64);
+        let _ = write!(s, "{}; {}", self.http.cache_name, params);
+        // One allocation: the String's buffer becomes the header's bytes.
         // The cache name is validated as a token when the layer is built.
-        HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("herdguard"))
+        HeaderValue::from_maybe_shared(Bytes::from(s))
+            .unwrap_or_else(|_| HeaderValue::from_static("herdguard"))
     }
 
     pub(crate) fn status_fwd(&self, fwd: Forward, detail: Option<&str>) -> HeaderValue {
