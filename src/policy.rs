@@ -23,6 +23,7 @@ pub(crate) struct CacheControl {
     pub(crate) stale_while_revalidate: Option<u64>,
     pub(crate) stale_if_error: Option<u64>,
     pub(crate) only_if_cached: bool,
+    pub(crate) must_understand: bool,
     /// `max-stale` without a value accepts any staleness (`u64::MAX`).
     pub(crate) max_stale: Option<u64>,
     pub(crate) min_fresh: Option<u64>,
@@ -39,8 +40,10 @@ impl CacheControl {
                 if directive.is_empty() {
                     continue;
                 }
+                // No whitespace around `=` (RFC 9110 §5.6.2): `max-age =60`
+                // is an unknown directive and `max-age= 60` an invalid value.
                 let (name, value) = match directive.split_once('=') {
-                    Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
+                    Some((n, v)) => (n, Some(unquote(v))),
                     None => (directive, None),
                 };
                 let secs = || value.map(parse_delta);
@@ -65,6 +68,7 @@ impl CacheControl {
                     "must-revalidate" => cc.must_revalidate = true,
                     "proxy-revalidate" => cc.proxy_revalidate = true,
                     "only-if-cached" => cc.only_if_cached = true,
+                    "must-understand" => cc.must_understand = true,
                     // A duplicate or invalid age is treated as 0 (stale), the
                     // safe reading of RFC 9111 §4.2.1.
                     "max-age" => cc.max_age = Some(merge(cc.max_age, secs())),
@@ -89,6 +93,14 @@ impl CacheControl {
         }
         cc
     }
+}
+
+/// A directive value without the quotes of a quoted-string (and only those:
+/// `'60'` stays invalid).
+fn unquote(v: &str) -> &str {
+    v.strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(v)
 }
 
 fn merge(previous: Option<u64>, new: Option<Option<u64>>) -> u64 {
@@ -185,10 +197,12 @@ pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestV
 }
 
 /// Whether a method is unsafe, so a success must invalidate the target URI.
+/// RFC 9111 §4.4 counts methods whose safety is unknown (`M-SEARCH`, …) as
+/// unsafe: only the safe methods of RFC 9110 §9.2.1 leave the cache alone.
 pub(crate) fn invalidates(method: &Method) -> bool {
-    matches!(
+    !matches!(
         *method,
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     )
 }
 
@@ -317,7 +331,12 @@ pub(crate) fn classify_response(
     response_time: SystemTime,
 ) -> ResponseVerdict {
     let cc = CacheControl::parse(headers);
-    if cc.no_store {
+    // RFC 9111 §5.2.2.3: with must-understand, a status whose caching rules
+    // we know overrides no-store, and any other status is not stored.
+    if cc.must_understand && !understood(status) {
+        return ResponseVerdict::Pass("must-understand");
+    }
+    if cc.no_store && !cc.must_understand {
         return ResponseVerdict::Pass("no-store");
     }
     if cc.private {
@@ -458,7 +477,7 @@ fn corrected_initial_age(
     let age_value = headers
         .get(header::AGE)
         .and_then(|v| v.to_str().ok())
-        .and_then(parse_delta)
+        .and_then(first_age)
         .map(Duration::from_secs)
         .unwrap_or(Duration::ZERO);
     let apparent_age = headers
@@ -472,8 +491,82 @@ fn corrected_initial_age(
     apparent_age.max(age_value + response_delay)
 }
 
-fn http_date(bytes: &[u8]) -> Option<SystemTime> {
-    httpdate::parse_http_date(std::str::from_utf8(bytes).ok()?).ok()
+/// The first value of an `Age` field (a list like `7200, 0` is a repeated
+/// field folded into one line, and the first occurrence counts); a
+/// parameter after `;` is not part of the number. Anything else that is not
+/// delta-seconds is ignored.
+fn first_age(line: &str) -> Option<u64> {
+    let first = line.split(',').next()?;
+    parse_delta(first.split(';').next()?.trim())
+}
+
+/// An HTTP date (RFC 9110 §5.6.7). Recipients are asked to be lenient, so a
+/// date that fails the strict parse is retried with its letters in canonical
+/// case and with the weekday ignored (it is redundant, and some origins get
+/// it wrong). A wrong time zone (`UTC`, `AEST`) or a malformed layout still
+/// fails, and the caller treats that as "already expired".
+pub(crate) fn http_date(bytes: &[u8]) -> Option<SystemTime> {
+    let s = std::str::from_utf8(bytes).ok()?;
+    if let Ok(t) = httpdate::parse_http_date(s) {
+        return Some(t);
+    }
+    if s.len() > 64 {
+        return None;
+    }
+    let canonical = canonical_case(s);
+    if let Ok(t) = httpdate::parse_http_date(&canonical) {
+        return Some(t);
+    }
+    // The weekday is the leading word: try each, keeping the rest.
+    let split = canonical.find(|c: char| !c.is_ascii_alphabetic())?;
+    let (day, rest) = canonical.split_at(split);
+    const SHORT: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+    const LONG: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let names = if day.len() == 3 {
+        &SHORT
+    } else if LONG.contains(&day) {
+        &LONG
+    } else {
+        return None;
+    };
+    names
+        .iter()
+        .find_map(|name| httpdate::parse_http_date(&format!("{name}{rest}")).ok())
+}
+
+/// Letters in the case HTTP dates use: `GMT`, and capitalised names.
+fn canonical_case(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for word in s.split_inclusive(|c: char| !c.is_ascii_alphabetic()) {
+        let letters = word.trim_end_matches(|c: char| !c.is_ascii_alphabetic());
+        if letters.eq_ignore_ascii_case("gmt") {
+            out.push_str("GMT");
+        } else {
+            for (j, c) in letters.chars().enumerate() {
+                out.push(if j == 0 {
+                    c.to_ascii_uppercase()
+                } else {
+                    c.to_ascii_lowercase()
+                });
+            }
+        }
+        out.push_str(&word[letters.len()..]);
+    }
+    out
+}
+
+/// Statuses whose caching requirements this cache implements (for
+/// `must-understand`): the ones cacheable by default and the redirects.
+fn understood(status: StatusCode) -> bool {
+    heuristically_cacheable(status) || matches!(status.as_u16(), 302 | 303 | 307)
 }
 
 /// RFC 9110 §15.1: statuses cacheable by default (heuristic freshness).

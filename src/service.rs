@@ -58,15 +58,17 @@ const CONDITIONAL: [HeaderName; 5] = [
     header::IF_RANGE,
 ];
 
-/// Hop-by-hop and per-response headers never stored with an entry.
-const NOT_STORED: [HeaderName; 8] = [
+/// Hop-by-hop and per-response headers never stored with an entry. The
+/// origin's `Age` is kept: it goes out unchanged with the response that was
+/// just fetched, and every response served from storage replaces it with
+/// the age the cache computes.
+const NOT_STORED: [HeaderName; 7] = [
     header::CONNECTION,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::TE,
     header::TRAILER,
     header::PROXY_AUTHENTICATE,
-    header::AGE,
     CACHE_STATUS,
 ];
 
@@ -635,8 +637,11 @@ where
             let (parts, body) = response.into_parts();
             if parts.status == StatusCode::NOT_MODIFIED {
                 if let Some(s) = stale.take() {
-                    match conditional::freshen(&s, &parts.headers, |n| NOT_STORED.contains(n)) {
+                    let excluded = |n: &HeaderName| NOT_STORED.contains(n) || n == header::AGE;
+                    match conditional::freshen(&s, &parts.headers, excluded) {
                         Some(mut merged) => {
+                            // The stored origin Age describes the old exchange.
+                            merged.headers.remove(header::AGE);
                             // The 304's own Age and Date drive the new age.
                             let mut for_age = merged.headers.clone();
                             for_age.remove(header::AGE);
@@ -918,7 +923,11 @@ impl LayerState {
                 self.status(format_args!("fwd=stale; ttl={ttl}; detail=stale-if-error"))
             }
         };
-        self.build(value, view, status, Some(age))
+        // A response fetched for this request (or collapsed into its fetch)
+        // keeps the origin's own Age; anything served from storage, including
+        // after a 304, carries the age computed here (RFC 9111 §4.2.3, §5.1).
+        let fetched = matches!(served, Served::Forwarded { .. }) && !value.revalidated;
+        self.build(value, view, status, (!fetched).then_some(age))
     }
 
     /// A response the leader may use but nobody else.
