@@ -317,11 +317,21 @@ async fn hostile_requests_cannot_steer_or_collide_keys() {
         );
     }
     let mut conn = server.connection().await;
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    // The purge index is written off the request path: give it a bounded
+    // moment to land before listing the keys.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let keys: Vec<Vec<u8>> = loop {
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let groups = keys.iter().filter(|k| k.starts_with(b"t:g:{")).count();
+        if groups >= uris.len() || tokio::time::Instant::now() > deadline {
+            break keys;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let mut tags = std::collections::BTreeSet::new();
     let mut url_groups = 0;
     for k in &keys {
