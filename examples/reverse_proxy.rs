@@ -4,6 +4,7 @@
 //! cargo run --release --example reverse_proxy -- \
 //!     --listen 127.0.0.1:8082 --upstream http://127.0.0.1:8000 \
 //!     [--purge-token SECRET] [--redis redis://127.0.0.1:6379]
+//!     [--redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001,...]
 //! ```
 //!
 //! - Every method and every end-to-end header is forwarded; hop-by-hop
@@ -284,6 +285,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(redis) = arg_value(&args, "--redis") {
         // Every proxy on this Redis shares entries and the single flight.
         builder = builder.redis(herdguard::RedisOptions::new(redis).namespace("proxy"));
+    }
+    if let Some(seeds) = arg_value(&args, "--redis-cluster") {
+        let urls: Vec<String> = seeds
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        builder = builder.redis(herdguard::RedisOptions::cluster(urls).namespace("proxy"));
     }
     let cache = builder.build()?;
     let app = app(

@@ -888,9 +888,9 @@ impl LayerState {
     ) -> Response<CacheBody<B>> {
         let value = &entry.value;
         let age = value.current_age(entry.age()).as_secs();
-        // The engine's clock may end freshness sooner (an L1 bound).
-        let ttl = (i64::from(value.rules.lifetime) - age.min(i64::MAX as u64) as i64)
-            .min(entry.ttl_secs());
+        // The entry's own remaining freshness (RFC 9211), not how long this
+        // instance keeps its L1 copy before asking Redis again.
+        let ttl = i64::from(value.rules.lifetime) - age.min(i64::MAX as u64) as i64;
         let origin_status = if value.revalidated {
             304
         } else {

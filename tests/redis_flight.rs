@@ -164,6 +164,16 @@ async fn late_write_of_a_lapsed_leader_is_fenced_off() {
     let (_, h, stored) = send(&reader.app(layer(&server, |o| o)), get_req("/fenced")).await;
     assert_eq!(stored, from_b, "the newer value stays");
     assert!(cache_status(&h).contains("hit"));
+    let ttl: i64 = cache_status(&h)
+        .split("ttl=")
+        .nth(1)
+        .and_then(|t| t.split(';').next())
+        .and_then(|t| t.trim().parse().ok())
+        .expect("a hit names its ttl");
+    assert!(
+        ttl >= 55,
+        "ttl is the entry's freshness (max-age=60), not the 1 s L1 bound: {ttl}"
+    );
     assert_eq!(reader.calls(), 0);
 }
 

@@ -55,19 +55,6 @@ impl<V> Stored<V> {
     pub(crate) fn age(&self) -> Duration {
         self.age_at_load + self.loaded_at.elapsed()
     }
-
-    /// Seconds of freshness left (negative once stale), for `Cache-Status: ttl`.
-    pub(crate) fn ttl_secs(&self) -> i64 {
-        // Rounded to the nearest second: the response delay trims a few
-        // milliseconds off the lifetime, which should not show as a whole second.
-        let round = |d: Duration| ((d.as_millis() + 500) / 1000) as i64;
-        let now = Instant::now();
-        if now < self.fresh_until {
-            round(self.fresh_until - now)
-        } else {
-            -round(now - self.fresh_until)
-        }
-    }
 }
 
 #[derive(Debug)]
