@@ -209,7 +209,7 @@ impl<V: Value> Shared<V> {
         if let Some(remote) = &self.remote {
             let remote = Arc::clone(remote);
             let key = *key;
-            tokio::spawn(async move {
+            spawn_detached("purge", async move {
                 let notice = format!("k:{}", key.to_hex());
                 if let Err(e) = remote.purge(&key).await {
                     tracing::warn!(key = %key.short(), error = %e, "purge in redis failed");
@@ -284,10 +284,12 @@ impl<V: Value> Shared<V> {
         // The leader's task carries the request's span, so its lease, fence
         // and outcome show up under the request that started it.
         let span = tracing::Span::current();
-        tokio::spawn(tracing::Instrument::instrument(
-            async move { shared.drive(handle, fut).await },
-            span,
-        ));
+        // Outside a runtime the handle is dropped unrun: its flight ends as
+        // aborted and the next request leads again.
+        spawn_detached(
+            "refresh",
+            tracing::Instrument::instrument(async move { shared.drive(handle, fut).await }, span),
+        );
     }
 
     /// The leader's task: find the value in Redis, or win the lease and
@@ -851,6 +853,21 @@ impl<V: Value> Shared<V> {
         matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
     ) {
         self.memory.purge_where(matches);
+    }
+}
+
+/// Spawn background work on the current runtime. The sync entry points
+/// (purge, invalidate, `Service::call`) may run outside one; then the work is
+/// skipped with a warning instead of panicking.
+pub(crate) fn spawn_detached<F>(what: &'static str, fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(fut);
+        }
+        Err(_) => tracing::warn!(what, "no tokio runtime here: background work skipped"),
     }
 }
 

@@ -59,7 +59,7 @@ impl LayerState {
         if let Some(remote) = &self.engine.remote {
             let remote = Arc::clone(remote);
             let t = target.clone();
-            tokio::spawn(async move {
+            crate::engine::spawn_detached("purge", async move {
                 if let Err(e) = purge_remote(&remote, &t).await {
                     tracing::warn!(error = %e, "purge in redis failed");
                 }

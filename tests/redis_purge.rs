@@ -123,3 +123,19 @@ async fn unsafe_method_on_one_instance_invalidates_all() {
     assert_eq!(code, 200);
     until_not_hit(&b, "/cart").await;
 }
+
+/// A purge called from a thread with no tokio runtime clears this process and does not panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_outside_a_runtime_does_not_panic() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60")]);
+    let l = layer(&server);
+    let app = origin.app(l.clone());
+    send(&app, get_req("/plain")).await;
+    let joined = std::thread::spawn(move || {
+        l.purge_url(&"http://example.test/plain".parse().unwrap());
+        l.purge_tag("anything");
+    })
+    .join();
+    assert!(joined.is_ok(), "purging outside a runtime panicked");
+}
