@@ -111,7 +111,8 @@
 //!   explicitly: `stale-while-revalidate` and `stale-if-error` still hold
 //!   with `s-maxage`, not with the other two.
 //! - **Request directives:** `no-cache` (and `max-age=0`, `Pragma: no-cache`)
-//!   goes forward and stores the fresh result; `no-store` goes forward and
+//!   goes forward (with the stored response's validators, so the origin may
+//!   answer 304) and stores the fresh result; `no-store` goes forward and
 //!   stores nothing; `max-age`, `min-fresh` and `max-stale` decide whether a
 //!   stored response may answer this request (`max-stale` never overrides
 //!   `must-revalidate`); `only-if-cached` is a 504 when nothing usable is

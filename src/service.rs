@@ -147,7 +147,15 @@ where
             ResponseFuture::boxed(Box::pin(tracing::Instrument::instrument(fut, span.clone())))
         };
         if rd.no_cache && !rd.only_if_cached {
-            let fut = forward(Arc::clone(state), target, head, inner, req);
+            // Forward, but with the stored response's validators when there is
+            // one: the origin may then answer 304 and the entry is freshened.
+            let stored = match state.engine.probe(&target.key) {
+                Probe::Fresh(e) | Probe::Stale(e) => Some(e),
+                Probe::Pass | Probe::Miss => state.retained.get(&target.key),
+            }
+            .filter(|e| e.value.vary_matches(req.headers()))
+            .map(|e| e.value.clone());
+            let fut = forward(Arc::clone(state), target, head, inner, req, stored);
             return boxed(Box::pin(fut));
         }
 
@@ -216,7 +224,8 @@ where
             // Fresh for everyone else, but this request's directives refuse
             // it: the flight would hand it back, so forward on our own.
             Usable::Revalidate if engine_fresh => {
-                let fut = forward(Arc::clone(state), target, head, inner, req);
+                let stored = Some(entry.value.clone());
+                let fut = forward(Arc::clone(state), target, head, inner, req, stored);
                 boxed(Box::pin(fut))
             }
             Usable::Fresh | Usable::Revalidate => {
@@ -396,6 +405,7 @@ async fn forward<S, ReqB, ResB>(
     head: bool,
     inner: S,
     req: Request<ReqB>,
+    stored: Option<CachedResponse>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -421,7 +431,7 @@ where
             error: Arc::clone(&error_slot),
         }),
         target,
-        None,
+        stored,
     );
     let counters = &state.engine.counters;
     counters.origin_call();

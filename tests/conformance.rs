@@ -1771,8 +1771,6 @@ async fn survey_directives_and_status() {
 const KNOWN_DIRECTIVES: &[(&str, &str)] = &[
     ("headers-omit-headers-listed-in-Cache-Control-no-cache-single", "check: no-cache=\"a\" is read as a plain no-cache (conservative)"),
     ("ccreq-max-stale-age", "check: a response stale on arrival without validators is not stored, so max-stale cannot use it"),
-    ("ccreq-no-cache-lm", "check: a request no-cache goes forward unconditionally"),
-    ("ccreq-no-cache-etag", "check: a request no-cache goes forward unconditionally"),
 ];
 
 /// Mirrors suite tests `status-200-must-understand` and
