@@ -380,10 +380,22 @@ impl<V: Value> Shared<V> {
                                 handle.publish_stale(entry);
                                 return self.lead_remote(remote, key, lease, fence, fut).await;
                             }
-                            return Outcome::Value {
-                                entry,
-                                source: Source::Stale,
-                            };
+                            // Someone else refreshes it. Everyone waiting here
+                            // takes the stale copy now; this flight stays open
+                            // until the fill lands (bounded), so stale answers
+                            // meanwhile do not each look Redis up again.
+                            handle.publish_stale(Arc::clone(&entry));
+                            let poll = remote.options.poll_interval;
+                            if self
+                                .wait_for_fill(remote, key, &mut subscription, poll, deadline)
+                                .await
+                                .is_some()
+                            {
+                                return Outcome::Value {
+                                    entry,
+                                    source: Source::Stale,
+                                };
+                            }
                         }
                         (Err(_), Some(fence)) => {
                             let lease = HeldLease::Single(token);
@@ -670,8 +682,23 @@ impl<V: Value> Shared<V> {
         hard_left: Duration,
     ) -> Arc<Stored<V>> {
         let l1 = self.remote.as_ref().map_or(hard_left, |r| r.options.l1_ttl);
-        let usable = hard_left.min(l1);
-        let entry = Arc::new(Stored::new(value, meta, fresh_left, usable, meta.elapsed()));
+        // Fresh here for at most the L1 lifetime: after that, a request that
+        // needs a fresh copy asks Redis again. The copy stays (as stale) for
+        // the rest of its grace, so a stale-while-revalidate answer never
+        // waits for a Redis round trip; the refresh it starts asks Redis.
+        // An L1 lifetime of zero keeps nothing here.
+        let usable = if l1.is_zero() {
+            Duration::ZERO
+        } else {
+            hard_left
+        };
+        let entry = Arc::new(Stored::new(
+            value,
+            meta,
+            fresh_left.min(l1),
+            usable,
+            meta.elapsed(),
+        ));
         if !usable.is_zero() {
             self.memory.insert(key, Arc::clone(&entry));
         }
@@ -1005,11 +1032,12 @@ impl<V: Value> Cache<V> {
         };
         let result = match shared.probe(key) {
             Probe::Fresh(entry) => Ok(lookup(&entry, Source::Hit)),
-            Probe::Stale(entry) => {
+            // Past its L1 lifetime but still fresh: ask Redis, as for a miss.
+            Probe::Stale(entry) if !entry.fresh_by_meta() => {
                 shared.refresh_in_background(*key, as_fill);
                 Ok(lookup(&entry, Source::Stale))
             }
-            Probe::Pass | Probe::Miss => {
+            Probe::Stale(_) | Probe::Pass | Probe::Miss => {
                 let mut compute = Some(as_fill);
                 match shared.resolve(*key, &mut compute).await {
                     Resolved::Value { entry, source } => Ok(lookup(&entry, source)),

@@ -405,3 +405,39 @@ async fn a_flight_costs_two_script_calls() {
     assert!(sent.len() <= 4, "{sent:?}");
     assert_eq!(origin.calls.load(Ordering::SeqCst), 5);
 }
+
+/// While another instance refreshes a stale entry, a burst of stale answers on this instance costs a handful of Redis commands, not one per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_answers_during_a_remote_refresh_do_not_poll_redis_per_request() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
+        .delay(Duration::from_millis(800));
+    let (a, b) = (
+        origin.app(layer(&server, |o| o)),
+        origin.app(layer(&server, |o| o)),
+    );
+    send(&a, get_req("/slow-refresh")).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // stale now
+    let (_, h, _) = send(&a, get_req("/slow-refresh")).await; // A starts the 800 ms refresh
+    assert!(cache_status(&h).contains("detail=stale"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let monitor = Monitor::start(&server);
+    for _ in 0..50 {
+        let (code, h, _) = send(&b, get_req("/slow-refresh")).await;
+        assert_eq!(code, 200);
+        assert!(
+            cache_status(&h).contains("detail=stale"),
+            "{}",
+            cache_status(&h)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let lookups = monitor
+        .client_commands()
+        .iter()
+        .filter(|c| *c == "EVALSHA")
+        .count();
+    assert!(lookups <= 8, "{lookups} script calls for 50 stale answers");
+    assert_eq!(origin.calls(), 2, "the first fill and A's one refresh");
+}

@@ -51,6 +51,12 @@ impl<V> Stored<V> {
         }
     }
 
+    /// Whether the entry is still within its own freshness (whatever this
+    /// tier's bound on it).
+    pub(crate) fn fresh_by_meta(&self) -> bool {
+        self.age() < self.meta.fresh_for
+    }
+
     /// The entry's age now: its age when loaded plus local time since.
     pub(crate) fn age(&self) -> Duration {
         self.age_at_load + self.loaded_at.elapsed()
