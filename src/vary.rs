@@ -7,6 +7,7 @@
 //! answer: every stored variant still compares its own header values before
 //! it is served.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,9 @@ use crate::key::{CacheKey, KeyHasher};
 pub(crate) struct VaryIndex {
     // Bounded by count and idle time: a lost list only costs one miss.
     names: MokaCache<CacheKey, Arc<[HeaderName]>>,
+    /// Whether any response has varied yet: until one does, a hit skips the
+    /// lookup (most APIs never vary, and the hit path is counted in ns).
+    any: Arc<AtomicBool>,
 }
 
 impl VaryIndex {
@@ -29,10 +33,14 @@ impl VaryIndex {
                 .max_capacity(max_urls)
                 .time_to_idle(Duration::from_secs(24 * 3600))
                 .build(),
+            any: Arc::new(AtomicBool::new(false)),
         }
     }
 
     pub(crate) fn names(&self, base: &CacheKey) -> Option<Arc<[HeaderName]>> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
         self.names.get(base)
     }
 
@@ -46,6 +54,7 @@ impl VaryIndex {
         }
         if self.names.get(&base).as_deref() != Some(names) {
             self.names.insert(base, Arc::from(names));
+            self.any.store(true, Ordering::Release);
         }
     }
 }
