@@ -27,8 +27,9 @@
 //! ## With Redis: one origin call per key per cluster
 //!
 //! [`CacheLayerBuilder::redis`] (or [`CacheBuilder::redis`]) shares entries
-//! through Redis. Memory stays in front as an L1 (1 s by default, never
-//! fresher than the entry), and the in-process flight stays in front of
+//! through Redis. Memory stays in front as an L1 (fresh answers from it for
+//! 1 s by default, never beyond the entry's own freshness; stale answers
+//! within the grace while a refresh asks Redis), and the in-process flight stays in front of
 //! Redis, so each process sends one lookup per key per flight however many
 //! requests wait in it. The local leader makes **one** round trip (a Lua
 //! script, by EVALSHA) that returns one of:

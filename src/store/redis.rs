@@ -222,8 +222,11 @@ impl RedisOptions {
         self
     }
 
-    /// How long this process keeps an entry in memory before asking Redis
-    /// again (default 1 s; never longer than the entry stays fresh).
+    /// How long this process answers *fresh* from its in-memory copy before
+    /// asking Redis again (default 1 s; never longer than the entry stays
+    /// fresh). Past that, the copy may still answer *stale* within the
+    /// entry's stale grace, while a background refresh asks Redis. Zero keeps
+    /// no copy at all: every answer asks Redis.
     #[must_use]
     pub fn l1_ttl(mut self, t: Duration) -> Self {
         self.l1_ttl = t;
