@@ -672,7 +672,8 @@ impl<V: Value> Shared<V> {
     }
 
     /// Put an entry read from (or written to) Redis into memory for at most
-    /// the L1 lifetime, and never as fresh beyond its freshness.
+    /// the L1 lifetime (fresh answers) or its stale grace (stale answers),
+    /// and never as fresh beyond its freshness.
     fn fill_l1(
         &self,
         key: CacheKey,

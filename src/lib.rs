@@ -138,8 +138,9 @@
 //!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags). A
 //!   URL key ignores scheme and port. With Redis, a purge also deletes the
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
-//!   that clears every instance's memory; an instance that misses the notice
-//!   drops its copy when its L1 lifetime (1 s) ends.
+//!   that clears every instance's memory. An instance that misses the notice
+//!   stops answering fresh from its copy when its L1 lifetime (1 s) ends; a
+//!   stale answer from it starts a refresh that finds the entry gone.
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
 //!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,

@@ -3,8 +3,10 @@
 //!
 //! A purge deletes the entries from Redis, then publishes a notice; every
 //! instance (the sender too) applies it to its own memory. If an instance
-//! misses the notice (its listener was reconnecting), its L1 copy still ends
-//! within the L1 lifetime (1 s by default): that is the bound on the delay.
+//! misses the notice (its listener was reconnecting) answers fresh from its
+//! copy for at most the L1 lifetime (1 s by default): that is the bound on
+//! the delay. A stale answer from the copy starts a refresh, which finds the
+//! entry gone in Redis and replaces the copy.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
