@@ -39,7 +39,9 @@ use crate::future::ResponseFuture;
 use crate::key::{CacheKey, KeyHasher};
 use crate::layer::LayerState;
 use crate::metrics::Source;
-use crate::policy::{self, Forward, RequestVerdict, ResponseVerdict, StoredRules, Usable};
+use crate::policy::{
+    self, Forward, RequestDirectives, RequestVerdict, ResponseVerdict, StoredRules, Usable,
+};
 use crate::purge::{host_name, url_key, Invalidation};
 use crate::store::memory::{Probe, Stored};
 use crate::vary::variant_key;
@@ -189,7 +191,8 @@ where
             if rd.only_if_cached {
                 return ResponseFuture::ready(state.only_if_cached());
             }
-            let fut = miss(Arc::clone(state), target, head, inner, req, None);
+            let fallback = own_call_if_picky(&rd, &inner, &req);
+            let fut = miss(Arc::clone(state), target, head, inner, req, None, fallback);
             return boxed(Box::pin(fut));
         };
         let age = entry.value.current_age(entry.age());
@@ -229,7 +232,16 @@ where
                 boxed(Box::pin(fut))
             }
             Usable::Fresh | Usable::Revalidate => {
-                let fut = miss(Arc::clone(state), target, head, inner, req, Some(entry));
+                let fallback = own_call_if_picky(&rd, &inner, &req);
+                let fut = miss(
+                    Arc::clone(state),
+                    target,
+                    head,
+                    inner,
+                    req,
+                    Some(entry),
+                    fallback,
+                );
                 boxed(Box::pin(fut))
             }
         }
@@ -278,6 +290,7 @@ async fn miss<S, ReqB, ResB>(
     inner: S,
     req: Request<ReqB>,
     stale: Option<Arc<Stored<CachedResponse>>>,
+    own_call: Option<(S, Request<ReqB>)>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -325,6 +338,17 @@ where
     };
     match resolved {
         Resolved::Value { entry, source } => {
+            // A stale copy shared by the flight (another instance holds the
+            // refresh) may still be refused by this request's own directives
+            // (max-age, min-fresh): such a request goes to the origin itself.
+            if source == Source::Stale && !stale_acceptable(&request_headers, &entry) {
+                let call = compute.or_else(|| {
+                    own_call.map(|(inner, req)| {
+                        OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
+                    })
+                });
+                return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
+            }
             if entry.value.status.is_server_error() {
                 if let Some(r) = fallback(Some(entry.value.status.as_u16())) {
                     return Ok(r);
@@ -486,6 +510,30 @@ where
             Ok(state.error_response(&error))
         }
     }
+}
+
+/// A spare inner service and request for a request whose directives may
+/// refuse a stale copy the flight hands out (`max-age`, `min-fresh`): if the
+/// request leads, its own call is spent on the flight.
+fn own_call_if_picky<S: Clone, B: Default>(
+    rd: &RequestDirectives,
+    inner: &S,
+    req: &Request<B>,
+) -> Option<(S, Request<B>)> {
+    (rd.max_age.is_some() || rd.min_fresh.is_some()).then(|| (inner.clone(), refresh_request(req)))
+}
+
+/// Whether a request with these headers accepts `entry` served stale.
+fn stale_acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
+    let RequestVerdict::Cacheable(rd) = policy::classify_request(&Method::GET, request_headers)
+    else {
+        return false;
+    };
+    let age = entry.value.current_age(entry.age());
+    matches!(
+        policy::usability(&rd, entry.value.rules, age),
+        Usable::StaleWhileRevalidate | Usable::StaleAccepted | Usable::Fresh
+    )
 }
 
 /// Call the origin for this request alone, streaming, storing nothing.

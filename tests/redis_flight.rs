@@ -8,10 +8,11 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use axum::http::Method;
 use axum::Router;
 use bytes::Bytes;
 use herdguard::{redis, CacheLayer, RedisOptions};
-use support::origin::{cache_status, get_req, send, Origin};
+use support::origin::{cache_status, get_req, req, send, Origin};
 use support::{Monitor, RedisServer};
 
 const CACHEABLE: &[(&str, &str)] = &[("cache-control", "max-age=60")];
@@ -440,4 +441,39 @@ async fn stale_answers_during_a_remote_refresh_do_not_poll_redis_per_request() {
         .count();
     assert!(lookups <= 8, "{lookups} script calls for 50 stale answers");
     assert_eq!(origin.calls(), 2, "the first fill and A's one refresh");
+}
+
+/// A stale copy shared while another instance refreshes is not served to a request whose own directives refuse stale (min-fresh): that request goes to the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_stale_copy_respects_request_directives() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
+        .delay(Duration::from_millis(800));
+    let (a, b) = (
+        origin.app(layer(&server, |o| o)),
+        origin.app(layer(&server, |o| o)),
+    );
+    send(&a, get_req("/picky")).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (_, h, _) = send(&a, get_req("/picky")).await; // A starts the 800 ms refresh
+    assert!(cache_status(&h).contains("detail=stale"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let (_, h, _) = send(&b, get_req("/picky")).await;
+    assert!(
+        cache_status(&h).contains("detail=stale"),
+        "a plain request takes the stale copy"
+    );
+    let (code, h, _) = send(
+        &b,
+        req(Method::GET, "/picky", &[("cache-control", "min-fresh=5")]),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(!cache_status(&h).contains("stale"), "{}", cache_status(&h));
+    assert_eq!(
+        origin.calls(),
+        3,
+        "first fill, A's refresh, and the picky request's own call"
+    );
 }
