@@ -389,7 +389,6 @@ impl<V: Value> Shared<V> {
                             if self
                                 .wait_for_fill(remote, key, &mut subscription, poll, deadline)
                                 .await
-                                .is_some()
                             {
                                 return Outcome::Value {
                                     entry,
@@ -420,7 +419,7 @@ impl<V: Value> Shared<V> {
                         // Only a Redlock lookup says Miss; be safe if not.
                         return self.compute_locally(key, fut).await;
                     }
-                    if let Some(out) = self
+                    if self
                         .wait_for_fill(
                             remote,
                             key,
@@ -430,7 +429,9 @@ impl<V: Value> Shared<V> {
                         )
                         .await
                     {
-                        return self.finish_waiting(out, fut).await;
+                        // Waited as long as allowed: one uncached call for this
+                        // whole process, shared with its waiters.
+                        return self.compute_unshared(fut).await;
                     }
                 }
                 RemoteLookup::Pass { left } => {
@@ -439,11 +440,13 @@ impl<V: Value> Shared<V> {
                 }
                 RemoteLookup::Held { lease_left } => {
                     lock::record_acquire("contended");
-                    if let Some(out) = self
+                    if self
                         .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
                         .await
                     {
-                        return self.finish_waiting(out, fut).await;
+                        // Waited as long as allowed: one uncached call for this
+                        // whole process, shared with its waiters.
+                        return self.compute_unshared(fut).await;
                     }
                 }
             }
@@ -451,7 +454,7 @@ impl<V: Value> Shared<V> {
     }
 
     /// Someone else holds the lease: wait for its fill, bounded. Returns
-    /// `Some` when the overall wait is over.
+    /// true when the overall wait is over.
     async fn wait_for_fill(
         &self,
         remote: &Arc<RedisStore>,
@@ -459,10 +462,10 @@ impl<V: Value> Shared<V> {
         subscription: &mut Option<FillSubscription>,
         lease_left: Duration,
         deadline: Instant,
-    ) -> Option<WaitOver> {
+    ) -> bool {
         let now = Instant::now();
         if now >= deadline {
-            return Some(WaitOver);
+            return true;
         }
         match subscription {
             // First time: subscribe, then look again before waiting, so a fill
@@ -480,13 +483,7 @@ impl<V: Value> Shared<V> {
                 sub.wait(wait).await;
             }
         }
-        None
-    }
-
-    /// Waited as long as allowed: one uncached call for this whole process,
-    /// shared with its waiters.
-    async fn finish_waiting(&self, _over: WaitOver, fut: ComputeFuture<V>) -> Outcome<V> {
-        self.compute_unshared(fut).await
+        false
     }
 
     /// With a Redlock backend: one acquisition attempt (no retries: others
@@ -907,10 +904,6 @@ enum RedlockTry {
     FilledMeanwhile,
     Contended,
 }
-
-/// The bounded wait for another process's fill is over.
-#[derive(Debug)]
-struct WaitOver;
 
 /// A value handed to the requests waiting now, with no lifetime in memory.
 fn unstored<V>(value: V) -> Arc<Stored<V>> {

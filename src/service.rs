@@ -310,19 +310,9 @@ where
     } else {
         target.miss
     };
-    let (passthrough_tx, mut passthrough_rx) = oneshot::channel();
-    let error_slot = Arc::new(Mutex::new(None));
-    let leader = OriginCall::new(
-        inner,
-        req,
-        Arc::clone(&state),
-        Some(Initiator {
-            passthrough: passthrough_tx,
-            error: Arc::clone(&error_slot),
-        }),
-        target,
-        stale.as_ref().map(|e| e.value.clone()),
-    );
+    let stored = stale.as_ref().map(|e| e.value.clone());
+    let (leader, mut passthrough_rx, error_slot) =
+        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let mut compute = Some(leader);
     let resolved = state.engine.resolve(target.key, &mut compute).await;
     let counters = &state.engine.counters;
@@ -444,19 +434,8 @@ where
         head,
         headers: &request_headers,
     };
-    let (passthrough_tx, mut passthrough_rx) = oneshot::channel();
-    let error_slot = Arc::new(Mutex::new(None));
-    let call = OriginCall::new(
-        inner,
-        req,
-        Arc::clone(&state),
-        Some(Initiator {
-            passthrough: passthrough_tx,
-            error: Arc::clone(&error_slot),
-        }),
-        target,
-        stored,
-    );
+    let (call, mut passthrough_rx, error_slot) =
+        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let counters = &state.engine.counters;
     counters.origin_call();
     let served = Served::Forwarded {
@@ -609,7 +588,30 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
             stale,
         }
     }
+
+    /// A call made for the request that is waiting on it: a response too
+    /// large to store comes back through the receiver, and the inner
+    /// service's own error through the slot.
+    fn initiated(
+        inner: S,
+        req: Request<ReqB>,
+        state: Arc<LayerState>,
+        target: Target,
+        stale: Option<CachedResponse>,
+    ) -> (Self, Passthrough<ResB>, Arc<Mutex<Option<E>>>) {
+        let (passthrough, passthrough_rx) = oneshot::channel();
+        let error = Arc::new(Mutex::new(None));
+        let initiator = Initiator {
+            passthrough,
+            error: Arc::clone(&error),
+        };
+        let call = Self::new(inner, req, state, Some(initiator), target, stale);
+        (call, passthrough_rx, error)
+    }
 }
+
+/// Where the initiating request receives a response streamed past the cache.
+type Passthrough<ResB> = oneshot::Receiver<Response<CacheBody<ResB>>>;
 
 /// The origin answered with an error of the inner service's own type.
 #[derive(Debug)]

@@ -407,21 +407,29 @@ async fn a_flight_costs_two_script_calls() {
     assert_eq!(origin.calls.load(Ordering::SeqCst), 5);
 }
 
+/// Fill `uri` (max-age=1, stale-while-revalidate=30, origin 800 ms) through
+/// instance A, let it go stale, and have A start its refresh. Returns the
+/// origin and a second instance B that has not seen the key yet.
+async fn remote_refresh_running(server: &RedisServer, uri: &'static str) -> (Origin, Router) {
+    let origin = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
+        .delay(Duration::from_millis(800));
+    let (a, b) = (
+        origin.app(layer(server, |o| o)),
+        origin.app(layer(server, |o| o)),
+    );
+    send(&a, get_req(uri)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // stale now
+    let (_, h, _) = send(&a, get_req(uri)).await; // A starts the 800 ms refresh
+    assert!(cache_status(&h).contains("detail=stale"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    (origin, b)
+}
+
 /// While another instance refreshes a stale entry, a burst of stale answers on this instance costs a handful of Redis commands, not one per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_answers_during_a_remote_refresh_do_not_poll_redis_per_request() {
     let server = RedisServer::start();
-    let origin = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
-        .delay(Duration::from_millis(800));
-    let (a, b) = (
-        origin.app(layer(&server, |o| o)),
-        origin.app(layer(&server, |o| o)),
-    );
-    send(&a, get_req("/slow-refresh")).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await; // stale now
-    let (_, h, _) = send(&a, get_req("/slow-refresh")).await; // A starts the 800 ms refresh
-    assert!(cache_status(&h).contains("detail=stale"));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (origin, b) = remote_refresh_running(&server, "/slow-refresh").await;
 
     let monitor = Monitor::start(&server);
     for _ in 0..50 {
@@ -447,17 +455,7 @@ async fn stale_answers_during_a_remote_refresh_do_not_poll_redis_per_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_stale_copy_respects_request_directives() {
     let server = RedisServer::start();
-    let origin = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
-        .delay(Duration::from_millis(800));
-    let (a, b) = (
-        origin.app(layer(&server, |o| o)),
-        origin.app(layer(&server, |o| o)),
-    );
-    send(&a, get_req("/picky")).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let (_, h, _) = send(&a, get_req("/picky")).await; // A starts the 800 ms refresh
-    assert!(cache_status(&h).contains("detail=stale"));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (origin, b) = remote_refresh_running(&server, "/picky").await;
 
     let (_, h, _) = send(&b, get_req("/picky")).await;
     assert!(

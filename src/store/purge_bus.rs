@@ -89,7 +89,7 @@ impl RedisStore {
             let mut inv = INDEX.prepare_invoke();
             inv.key(self.group_key(g)).arg(&member).arg(ttl_ms);
             async move {
-                let _: Result<i64, _> = self.invoke_script("index", &inv).await;
+                let _: Result<i64, _> = self.invoke("index", &inv).await;
             }
         }))
         .await;
@@ -100,7 +100,7 @@ impl RedisStore {
         let set = self.group_key(group);
         let mut members_cmd = redis::cmd("SMEMBERS");
         members_cmd.arg(&set);
-        let members: Vec<Vec<u8>> = self.run_query("purge_group", &members_cmd).await?;
+        let members: Vec<Vec<u8>> = self.query("purge_group", &members_cmd).await?;
         let deletions = members
             .iter()
             .filter_map(|m| CacheKey::from_hex(m))
@@ -110,7 +110,7 @@ impl RedisStore {
         }
         let mut del = redis::cmd("DEL");
         del.arg(&set);
-        let _: i64 = self.run_query("purge_group", &del).await?;
+        let _: i64 = self.query("purge_group", &del).await?;
         Ok(())
     }
 
@@ -118,7 +118,7 @@ impl RedisStore {
     pub(crate) async fn publish_purge(&self, payload: &[u8]) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(self.purge_channel()).arg(payload);
-        let _: i64 = self.run_query("publish_purge", &cmd).await?;
+        let _: i64 = self.query("publish_purge", &cmd).await?;
         Ok(())
     }
 

@@ -805,7 +805,8 @@ impl RedisStore {
         self.fills.connected.load(Ordering::SeqCst)
     }
 
-    async fn invoke<T: redis::FromRedisValue>(
+    /// A script call under the store's timeouts and breaker.
+    pub(crate) async fn invoke<T: redis::FromRedisValue>(
         &self,
         op: &'static str,
         inv: &redis::ScriptInvocation<'_>,
@@ -819,7 +820,8 @@ impl RedisStore {
         self.settle(op, slot, result)
     }
 
-    async fn query<T: redis::FromRedisValue>(
+    /// A command under the store's timeouts and breaker.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
         &self,
         op: &'static str,
         cmd: &redis::Cmd,
@@ -953,24 +955,6 @@ impl RedisStore {
                 }
             }
         }
-    }
-
-    /// A script call with the store's timeouts and breaker (for sibling modules).
-    pub(crate) async fn invoke_script<T: redis::FromRedisValue>(
-        &self,
-        op: &'static str,
-        inv: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
-        self.invoke(op, inv).await
-    }
-
-    /// A command with the store's timeouts and breaker (for sibling modules).
-    pub(crate) async fn run_query<T: redis::FromRedisValue>(
-        &self,
-        op: &'static str,
-        cmd: &redis::Cmd,
-    ) -> Result<T, StoreError> {
-        self.query(op, cmd).await
     }
 
     /// A client for classic pub/sub (purge notices) on the first URL. On a
