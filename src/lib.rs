@@ -220,7 +220,7 @@ pub use entry::{CachedResponse, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use future::ResponseFuture;
 pub use key::CacheKey;
-pub use layer::{CacheLayer, CacheLayerBuilder};
+pub use layer::{CacheLayer, CacheLayerBuilder, ReloadMode};
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
