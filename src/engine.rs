@@ -49,6 +49,10 @@ pub(crate) enum Fill<V> {
     /// everyone else goes to the origin on their own, and a short pass marker
     /// stops new callers from queueing behind a fill that will never come.
     Pass(Option<V>),
+    /// Not buffered (the fill buffer budget was spent): the initiating caller
+    /// got the response streamed, everyone else goes to the origin on their
+    /// own. Unlike `Pass` nothing is marked: the next caller tries again.
+    Unbuffered,
 }
 
 pub(crate) type ComputeFuture<V> = BoxFuture<'static, Result<Fill<V>, BoxError>>;
@@ -699,7 +703,7 @@ impl<V: Value> Shared<V> {
                     .await
                     .map(|w| (w, Some(meta)))
             }
-            Fill::Share(_) => remote
+            Fill::Share(_) | Fill::Unbuffered => remote
                 .write_and_release(&key, &token, fence, WriteMode::Release)
                 .await
                 .map(|w| (w, None)),
@@ -729,7 +733,7 @@ impl<V: Value> Shared<V> {
                 if single && !w.released && !lost {
                     lock::record_acquire("expired_mid_work");
                 }
-                if !w.accepted && !matches!(fill, Fill::Share(_)) {
+                if !w.accepted && !matches!(fill, Fill::Share(_) | Fill::Unbuffered) {
                     self.counters.fenced_rejection();
                     tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
                 }
@@ -754,6 +758,7 @@ impl<V: Value> Shared<V> {
                         self.memory.insert_pass(key, self.config.pass_ttl);
                         Outcome::Pass(value)
                     }
+                    (Fill::Unbuffered, _) => Outcome::Pass(None),
                 }
             }
         }
@@ -786,6 +791,7 @@ impl<V: Value> Shared<V> {
                 source: Source::Miss,
             },
             Ok(Fill::Pass(v)) => Outcome::Pass(v),
+            Ok(Fill::Unbuffered) => Outcome::Pass(None),
         }
     }
 
@@ -863,6 +869,7 @@ impl<V: Value> Shared<V> {
                 entry: unstored(value),
                 source: Source::Miss,
             },
+            Fill::Unbuffered => Outcome::Pass(None),
             Fill::Pass(value) => {
                 self.memory.insert_pass(key, self.config.pass_ttl);
                 Outcome::Pass(value)
@@ -1216,7 +1223,7 @@ impl<V: Value> Cache<V> {
         self.shared.counters.origin_call();
         let value = match self.shared.run_compute(compute.start()).await? {
             Fill::Store { value, .. } | Fill::Share(value) | Fill::Pass(Some(value)) => value,
-            Fill::Pass(None) => return Err(Error::Aborted),
+            Fill::Pass(None) | Fill::Unbuffered => return Err(Error::Aborted),
         };
         Ok(Lookup {
             value,
