@@ -83,8 +83,9 @@ pub(crate) enum Resolved<V> {
     /// Not shareable: `Some` only for the caller that led the computation.
     Pass(Option<V>),
     Failed(Error),
-    /// The bounded wait ran out; the caller may go to the origin uncached.
-    WaitTimedOut,
+    /// The bounded wait ran out; the caller may go to the origin uncached,
+    /// under the fallback permit it was given.
+    WaitTimedOut(OwnedSemaphorePermit),
     /// No flight runs for the key and the leader cap is full: the caller goes
     /// to the origin uncached, under the fallback cap.
     Overloaded,
@@ -153,7 +154,7 @@ impl Default for EngineConfig {
             capacity_bytes: 256 * 1024 * 1024,
             max_wait: None,
             // Well above typical origin times (nginx gives up after 5 s).
-            origin_timeout: Duration::from_secs(30),
+            origin_timeout: Duration::from_secs(60),
             pass_ttl: Duration::from_secs(5),
             fallback_limit: 64,
             max_leaders: 1024,
@@ -434,7 +435,9 @@ impl<V: Value> Shared<V> {
                     fresh_left,
                     hard_left,
                 } => match decode_entry::<V>(bytes) {
-                    Ok((meta, _)) if refresh && (first || refused.is_some_and(|r| meta.fence <= r)) => {
+                    Ok((meta, _))
+                        if refresh && (first || refused.is_some_and(|r| meta.fence <= r)) =>
+                    {
                         refused = Some(refused.map_or(meta.fence, |r| r.max(meta.fence)));
                         read_entry = false;
                     }
@@ -619,9 +622,8 @@ impl<V: Value> Shared<V> {
         if let Ok(RemoteLookup::Fresh { bytes, .. }) =
             remote.lookup_or_lease(&key, &unused, false).await
         {
-            let newer = newer_than.is_none_or(|r| {
-                decode_entry::<V>(bytes).is_ok_and(|(meta, _)| meta.fence > r)
-            });
+            let newer = newer_than
+                .is_none_or(|r| decode_entry::<V>(bytes).is_ok_and(|(meta, _)| meta.fence > r));
             if newer {
                 redlock.release(lease).await;
                 return RedlockTry::FilledMeanwhile;
@@ -897,14 +899,17 @@ impl<V: Value> Shared<V> {
             max_wait
         };
         let mut waited = tokio::time::timeout(bound, settle(&mut rx, take_stale)).await;
-        if waited.is_err() && !initiator && self.fallback.available_permits() == 0 {
-            // Past the fallback cap, calling the origin would mean queueing
-            // for a permit; the flight's own call ends within the origin
-            // timeout, so wait for that instead of making up an error.
-            waited = tokio::time::timeout(self.config.origin_timeout, settle(&mut rx, take_stale))
-                .await;
-            if waited.is_err() {
-                return Resolved::Failed(Error::OriginTimeout);
+        let mut permit = None;
+        if waited.is_err() && !initiator {
+            permit = self.try_fallback_permit();
+            if permit.is_none() {
+                // Past the fallback cap, calling the origin would mean
+                // queueing for a permit; the flight's own call ends within
+                // the origin timeout, so wait for it instead of making up an
+                // error.
+                waited =
+                    tokio::time::timeout(self.config.origin_timeout, settle(&mut rx, take_stale))
+                        .await;
             }
         }
         if !initiator {
@@ -917,7 +922,10 @@ impl<V: Value> Shared<V> {
             Source::Coalesced
         };
         match waited {
-            Err(_elapsed) => Resolved::WaitTimedOut,
+            Err(_elapsed) => match permit {
+                Some(permit) => Resolved::WaitTimedOut(permit),
+                None => Resolved::Failed(Error::OriginTimeout),
+            },
             Ok(Err(error)) => Resolved::Failed(error),
             Ok(Ok(Err(stale))) => Resolved::Value {
                 entry: stale,
@@ -1202,8 +1210,12 @@ impl<V: Value> Cache<V> {
                 match shared.resolve(*key, &mut compute).await {
                     Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
                     Resolved::Failed(e) => Err(e),
-                    Resolved::Pass(_) | Resolved::WaitTimedOut | Resolved::Overloaded => match compute.take() {
-                        Some(compute) => self.fallback(compute).await,
+                    Resolved::WaitTimedOut(permit) => match compute.take() {
+                        Some(compute) => self.fallback(compute, Some(permit)).await,
+                        None => Err(Error::Aborted),
+                    },
+                    Resolved::Pass(_) | Resolved::Overloaded => match compute.take() {
+                        Some(compute) => self.fallback(compute, None).await,
                         None => Err(Error::Aborted),
                     },
                 }
@@ -1216,8 +1228,16 @@ impl<V: Value> Cache<V> {
         result
     }
 
-    async fn fallback(&self, compute: impl Compute<V>) -> Result<Lookup<V>, Error> {
-        let Some(_permit) = self.shared.fallback_permit().await else {
+    async fn fallback(
+        &self,
+        compute: impl Compute<V>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Lookup<V>, Error> {
+        let permit = match permit {
+            Some(p) => Some(p),
+            None => self.shared.fallback_permit().await,
+        };
+        let Some(_permit) = permit else {
             return Err(Error::Overloaded);
         };
         self.shared.counters.origin_call();
@@ -1279,7 +1299,7 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// Longest a computation may run before it counts as failed (default 30 s).
+    /// Longest a computation may run before it counts as failed (default 60 s).
     #[must_use]
     pub fn origin_timeout(mut self, timeout: Duration) -> Self {
         self.config.origin_timeout = timeout;

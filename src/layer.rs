@@ -94,7 +94,7 @@ pub struct CacheLayer {
 
 impl CacheLayer {
     /// A layer with the documented defaults: in-memory store of 256 MiB,
-    /// 8 MiB body limit, no default TTL, 30 s origin timeout, 35 s maximum wait.
+    /// 8 MiB body limit, no default TTL, 60 s origin timeout, 65 s maximum wait.
     pub fn new() -> Self {
         Self::builder()
             .build()
@@ -218,7 +218,7 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Longest an origin call may take (default 30 s): a flight's call
+    /// Longest an origin call may take (default 60 s): a flight's call
     /// (response and body), after which its waiters get 504, and every call
     /// outside a flight (until the response head arrives).
     #[must_use]

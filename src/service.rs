@@ -472,8 +472,9 @@ where
             counters.record_error();
             Ok(state.error_response(&error))
         }
-        Resolved::WaitTimedOut => {
-            direct(&state, compute, state.status_fwd(fwd, Some("wait-timeout"))).await
+        Resolved::WaitTimedOut(permit) => {
+            let status = state.status_fwd(fwd, Some("wait-timeout"));
+            direct_with(&state, compute, status, Some(permit)).await
         }
         Resolved::Overloaded => {
             direct(&state, compute, state.status_fwd(fwd, Some("overloaded"))).await
@@ -640,13 +641,30 @@ async fn direct<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
+    direct_with(state, call, status, None).await
+}
+
+/// [`direct`] with a fallback permit already taken (`None`: take one).
+async fn direct_with<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
     let Some(OriginCall { mut inner, req, .. }) = call else {
         // Only the leader has no call left, and a leader always has an outcome.
         state.engine.counters.record_error();
         return Ok(state.error_response(&Error::Aborted));
     };
     let counters = &state.engine.counters;
-    let Some(_permit) = state.engine.fallback_permit().await else {
+    let permit = match permit {
+        Some(p) => Some(p),
+        None => state.engine.fallback_permit().await,
+    };
+    let Some(_permit) = permit else {
         // The cap stayed full for a whole max_wait: shed this request
         // rather than add to an origin that is already this far behind.
         counters.record_error();
@@ -890,9 +908,11 @@ where
                 continue;
             };
             total += data.len();
-            let share = u32::try_from(data.len())
-                .ok()
-                .and_then(|n| Arc::clone(&state.engine.fill_bytes).try_acquire_many_owned(n).ok());
+            let share = u32::try_from(data.len()).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
             chunks.push_back(data);
             let Some(share) = share else {
                 // Over budget: stream on to this request alone, store nothing,
