@@ -349,7 +349,12 @@ pub(crate) enum Served {
 }
 
 /// Lead or follow the flight for `key`, then answer from its outcome.
-/// `stale` is the stored response to revalidate, if there is one.
+/// `stale` is the stored response to revalidate, if there is one; `reload`:
+/// the request refuses it, so only a refresh answers it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the request's parts, moved in once; a struct would only rename them"
+)]
 async fn miss<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
