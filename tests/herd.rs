@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, Method, Response, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{CacheLayer, CacheLayerBuilder, RedisOptions, ReloadMode};
+use herdguard::{CacheLayer, CacheLayerBuilder, RedisOptions, Redlock, ReloadMode};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::RedisServer;
 
@@ -187,6 +187,34 @@ async fn reload_burst_across_two_layers_on_one_redis_calls_origin_once() {
         assert_eq!(*code, 200);
         assert!(body_str(body).contains("call=2"), "{}", body_str(body));
     }
+}
+
+/// The same with Redlock as the lease backend: reloads on two layers cost one origin call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_burst_with_redlock_leases_calls_origin_once() {
+    let lock_nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let main = RedisServer::start();
+    let redlock = || {
+        Redlock::builder(lock_nodes.iter().map(RedisServer::url))
+            .namespace("herd-rl")
+            .ttl(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let origin = Origin::new(HOT).delay(Duration::from_millis(400));
+    let a = origin.app(redis_layer(&main).redlock(redlock()).build().unwrap());
+    let b = origin.app(redis_layer(&main).redlock(redlock()).build().unwrap());
+    send(&a, get_req("/rl")).await;
+    send(&b, get_req("/rl")).await;
+    assert_eq!(origin.calls(), 1);
+
+    let mut tasks = burst(&a, "/rl", 100, |i| vec![RELOADS[i % 3]]);
+    tasks.extend(burst(&b, "/rl", 100, |i| vec![RELOADS[i % 3]]));
+    let replies = all(tasks).await;
+    assert_eq!(origin.calls(), 2);
+    assert!(replies
+        .iter()
+        .all(|(c, _, b)| *c == 200 && body_str(b).contains("call=2")));
 }
 
 /// A layer that meets a stored variant it has not keyed (another layer stored it in Redis): a burst of two other variants costs one origin call per variant.
