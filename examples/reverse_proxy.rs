@@ -9,9 +9,13 @@
 //!
 //! - Every method and every end-to-end header is forwarded; hop-by-hop
 //!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
-//!   not. Bodies stream both ways. `Via` is appended both ways,
-//!   `X-Forwarded-For` / `-Proto` / `-Host` are set on the upstream request,
-//!   and `Host` becomes the upstream's (as nginx does by default).
+//!   not, and they are removed before the cache computes its key. Bodies
+//!   stream both ways. `Via` is appended both ways, `X-Forwarded-For` /
+//!   `-Proto` / `-Host` are set on the upstream request, and `Host` becomes
+//!   the upstream's (as nginx does by default).
+//! - The client's host, lowercased and with its port, is both the host in
+//!   the cache key and `X-Forwarded-Host`. An absolute-form target whose
+//!   authority disagrees with `Host`, or two `Host` headers, get a 400.
 //! - GET and HEAD go through one [`CacheLayer`]: one upstream request per key,
 //!   RFC 9111 semantics, `Cache-Status` on every response.
 //! - Purge is off unless `--purge-token` is given. Then, with the token in
@@ -81,6 +85,11 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
         let cache = cache.clone();
         let config = Arc::clone(&config);
         async move {
+            // The cache must key exactly the request the upstream will see.
+            let req = match normalize(req) {
+                Ok(req) => req,
+                Err(response) => return Ok(response),
+            };
             if let Some(response) = purge(&config, &cache, &req) {
                 return Ok::<_, std::convert::Infallible>(response);
             }
@@ -91,6 +100,52 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
             Ok(to_client(response))
         }
     }))
+}
+
+/// Make the request the cache sees the one the upstream gets: hop-by-hop
+/// and Connection-named headers go first (so they cannot select a Vary
+/// variant the upstream never saw), and the one host, lowercased with its
+/// port, becomes the `Host` header (the key) and later `X-Forwarded-Host`.
+/// Two Host headers, or an absolute-form target whose authority disagrees
+/// with Host, are a 400 (RFC 9112 §3.2).
+fn normalize(req: Request<Body>) -> Result<Request<Body>, Response<Body>> {
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let host = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err(status(StatusCode::BAD_REQUEST, "more than one Host"));
+    }
+    let target = parts.uri.authority().map(|a| a.as_str().to_owned());
+    let host = match (target, host) {
+        (Some(t), Some(h)) if !t.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
+            return Err(status(
+                StatusCode::BAD_REQUEST,
+                "request target and Host disagree",
+            ));
+        }
+        (Some(t), _) => Some(t),
+        (None, Some(h)) => match h.to_str() {
+            Ok(h) => Some(h.to_owned()),
+            Err(_) => return Err(status(StatusCode::BAD_REQUEST, "bad Host")),
+        },
+        (None, None) => None,
+    };
+    if let Some(host) = host {
+        let Ok(value) = HeaderValue::from_str(&host.to_ascii_lowercase()) else {
+            return Err(status(StatusCode::BAD_REQUEST, "bad Host"));
+        };
+        parts.headers.insert(header::HOST, value);
+    }
+    if parts.uri.authority().is_some() {
+        // Origin form: from here on the Host header is the one host.
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let Ok(uri) = path.parse() else {
+            return Err(status(StatusCode::BAD_REQUEST, "bad request target"));
+        };
+        parts.uri = uri;
+    }
+    Ok(Request::from_parts(parts, body))
 }
 
 /// Send `req` upstream; an unreachable upstream is a 502, never an error.
