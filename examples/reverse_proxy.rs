@@ -110,7 +110,13 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
 /// with Host, are a 400 (RFC 9112 §3.2).
 fn normalize(req: Request<Body>) -> Result<Request<Body>, Response<Body>> {
     let (mut parts, body) = req.into_parts();
+    // Transfer-Encoding stays until the upstream request is built: it tells
+    // the cache this GET carries a body (which then bypasses it).
+    let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(te) = framing {
+        parts.headers.insert(header::TRANSFER_ENCODING, te);
+    }
     let mut hosts = parts.headers.get_all(header::HOST).iter();
     let host = hosts.next().cloned();
     if hosts.next().is_some() {

@@ -237,6 +237,20 @@ async fn get_with_a_body_bypasses_the_cache_untouched() {
     assert_eq!(echo.calls(), 2);
 }
 
+/// A chunked GET bypasses the cache too, its body reaching the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_get_bypasses_the_cache_with_its_body() {
+    let echo = Echo::start().await;
+    let proxy = proxy(&echo, CacheLayer::new()).await;
+    let p = path("chunked", "max-age=60", "", "");
+    let request = format!(
+        "GET {p} HTTP/1.1\r\nHost: example.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    );
+    let answer = raw(proxy, &request).await;
+    assert!(answer.contains(r#""body":"hello""#), "{answer}");
+    assert!(answer.contains("detail=request-body"), "{answer}");
+}
+
 /// Requests the cache builds for the origin carry no body framing headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebuilt_origin_requests_carry_no_body_framing() {
