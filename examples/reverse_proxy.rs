@@ -88,7 +88,7 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
             // The cache must key exactly the request the upstream will see.
             let req = match normalize(req) {
                 Ok(req) => req,
-                Err(response) => return Ok(response),
+                Err(why) => return Ok(status(StatusCode::BAD_REQUEST, why)),
             };
             if let Some(response) = purge(&config, &cache, &req) {
                 return Ok::<_, std::convert::Infallible>(response);
@@ -108,7 +108,7 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
 /// port, becomes the `Host` header (the key) and later `X-Forwarded-Host`.
 /// Two Host headers, or an absolute-form target whose authority disagrees
 /// with Host, are a 400 (RFC 9112 §3.2).
-fn normalize(req: Request<Body>) -> Result<Request<Body>, Response<Body>> {
+fn normalize(req: Request<Body>) -> Result<Request<Body>, &'static str> {
     let (mut parts, body) = req.into_parts();
     // Transfer-Encoding stays until the upstream request is built: it tells
     // the cache this GET carries a body (which then bypasses it).
@@ -120,26 +120,23 @@ fn normalize(req: Request<Body>) -> Result<Request<Body>, Response<Body>> {
     let mut hosts = parts.headers.get_all(header::HOST).iter();
     let host = hosts.next().cloned();
     if hosts.next().is_some() {
-        return Err(status(StatusCode::BAD_REQUEST, "more than one Host"));
+        return Err("more than one Host");
     }
     let target = parts.uri.authority().map(|a| a.as_str().to_owned());
     let host = match (target, host) {
         (Some(t), Some(h)) if !t.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
-            return Err(status(
-                StatusCode::BAD_REQUEST,
-                "request target and Host disagree",
-            ));
+            return Err("request target and Host disagree");
         }
         (Some(t), _) => Some(t),
         (None, Some(h)) => match h.to_str() {
             Ok(h) => Some(h.to_owned()),
-            Err(_) => return Err(status(StatusCode::BAD_REQUEST, "bad Host")),
+            Err(_) => return Err("bad Host"),
         },
         (None, None) => None,
     };
     if let Some(host) = host {
         let Ok(value) = HeaderValue::from_str(&host.to_ascii_lowercase()) else {
-            return Err(status(StatusCode::BAD_REQUEST, "bad Host"));
+            return Err("bad Host");
         };
         parts.headers.insert(header::HOST, value);
     }
@@ -147,7 +144,7 @@ fn normalize(req: Request<Body>) -> Result<Request<Body>, Response<Body>> {
         // Origin form: from here on the Host header is the one host.
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let Ok(uri) = path.parse() else {
-            return Err(status(StatusCode::BAD_REQUEST, "bad request target"));
+            return Err("bad request target");
         };
         parts.uri = uri;
     }

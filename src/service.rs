@@ -39,9 +39,7 @@ use crate::future::ResponseFuture;
 use crate::key::{CacheKey, KeyHasher};
 use crate::layer::LayerState;
 use crate::metrics::Source;
-use crate::policy::{
-    self, Forward, RequestVerdict, ResponseVerdict, StoredRules, Usable,
-};
+use crate::policy::{self, Forward, RequestVerdict, ResponseVerdict, StoredRules, Usable};
 use crate::purge::{key_authority, url_key, Invalidation};
 use crate::store::memory::{Probe, Stored};
 use crate::vary::{stored_values, variant_key};

@@ -124,13 +124,23 @@ mod tests {
     #[test]
     fn credentials_are_stored_as_a_digest() {
         let mut alice = HeaderMap::new();
-        alice.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer alice"));
+        alice.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer alice"),
+        );
         let mut bob = HeaderMap::new();
-        bob.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer bob"));
+        bob.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer bob"),
+        );
         let stored = stored_values(&header::AUTHORIZATION, &alice);
         assert_ne!(stored[0].as_bytes(), b"Bearer alice");
         assert!(values_match(&header::AUTHORIZATION, &alice, &stored));
         assert!(!values_match(&header::AUTHORIZATION, &bob, &stored));
-        assert!(!values_match(&header::AUTHORIZATION, &HeaderMap::new(), &stored));
+        assert!(!values_match(
+            &header::AUTHORIZATION,
+            &HeaderMap::new(),
+            &stored
+        ));
     }
 }

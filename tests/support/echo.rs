@@ -35,7 +35,9 @@ impl Echo {
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("echo origin serves");
+            axum::serve(listener, app)
+                .await
+                .expect("echo origin serves");
         });
         Self { addr, calls }
     }
@@ -111,7 +113,11 @@ fn decode(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
             (b'%', Some(h), Some(l)) => {
                 out.push((h * 16 + l) as u8);
                 i += 3;
