@@ -171,7 +171,9 @@ impl CacheLayerBuilder {
     /// only for origins whose answers do not depend on who asks. To share
     /// headerless responses *and* store them, use
     /// [`default_ttl`](Self::default_ttl) instead. The Vary check still
-    /// applies: a waiter whose varied headers differ never gets it.
+    /// applies: a waiter whose varied headers differ never gets it. With the
+    /// option on, such answers set no hit-for-pass marker either: requests
+    /// keep coalescing on one origin call per key.
     #[must_use]
     pub fn share_uncacheable_with_waiters(mut self, share: bool) -> Self {
         self.http.share_uncacheable = share;

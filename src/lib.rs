@@ -164,7 +164,9 @@
 //!   response and sets a short pass marker, so later requests go straight
 //!   to the origin instead of queueing. An answer uncacheable because of
 //!   its own request (a `Set-Cookie`, the request's credentials) goes to that
-//!   request alone: the stored entry stays and nothing is marked.
+//!   request alone: the stored entry stays and nothing is marked. A 5xx
+//!   answer without freshness still goes to the requests waiting on it
+//!   (unstored), so a failing origin is not called once per waiter.
 //! - **Vary across instances:** every stored variant carries the names and
 //!   values it varies on, and the URL's base key in Redis always holds one
 //!   variant. An instance that never saw the URL looks the base key up (its

@@ -932,7 +932,13 @@ impl LayerState {
                     stale_for,
                 }
             }
-            ResponseVerdict::Share if self.http.share_uncacheable => Fill::Share(value),
+            // A server error goes to the requests waiting on it, stored for
+            // none: a failing origin must not be asked once per waiter.
+            ResponseVerdict::Share
+                if self.http.share_uncacheable || value.status.is_server_error() =>
+            {
+                Fill::Share(value)
+            }
             // No freshness information: uncacheable for everyone.
             ResponseVerdict::Share => {
                 tracing::debug!(reason = "no-freshness", "response is not cacheable");
