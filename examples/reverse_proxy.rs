@@ -169,7 +169,16 @@ async fn forward(
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     let original_host = parts.headers.get(header::HOST).cloned();
+    let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
     strip_hop_by_hop(&mut parts.headers);
+    if chunked && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+        // The client re-frames the body, but assumes a GET of unknown length
+        // has none: say it has one, or the body would be dropped.
+        parts.headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
     if let Some(ip) = client_addr {
         append_list(&mut parts.headers, "x-forwarded-for", &ip.to_string());
     }
