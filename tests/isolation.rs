@@ -214,6 +214,40 @@ async fn vary_names_reach_an_instance_that_never_saw_the_url() {
     assert_eq!(echo.calls(), 2, "one origin call per variant");
 }
 
+/// An instance that never saw a varied URL finds another request's stored variant in two Redis lookups, without the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_instance_finds_its_variant_in_two_lookups() {
+    let redis = RedisServer::start();
+    let echo = Echo::start().await;
+    let c = client();
+    let p = path("vary-rt", "max-age=60", "Cookie", "");
+    let a = proxy(&echo, redis_layer(&redis)).await;
+    get(&c, a, &p, &[("cookie", "user=alice")]).await;
+    get(&c, a, &p, &[("cookie", "user=bob")]).await;
+    assert_eq!(echo.calls(), 2);
+    // Let the background writes of the variant copies land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The base key now holds bob's variant (the latest fill): alice's
+    // request learns the names there and follows them to her own.
+    let fresh = proxy(&echo, redis_layer(&redis)).await;
+    let monitor = support::Monitor::start(&redis);
+    let alice = get(&c, fresh, &p, &[("cookie", "user=alice")]).await;
+    assert_eq!(alice.seen().cookie.as_deref(), Some("user=alice"));
+    assert!(
+        alice.cache_status().contains("hit"),
+        "{}",
+        alice.cache_status()
+    );
+    let lookups = monitor
+        .client_commands()
+        .iter()
+        .filter(|c| *c == "EVALSHA")
+        .count();
+    assert_eq!(lookups, 2, "the base key, then the variant it names");
+    assert_eq!(echo.calls(), 2);
+}
+
 /// A must-revalidate answer to one bearer token is never a hit for another token; the same token still hits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_are_reused_only_with_public_or_s_maxage() {
