@@ -10,12 +10,14 @@
 //! - Every method and every end-to-end header is forwarded; hop-by-hop
 //!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
 //!   not, and they are removed before the cache computes its key. Bodies
-//!   stream both ways. `Via` is appended both ways, `X-Forwarded-For` /
-//!   `-Proto` / `-Host` are set on the upstream request, and `Host` becomes
-//!   the upstream's (as nginx does by default).
-//! - The client's host, lowercased and with its port, is both the host in
-//!   the cache key and `X-Forwarded-Host`. An absolute-form target whose
-//!   authority disagrees with `Host`, or two `Host` headers, get a 400.
+//!   stream both ways. `Via` is appended both ways, and `X-Forwarded-For` /
+//!   `-Proto` / `-Host` are set on the upstream request.
+//! - The client's host, lowercased and with its port, is the host in the
+//!   cache key and exactly what the upstream is told, in both `Host` and
+//!   `X-Forwarded-Host` (so links it builds from either match the key). An
+//!   absolute-form target whose authority disagrees with `Host`, or two
+//!   `Host` headers, get a 400. A request without a host gets the
+//!   upstream's own as `Host`.
 //! - GET and HEAD go through one [`CacheLayer`]: one upstream request per key,
 //!   RFC 9111 semantics, `Cache-Status` on every response.
 //! - Purge is off unless `--purge-token` is given. Then, with the token in
@@ -105,7 +107,8 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
 /// Make the request the cache sees the one the upstream gets: hop-by-hop
 /// and Connection-named headers go first (so they cannot select a Vary
 /// variant the upstream never saw), and the one host, lowercased with its
-/// port, becomes the `Host` header (the key) and later `X-Forwarded-Host`.
+/// port, becomes the `Host` header: the key, the upstream's `Host` and its
+/// `X-Forwarded-Host`.
 /// Two Host headers, or an absolute-form target whose authority disagrees
 /// with Host, are a 400 (RFC 9112 §3.2).
 fn normalize(req: Request<Body>) -> Result<Request<Body>, &'static str> {
@@ -189,7 +192,6 @@ async fn forward(
         .headers
         .insert("x-forwarded-proto", HeaderValue::from_static("http"));
     append_list(&mut parts.headers, "via", VIA);
-    parts.headers.remove(header::HOST);
     parts.uri = uri;
     parts.version = axum::http::Version::HTTP_11;
     match client.request(Request::from_parts(parts, body)).await {

@@ -349,6 +349,7 @@ async fn the_key_host_is_what_the_origin_is_told() {
         with_port.seen().forwarded_host.as_deref(),
         Some("shop.test:1337")
     );
+    assert_eq!(with_port.seen().host.as_deref(), Some("shop.test:1337"));
     let without = get(&c, proxy, &p, &[("host", "shop.test")]).await;
     assert_eq!(
         without.seen().forwarded_host.as_deref(),
