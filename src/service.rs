@@ -176,7 +176,9 @@ where
             // Stored for other header values: refresh this request's own variant.
             let (target, stored) = match stored {
                 Some(e) if !e.value.vary_matches(req.headers()) => {
-                    let t = state.variant_for(&target, &e, req.headers()).unwrap_or(target);
+                    let t = state
+                        .variant_for(&target, &e, req.headers())
+                        .unwrap_or(target);
                     let v = match state.engine.probe(&t.key) {
                         Probe::Fresh(v) | Probe::Stale(v) => Some(v),
                         Probe::Pass | Probe::Miss => state.retained.get(&t.key),
@@ -197,7 +199,9 @@ where
                 // Another variant is stored here (this instance did not know
                 // the URL varies): the request's own variant gets a flight
                 // of its own, keyed by the names the stored one varies on.
-                let target = state.variant_for(&target, &e, req.headers()).unwrap_or(target);
+                let target = state
+                    .variant_for(&target, &e, req.headers())
+                    .unwrap_or(target);
                 let stale = match state.engine.probe(&target.key) {
                     Probe::Fresh(v) | Probe::Stale(v) if v.value.vary_matches(req.headers()) => {
                         let age = v.value.current_age(v.age());
