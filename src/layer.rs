@@ -145,6 +145,32 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// Grace: serve a stored response up to `grace` past its freshness, at
+    /// once, while one refresh runs (Varnish's grace, nginx's
+    /// `proxy_cache_use_stale updating`), even when the origin sent no
+    /// `stale-while-revalidate`. Off by default, as RFC 9111 §4.2.4 asks.
+    ///
+    /// Never for responses with `must-revalidate`, `proxy-revalidate`,
+    /// `s-maxage` (which implies proxy-revalidate for a shared cache) or
+    /// `no-cache`. Such answers say `Cache-Status: …; detail=grace`. Entries
+    /// are kept (in memory and in Redis) for freshness plus grace, so a long
+    /// grace holds more entries at once within the same
+    /// [`capacity_bytes`](Self::capacity_bytes).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .grace(Duration::from_secs(60))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = cache;
+    /// ```
+    #[must_use]
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.http.rules.grace = grace;
+        self
+    }
+
     /// How long a stored response is kept after it stops being servable
     /// (default 10 min): a response with a validator (ETag, Last-Modified)
     /// is then revalidated with a conditional request instead of fetched
@@ -206,6 +232,17 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.engine.fallback_limit = limit;
+        self
+    }
+
+    /// Refresh-ahead (default 0.25; 0 turns it off): a hit in the last
+    /// `fraction` of an entry's freshness starts one background refresh, so
+    /// a hot entry is replaced before it expires and no request waits for the
+    /// origin. The lead is at least twice the origin time this instance last
+    /// measured for the entry. See the crate docs, "Refresh-ahead".
+    #[must_use]
+    pub fn refresh_ahead(mut self, fraction: f64) -> Self {
+        self.engine.refresh_ahead = fraction;
         self
     }
 

@@ -195,16 +195,31 @@ where
             let fut = miss(Arc::clone(state), target, head, inner, req, None, fallback);
             return boxed(Box::pin(fut));
         };
-        let age = entry.value.current_age(entry.age());
+        let stored_age = entry.age();
+        let age = entry.value.current_age(stored_age);
         let view = View::of(&req, head);
-        match policy::usability(&rd, entry.value.rules, age) {
+        match policy::usability(&rd, entry.value.rules, age, state.http.rules.grace) {
             // The engine's own clock may end freshness earlier (an L1 bound
             // in front of a shared store): then ask the flight.
             Usable::Fresh if engine_fresh => {
                 state.engine.counters.record(Source::Hit);
+                // Refresh-ahead: the one hit that finds this copy in the last
+                // part of its freshness starts the background refresh.
+                if entry.claim_refresh(stored_age) {
+                    let stale = Some(entry.value.clone());
+                    let refresh = OriginCall::new(
+                        inner,
+                        refresh_request(&req),
+                        Arc::clone(state),
+                        None,
+                        target,
+                        stale,
+                    );
+                    state.engine.refresh_ahead(target.key, &entry, refresh);
+                }
                 ResponseFuture::ready(state.respond(&entry, &view, Served::Hit))
             }
-            Usable::StaleWhileRevalidate => {
+            usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
                 state.engine.counters.record(Source::Stale);
                 let refresh = OriginCall::new(
                     inner,
@@ -215,7 +230,7 @@ where
                     Some(entry.value.clone()),
                 );
                 state.engine.refresh_in_background(target.key, refresh);
-                let served = Served::Stale("stale");
+                let served = Served::Stale(stale_detail(usable));
                 ResponseFuture::ready(state.respond(&entry, &view, served))
             }
             Usable::StaleAccepted => {
@@ -331,7 +346,8 @@ where
             // A stale copy shared by the flight (another instance holds the
             // refresh) may still be refused by this request's own directives
             // (max-age, min-fresh): such a request goes to the origin itself.
-            if source == Source::Stale && !stale_acceptable(&request_headers, &entry) {
+            let grace = state.http.rules.grace;
+            if source == Source::Stale && !stale_acceptable(&request_headers, &entry, grace) {
                 let call = compute.or_else(|| {
                     own_call.map(|(inner, req)| {
                         OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
@@ -349,7 +365,12 @@ where
                 counters.record(source);
                 let served = match source {
                     Source::Hit => Served::Hit,
-                    Source::Stale => Served::Stale("stale"),
+                    Source::Stale => Served::Stale(stale_detail(policy::usability(
+                        &RequestDirectives::default(),
+                        entry.value.rules,
+                        entry.value.current_age(entry.age()),
+                        grace,
+                    ))),
                     Source::Coalesced => Served::Forwarded {
                         fwd,
                         collapsed: true,
@@ -502,16 +523,29 @@ fn own_call_if_picky<S: Clone, B: Default>(
     (rd.max_age.is_some() || rd.min_fresh.is_some()).then(|| (inner.clone(), refresh_request(req)))
 }
 
+/// `Cache-Status` detail of a stale answer: the origin's
+/// stale-while-revalidate, or the operator's grace.
+fn stale_detail(usable: Usable) -> &'static str {
+    match usable {
+        Usable::Grace => "grace",
+        _ => "stale",
+    }
+}
+
 /// Whether a request with these headers accepts `entry` served stale.
-fn stale_acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
+fn stale_acceptable(
+    request_headers: &HeaderMap,
+    entry: &Stored<CachedResponse>,
+    grace: Duration,
+) -> bool {
     let RequestVerdict::Cacheable(rd) = policy::classify_request(&Method::GET, request_headers)
     else {
         return false;
     };
     let age = entry.value.current_age(entry.age());
     matches!(
-        policy::usability(&rd, entry.value.rules, age),
-        Usable::StaleWhileRevalidate | Usable::StaleAccepted | Usable::Fresh
+        policy::usability(&rd, entry.value.rules, age, grace),
+        Usable::StaleWhileRevalidate | Usable::Grace | Usable::StaleAccepted | Usable::Fresh
     )
 }
 
