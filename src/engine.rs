@@ -450,51 +450,74 @@ impl<V: Value> Shared<V> {
                     if let Err(e) = &decoded {
                         tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
                     }
+                    // An entry stored without a stale window is never handed
+                    // out stale: Redis reports one so only in the last
+                    // millisecond of its freshness (PTTL rounds down to 0
+                    // while the key still exists). Handing it out sent every
+                    // request that then refused it to the origin on its own.
+                    let decoded = decoded.map(|(meta, value)| {
+                        let servable = !meta.stale_for.is_zero();
+                        (meta, value, servable)
+                    });
                     match (decoded, fence) {
-                        (Ok((meta, value)), Some(fence)) => {
-                            let entry = self.fill_l1(
-                                key,
-                                value,
-                                meta,
-                                Duration::ZERO,
-                                hard_left,
-                                Duration::ZERO,
-                            );
-                            handle.publish_stale(entry);
+                        (Ok((meta, value, servable)), Some(fence)) => {
+                            if servable {
+                                let entry = self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                );
+                                handle.publish_stale(entry);
+                            }
                             let lease = HeldLease::Single(token);
                             return self.lead_remote(remote, key, lease, fence, fut).await;
                         }
-                        (Ok((meta, value)), None) => {
-                            let entry = self.fill_l1(
-                                key,
-                                value,
-                                meta,
-                                Duration::ZERO,
-                                hard_left,
-                                Duration::ZERO,
-                            );
+                        (Ok((meta, value, servable)), None) => {
+                            let entry = servable.then(|| {
+                                self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                )
+                            });
                             // With Redlock the lookup never leases: try for the
                             // refresh lease there, serve stale either way.
                             if let RedlockTry::Won(lease, fence) =
                                 self.redlock_lease(remote, key).await
                             {
-                                handle.publish_stale(entry);
+                                if let Some(entry) = entry {
+                                    handle.publish_stale(entry);
+                                }
                                 return self.lead_remote(remote, key, lease, fence, fut).await;
                             }
                             // Someone else refreshes it. Everyone waiting here
                             // takes the stale copy now; this flight stays open
                             // until the fill lands (bounded), so stale answers
                             // meanwhile do not each look Redis up again.
-                            handle.publish_stale(Arc::clone(&entry));
+                            if let Some(entry) = &entry {
+                                handle.publish_stale(Arc::clone(entry));
+                            }
                             let poll = remote.options.poll_interval;
                             if self
                                 .wait_for_fill(remote, key, &mut subscription, poll, deadline)
                                 .await
                             {
-                                return Outcome::Value {
-                                    entry,
-                                    source: Source::Stale,
-                                };
+                                match entry {
+                                    Some(entry) => {
+                                        return Outcome::Value {
+                                            entry,
+                                            source: Source::Stale,
+                                        }
+                                    }
+                                    // Waited as long as allowed for a fill.
+                                    None => return self.compute_unshared(fut).await,
+                                }
                             }
                         }
                         (Err(_), Some(fence)) => {

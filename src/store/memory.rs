@@ -231,6 +231,12 @@ impl<V: Value> MemoryStore<V> {
         self.cache.entry_count()
     }
 
+    /// Weighted bytes held, after pending evictions run.
+    pub(crate) fn weighted_bytes(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.weighted_size()
+    }
+
     /// Drop every entry for which `matches` holds, now. A walk over the
     /// entries rather than moka's lazy invalidation closures: those compare
     /// the entry's and the predicate's times on a coarse clock, and an entry
