@@ -245,15 +245,18 @@ async fn large(args: &Args) {
     let connections = args.get("connections", 16usize).clamp(1, 1024);
     // Uniform over 100,000 keys: nearly every request is a new entry.
     let keys = 100_000u32;
-    let origin = Arc::new(Origin::tracking_keys(
-        Duration::ZERO,
-        "max-age=60",
-        body,
-        1,
-        keys,
-        Duration::from_secs(60),
-        Scope::Instance,
-    ));
+    let origin = Arc::new(
+        Origin::tracking_keys(
+            Duration::ZERO,
+            "max-age=60",
+            body,
+            1,
+            keys,
+            Duration::from_secs(60),
+            Scope::Instance,
+        )
+        .copying_bodies(),
+    );
     let layer = match CacheLayer::builder().capacity_bytes(capacity).build() {
         Ok(l) => l,
         Err(e) => {

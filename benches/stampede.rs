@@ -635,6 +635,8 @@ async fn main() {
         // The floor is the same for every burst; once is enough.
         let rows: &[Row] = match scenario {
             Scenario::Cold => &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis],
+            // The floor shows what a burst of N costs this machine alone.
+            Scenario::Grace => &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis],
             Scenario::Steady => &[
                 Row::NoCache,
                 Row::MemoryNoAhead,

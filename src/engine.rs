@@ -1131,7 +1131,9 @@ impl<V: Value> Cache<V> {
     /// Return the cached value for `key`, or compute it once for all
     /// concurrent callers.
     ///
-    /// - Fresh: returned at once ([`Source::Hit`]).
+    /// - Fresh: returned at once ([`Source::Hit`]). The first hit in the last
+    ///   quarter of the freshness also starts one background computation
+    ///   (refresh-ahead, see [`CacheBuilder::refresh_ahead`]).
     /// - Stale within the grace: returned at once ([`Source::Stale`]) while
     ///   exactly one refresh runs in the background.
     /// - Otherwise one caller per process leads ([`Source::Miss`]) and the rest
