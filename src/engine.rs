@@ -285,7 +285,8 @@ impl<V: Value> Shared<V> {
     /// twice the origin time measured here for it if that is longer.
     fn refresh_age(&self, fresh_for: Duration, origin_time: Duration) -> Duration {
         let fraction = self.config.refresh_ahead;
-        if !(fraction > 0.0) || fresh_for.is_zero() {
+        // NaN and negative fractions turn it off, like zero.
+        if fraction.is_nan() || fraction <= 0.0 || fresh_for.is_zero() {
             return Duration::MAX;
         }
         let lead = fresh_for
