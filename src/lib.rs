@@ -154,12 +154,55 @@
 //!   stops answering fresh from its copy when its L1 lifetime (1 s) ends; a
 //!   stale answer from it starts a refresh that finds the entry gone.
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
-//!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
+//!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
 //!   too-large, stale-if-error, only-if-cached, wait-timeout, overloaded,
 //!   origin-timeout and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
+//!
+//! ## Grace and refresh-ahead
+//!
+//! - **Grace** ([`CacheLayerBuilder::grace`], off by default): an expired
+//!   entry is served at once for up to the grace past its freshness while one
+//!   refresh runs, even without the origin's `stale-while-revalidate`
+//!   (`Cache-Status: …; detail=grace`). Never for `must-revalidate`,
+//!   `proxy-revalidate`, `s-maxage` or `no-cache` responses. Entries are
+//!   kept in memory and in Redis for freshness + grace.
+//! - **Refresh-ahead** ([`CacheLayerBuilder::refresh_ahead`], on by default:
+//!   the last 25 % of the freshness, or twice the origin time this instance
+//!   last measured for the entry if that is longer): the first hit on a copy
+//!   in that part starts one background refresh. With Redis the lookup
+//!   script takes the entry's lease while the entry is still fresh, so the
+//!   cluster makes one call and every other instance keeps its copy. Under
+//!   steady load no request waits for the origin and none is answered past
+//!   max-age. It costs at most one origin call per key per freshness window
+//!   (each refresh starts a new window; a key nobody hits near its end is
+//!   never refreshed), which is why it is on by default. A failed refresh is
+//!   not retried ahead: the entry then expires as usual. With a Redlock lease
+//!   backend entries are not refreshed ahead.
+//!
+//!   A fixed fraction rather than XFetch (probabilistic early expiration,
+//!   Vattani et al. 2015): XFetch spreads independent recomputations so that
+//!   uncoordinated callers rarely collide. Here the lease already makes the
+//!   refresh single, so randomness only adds variance: at thousands of hits
+//!   per second XFetch fires almost as soon as an entry is stored, which
+//!   would cost a call per origin time rather than per window. A fixed
+//!   point is deterministic, bounded and testable under paused time; the
+//!   measured origin time gives it XFetch's one advantage, a lead that
+//!   grows with a slow origin.
+//!
+//! ## Memory
+//!
+//! [`capacity_bytes`](CacheLayerBuilder::capacity_bytes) bounds what the
+//! layer keeps: entries (L1) get about 73 %, retained copies (kept past their
+//! stale window for 304 revalidation and `stale-if-error`) 25 %, and the Vary
+//! index 1/64; each evicts on its own. [`CacheLayer::memory_bytes`] reports
+//! the total. Bodies being received are bounded by
+//! [`max_body_bytes`](CacheLayerBuilder::max_body_bytes) each (and the
+//! leader cap), not by the capacity. Measured: one instance at a 32 MiB
+//! capacity fed distinct 200 KB entries stays below 1.25 × capacity + 64 MiB
+//! RSS (`cargo bench --bench soak -- --large`).
 //!
 //! ## Who may receive an answer
 //!
