@@ -225,11 +225,9 @@ pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
 pub use metrics::{describe_metrics, Source, Stats};
+pub use purge::{PurgeError, PurgeHandle, Purged};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;
-
-/// The `redis` crate this one uses, so you can stay on one version.
-pub use deadpool_redis::redis;
 
 /// The README's examples, compiled as doctests.
 #[cfg(doctest)]

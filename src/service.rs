@@ -85,6 +85,21 @@ impl<S> CacheService<S> {
     pub(crate) fn new(inner: S, state: Arc<LayerState>) -> Self {
         Self { inner, state }
     }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service; the cache it used lives on in the layer.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 /// Where a request's entry lives.

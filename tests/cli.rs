@@ -9,7 +9,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use herdguard::{redis, CacheKey, CacheLayer, RedisOptions, Redlock};
+use deadpool_redis::redis;
+use herdguard::{CacheKey, CacheLayer, RedisOptions, Redlock};
 use serde_json::Value as Json;
 use support::origin::{get_req, send, Origin};
 use support::RedisServer;

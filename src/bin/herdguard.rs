@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::{ArgGroup, Parser, Subcommand};
 use futures_util::future::join_all;
 use herdguard::inspect::{self, Purge};
-use herdguard::redis::{self, aio::MultiplexedConnection, AsyncConnectionConfig};
+use deadpool_redis::redis::{self, aio::MultiplexedConnection, AsyncConnectionConfig};
 use herdguard::{CacheKey, CacheLayer, RedisOptions};
 use serde_json::{json, Value as Json};
 
