@@ -27,6 +27,8 @@ pub(crate) struct HttpConfig {
     /// How long a stored response is kept past its stale grace: to be
     /// revalidated with a conditional request, or served to `max-stale`.
     pub(crate) keep: Duration,
+    /// Remove `Surrogate-Key` from every response to a client.
+    pub(crate) strip_surrogate_key: bool,
 }
 
 impl Default for HttpConfig {
@@ -37,6 +39,7 @@ impl Default for HttpConfig {
             cache_name: "herdguard".to_owned(),
             key_headers: Vec::new(),
             keep: Duration::from_secs(600),
+            strip_surrogate_key: true,
         }
     }
 }
@@ -224,6 +227,17 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn redlock(mut self, redlock: crate::Redlock) -> Self {
         self.engine.redlock = Some(Arc::new(redlock));
+        self
+    }
+
+    /// Whether `Surrogate-Key` is removed from responses to clients (default
+    /// `true`). Either way the layer reads the tags of every response it
+    /// stores, for [`CacheLayer::purge_tag`]: the header is addressed to the
+    /// cache, and tags often name internal things (tables, tenants). Turn it
+    /// off when a cache downstream purges by the same tags.
+    #[must_use]
+    pub fn strip_surrogate_key(mut self, strip: bool) -> Self {
+        self.http.strip_surrogate_key = strip;
         self
     }
 

@@ -140,7 +140,11 @@
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
 //!   that clears every instance's memory. An instance that misses the notice
 //!   stops answering fresh from its copy when its L1 lifetime (1 s) ends; a
-//!   stale answer from it starts a refresh that finds the entry gone.
+//!   stale answer from it starts a refresh that finds the entry gone. Each
+//!   purge returns a [`PurgeHandle`]: drop it to purge in the background, or
+//!   await it to learn whether Redis was reached. `Surrogate-Key` is read
+//!   when a response is stored and stripped from every response to a client
+//!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
 //!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
