@@ -143,11 +143,12 @@ async fn redlock_clones_share_connections() {
     let task = tokio::spawn(async move {
         let lease = b.acquire("job-b").await.expect("free");
         b.release(lease).await;
+        b
     });
     let lease = a.acquire("job-a").await.expect("free");
     a.release(lease).await;
-    task.await.unwrap();
-    // Our own inspecting connection, plus the one both handles share.
+    let _b = task.await.unwrap();
+    // Our own inspecting connection, plus the one both live handles share.
     assert_eq!(normal_clients(&server).await, 2);
 }
 
