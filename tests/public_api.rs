@@ -101,7 +101,10 @@ async fn awaited_purge_has_deleted_the_redis_copy() {
         .purge_url(&"http://example.test/item".parse().unwrap())
         .await;
     assert_eq!(outcome.unwrap(), Purged::Redis);
-    assert!(!exists(&server, &value).await, "deleted before the handle resolved");
+    assert!(
+        !exists(&server, &value).await,
+        "deleted before the handle resolved"
+    );
 }
 
 /// With Redis gone, an awaited purge is an error (memory is still purged), within the timeouts.
