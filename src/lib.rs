@@ -198,6 +198,9 @@
 //! [`Cache`] is the same engine for any value: see
 //! [`Cache::get_or_compute`].
 
+// docs.rs: mark feature-gated items with the feature they need.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod body;
 mod conditional;
 mod engine;

@@ -138,6 +138,7 @@ where
 }
 
 impl<S> CacheService<S> {
+    /// `call` but for the final header touch.
     fn route<ReqB, ResB>(&mut self, req: Request<ReqB>) -> ResponseFuture<S::Future, ResB, S::Error>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
