@@ -628,10 +628,12 @@ async fn locks(
             let given_exists = given.iter().any(NodeLock::exists);
             let ours_exists = ours.iter().any(NodeLock::exists);
             match (given_exists, ours_exists) {
-                (true, true) => return Err(Failure(format!(
+                (true, true) => {
+                    return Err(Failure(format!(
                     "ambiguous: both the key {as_given:?} and the resource lock {derived} exist; \
                          pass --raw for the key, or the full lock key"
-                ))),
+                )))
+                }
                 (true, false) => (as_given, "as_given", given),
                 (false, _) => (derived, "resource", ours),
             }
