@@ -431,8 +431,8 @@ async fn inspect_as_given(target: &str, url: &str, timeout: Duration) -> Result<
     inspect_raw(target, url, timeout).await
 }
 
-/// Longest value printed as text.
-const SHOWN_VALUE_BYTES: usize = 256;
+/// Longest value printed as text, in characters.
+const SHOWN_VALUE_CHARS: usize = 256;
 
 /// Any key, verbatim: its type, PTTL and, for a string, its value (a lock's
 /// token) and, when it is one, the entry envelope in it.
@@ -455,7 +455,7 @@ async fn inspect_raw(key: &str, url: &str, timeout: Duration) -> Result<Report, 
         .as_deref()
         .and_then(|v| std::str::from_utf8(v).ok())
         .filter(|v| !v.chars().any(char::is_control));
-    let shown = text_value.map(|v| match v.char_indices().nth(SHOWN_VALUE_BYTES) {
+    let shown = text_value.map(|v| match v.char_indices().nth(SHOWN_VALUE_CHARS) {
         Some((cut, _)) => format!("{}…", &v[..cut]),
         None => v.to_owned(),
     });
@@ -560,7 +560,7 @@ fn lock_arg(arg: &str, namespace: &str, raw: bool) -> LockArg {
     }
 }
 
-/// Token and PTTL of `keys` on one node, in two round trips at most.
+/// Token and PTTL of `keys` on one node: one round trip, plus a GET per string.
 async fn probe_locks(url: &str, keys: &[&str], timeout: Duration) -> Vec<NodeLock> {
     let probe = async {
         let mut conn = connect(url, timeout).await?;
@@ -630,9 +630,9 @@ async fn locks(
             match (given_exists, ours_exists) {
                 (true, true) => {
                     return Err(Failure(format!(
-                    "ambiguous: both the key {as_given:?} and the resource lock {derived} exist; \
-                         pass --raw for the key, or the full lock key"
-                )))
+                        "ambiguous: both the key {as_given:?} and the resource lock {derived} \
+                         exist; pass --raw for the key, or the full lock key"
+                    )));
                 }
                 (true, false) => (as_given, "as_given", given),
                 (false, _) => (derived, "resource", ours),
