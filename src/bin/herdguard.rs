@@ -1143,6 +1143,18 @@ mod tests {
         assert_eq!(lock_key(&expect, "other"), expect);
     }
 
+    /// `--raw` keeps any name verbatim; without it a foreign name is probed both as given and as a resource.
+    #[test]
+    fn lock_argument_with_raw_and_foreign_names() {
+        let own = lock_key("job", "ns");
+        assert!(matches!(lock_arg("job", "ns", true), LockArg::Exact(k) if k == "job"));
+        assert!(matches!(lock_arg(&own, "ns", false), LockArg::Exact(k) if k == own));
+        assert!(matches!(
+            lock_arg("lock:rebuild:{42}", "ns", false),
+            LockArg::Resource { derived, as_given } if derived == lock_key("lock:rebuild:{42}", "ns") && as_given == "lock:rebuild:{42}"
+        ));
+    }
+
     /// Only absolute http(s) URLs with a host are accepted as URLs.
     #[test]
     fn url_targets_need_scheme_and_host() {
