@@ -27,7 +27,8 @@
 //!   - `POST /.herdguard/purge/tag/{tag}` removes every entry whose response
 //!     carried `tag` in `Surrogate-Key` (space separated).
 //!
-//!   `Surrogate-Key` is stripped from responses to clients.
+//!   The layer strips `Surrogate-Key` from responses to clients (after
+//!   indexing the tags), as it does by default.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -209,9 +210,7 @@ async fn forward(
 
 /// The last touches on every response to a client.
 fn to_client(mut response: Response<Body>) -> Response<Body> {
-    let headers = response.headers_mut();
-    headers.remove("surrogate-key");
-    append_list(headers, "via", VIA);
+    append_list(response.headers_mut(), "via", VIA);
     response
 }
 

@@ -31,6 +31,8 @@ pub(crate) struct HttpConfig {
     /// Hand responses that may not be stored to every request waiting on
     /// the same key (opt-in: only for origins that answer everyone alike).
     pub(crate) share_uncacheable: bool,
+    /// Remove `Surrogate-Key` from every response to a client.
+    pub(crate) strip_surrogate_key: bool,
 }
 
 /// What a request that refuses the stored response does: `Cache-Control:
@@ -71,6 +73,7 @@ impl Default for HttpConfig {
             keep: Duration::from_secs(600),
             reload: ReloadMode::Coalesce,
             share_uncacheable: false,
+            strip_surrogate_key: true,
         }
     }
 }
@@ -407,6 +410,17 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn redlock(mut self, redlock: crate::Redlock) -> Self {
         self.engine.redlock = Some(Arc::new(redlock));
+        self
+    }
+
+    /// Whether `Surrogate-Key` is removed from responses to clients (default
+    /// `true`). Either way the layer reads the tags of every response it
+    /// stores, for [`CacheLayer::purge_tag`]: the header is addressed to the
+    /// cache, and tags often name internal things (tables, tenants). Turn it
+    /// off when a cache downstream purges by the same tags.
+    #[must_use]
+    pub fn strip_surrogate_key(mut self, strip: bool) -> Self {
+        self.http.strip_surrogate_key = strip;
         self
     }
 

@@ -152,7 +152,11 @@
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
 //!   that clears every instance's memory. An instance that misses the notice
 //!   stops answering fresh from its copy when its L1 lifetime (1 s) ends; a
-//!   stale answer from it starts a refresh that finds the entry gone.
+//!   stale answer from it starts a refresh that finds the entry gone. Each
+//!   purge returns a [`PurgeHandle`]: drop it to purge in the background, or
+//!   await it to learn whether Redis was reached. `Surrogate-Key` is read
+//!   when a response is stored and stripped from every response to a client
+//!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
@@ -330,6 +334,9 @@
 //! [`Cache`] is the same engine for any value: see
 //! [`Cache::get_or_compute`].
 
+// docs.rs: mark feature-gated items with the feature they need.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod body;
 mod conditional;
 mod engine;
@@ -361,11 +368,9 @@ pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
 pub use metrics::{describe_metrics, Source, Stats};
+pub use purge::{PurgeError, PurgeHandle, Purged};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;
-
-/// The `redis` crate this one uses, so you can stay on one version.
-pub use deadpool_redis::redis;
 
 /// The README's examples, compiled as doctests.
 #[cfg(doctest)]

@@ -85,6 +85,21 @@ impl<S> CacheService<S> {
     pub(crate) fn new(inner: S, state: Arc<LayerState>) -> Self {
         Self { inner, state }
     }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service; the cache it used lives on in the layer.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 /// Where a request's entry lives.
@@ -116,6 +131,23 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // At the one exit every answer passes, whatever path made it.
+        let strip = self.state.http.strip_surrogate_key;
+        self.route(req).strip_surrogate_key(strip)
+    }
+}
+
+impl<S> CacheService<S> {
+    /// `call` but for the final header touch.
+    fn route<ReqB, ResB>(&mut self, req: Request<ReqB>) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqB: Default + Send + 'static,
+        ResB: Body<Data = Bytes> + Send + 'static,
+        ResB::Error: Into<BoxError>,
+    {
         // The instance that was polled ready is the one we may call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
