@@ -365,10 +365,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Stale-while-updating on the operator's say-so (`60s`, `500ms`, `2m`).
         builder = builder.grace(duration_arg(&grace).ok_or("--grace takes 60s, 500ms or 2m")?);
     }
+    #[cfg(feature = "redis")]
     if let Some(redis) = arg_value(&args, "--redis") {
         // Every proxy on this Redis shares entries and the single flight.
         builder = builder.redis(herdguard::RedisOptions::new(redis).namespace("proxy"));
     }
+    #[cfg(feature = "redis")]
     if let Some(seeds) = arg_value(&args, "--redis-cluster") {
         let urls: Vec<String> = seeds
             .split(',')

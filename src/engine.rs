@@ -23,16 +23,22 @@ use futures_util::FutureExt;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::entry::{decode_entry, encode_entry, EntryMeta, Value};
+#[cfg(feature = "redis")]
+use crate::entry::{decode_entry, encode_entry};
+use crate::entry::{EntryMeta, Value};
 use crate::error::{BoxError, BuildError, Error};
 use crate::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;
+#[cfg(feature = "redis")]
 use crate::lock::watchdog::{HeldLease, Watchdog};
+#[cfg(feature = "redis")]
 use crate::lock::{self, FenceToken, LeaseToken};
 use crate::metrics::{self, Counters, Source, Stats};
 use crate::store::memory::{MemoryStore, Probe, Stored};
-use crate::store::redis::{FillSubscription, RedisOptions, RedisStore, RemoteLookup, WriteMode};
+#[cfg(feature = "redis")]
+use crate::store::redis::{FillSubscription, RemoteLookup, WriteMode};
+use crate::store::redis::{RedisOptions, RedisStore};
 
 /// What a computation produced, and what may be done with it.
 #[derive(Debug)]
@@ -205,6 +211,7 @@ pub(crate) struct Shared<V: Value> {
     /// The shared store; `None` runs on memory alone (the embedded default).
     pub(crate) remote: Option<Arc<RedisStore>>,
     /// The lease backend when leases live on Redlock nodes.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     redlock: Option<Arc<Redlock>>,
 }
 
@@ -473,6 +480,7 @@ impl<V: Value> Shared<V> {
     /// `ahead`: the copy a refresh-ahead started from. The first lookup then
     /// takes the lease while the entry is still fresh (near its end), and a
     /// copy of that same write found instead starts no further refresh.
+    #[cfg(feature = "redis")]
     async fn drive_remote(
         &self,
         remote: &Arc<RedisStore>,
@@ -691,6 +699,7 @@ impl<V: Value> Shared<V> {
 
     /// Someone else holds the lease: wait for its fill, bounded. Returns
     /// true when the overall wait is over.
+    #[cfg(feature = "redis")]
     async fn wait_for_fill(
         &self,
         remote: &Arc<RedisStore>,
@@ -727,6 +736,7 @@ impl<V: Value> Shared<V> {
     ///
     /// `newer_than`: a refresh's refused fence; only a newer entry counts as
     /// filled meanwhile.
+    #[cfg(feature = "redis")]
     async fn redlock_lease(
         &self,
         remote: &Arc<RedisStore>,
@@ -763,6 +773,7 @@ impl<V: Value> Shared<V> {
     }
 
     /// Holding the lease: compute under the watchdog, then fenced write.
+    #[cfg(feature = "redis")]
     async fn lead_remote(
         &self,
         remote: &Arc<RedisStore>,
@@ -906,6 +917,7 @@ impl<V: Value> Shared<V> {
 
     /// Record the entry under its purge groups (URL, tags) in Redis, off the
     /// request path.
+    #[cfg(feature = "redis")]
     fn index_in_background(
         &self,
         remote: &Arc<RedisStore>,
@@ -922,6 +934,7 @@ impl<V: Value> Shared<V> {
     }
 
     /// The remote wait ran out: compute once for this process, store nothing.
+    #[cfg(feature = "redis")]
     async fn compute_unshared(&self, fut: ComputeFuture<V>) -> Outcome<V> {
         self.counters.origin_call();
         match self.run_compute(fut).await {
@@ -939,6 +952,7 @@ impl<V: Value> Shared<V> {
     /// Put an entry read from (or written to) Redis into memory for at most
     /// the L1 lifetime (fresh answers) or its stale grace (stale answers),
     /// and never as fresh beyond its freshness.
+    #[cfg(feature = "redis")]
     fn fill_l1(
         &self,
         key: CacheKey,
@@ -1146,6 +1160,7 @@ impl<V: Value> Shared<V> {
     /// The Redis half of [`store_outside_flight`](Self::store_outside_flight):
     /// a fresh fence, a fenced write (no lease is held, so nothing to
     /// release), and the purge index; in the background.
+    #[cfg(feature = "redis")]
     fn write_outside_flight(
         &self,
         remote: &Arc<RedisStore>,
@@ -1236,11 +1251,37 @@ async fn settle<V: Value>(
 
 /// One attempt at the Redlock lease.
 #[derive(Debug)]
+#[cfg(feature = "redis")]
 enum RedlockTry {
     Won(HeldLease, FenceToken),
     /// Won, but the entry was filled just before: look it up instead.
     FilledMeanwhile,
     Contended,
+}
+
+/// Without the `redis` feature no [`RedisStore`] value exists, so these
+/// never run; they keep the engine's call sites free of `cfg`.
+#[cfg(not(feature = "redis"))]
+impl<V: Value> Shared<V> {
+    async fn drive_remote(
+        &self,
+        remote: &Arc<RedisStore>,
+        _handle: &FlightHandle<V>,
+        _fut: ComputeFuture<V>,
+        _ahead: Option<&Arc<Stored<V>>>,
+    ) -> Outcome<V> {
+        match **remote {}
+    }
+
+    fn write_outside_flight(
+        &self,
+        remote: &Arc<RedisStore>,
+        _key: CacheKey,
+        _value: &V,
+        _freshness: Freshness,
+    ) {
+        match **remote {}
+    }
 }
 
 /// A value handed to the requests waiting now, with no lifetime in memory.
@@ -1516,6 +1557,8 @@ impl<V: Value> CacheBuilder<V> {
 
     /// Share entries, leases and fills through Redis: one computation per
     /// key across every process using the same Redis and namespace.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
     pub fn redis(mut self, options: RedisOptions) -> Self {
         self.config.redis = Some(options);
@@ -1525,6 +1568,8 @@ impl<V: Value> CacheBuilder<V> {
     /// Take leases on a Redlock quorum instead of the main Redis. Entries and
     /// fence counters stay on the main Redis (set with [`redis`](Self::redis)):
     /// the fence must live with the data it protects.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
     pub fn redlock(mut self, redlock: Redlock) -> Self {
         self.config.redlock = Some(Arc::new(redlock));

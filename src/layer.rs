@@ -14,6 +14,7 @@ use crate::metrics::Stats;
 use crate::policy::ResponseRules;
 use crate::retain::RetainedStore;
 use crate::service::CacheService;
+#[cfg(feature = "redis")]
 use crate::store::redis::RedisOptions;
 use crate::vary::VaryIndex;
 
@@ -398,6 +399,8 @@ impl CacheLayerBuilder {
     /// Share entries, leases and fills through Redis: one origin call per key
     /// across every instance using the same Redis and namespace. Without this
     /// the layer runs on memory alone.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
     pub fn redis(mut self, options: RedisOptions) -> Self {
         self.engine.redis = Some(options);
@@ -407,6 +410,8 @@ impl CacheLayerBuilder {
     /// Take leases on a Redlock quorum instead of the main Redis (for origins
     /// where a double call is unsafe, not just wasteful). Entries and fence
     /// counters stay on the main Redis, which [`redis`](Self::redis) must set.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
     pub fn redlock(mut self, redlock: crate::Redlock) -> Self {
         self.engine.redlock = Some(Arc::new(redlock));

@@ -344,10 +344,16 @@ mod entry;
 mod error;
 mod flight;
 mod future;
+#[cfg(feature = "redis")]
 #[doc(hidden)]
 pub mod inspect;
 mod key;
 mod layer;
+#[cfg(feature = "redis")]
+mod lock;
+// Same path as the real leases, so their users need no cfg of their own.
+#[cfg(not(feature = "redis"))]
+#[path = "lock/no_redis.rs"]
 mod lock;
 mod metrics;
 mod policy;
@@ -364,15 +370,19 @@ pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use future::ResponseFuture;
 pub use key::CacheKey;
 pub use layer::{CacheLayer, CacheLayerBuilder, ReloadMode};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
 pub use metrics::{describe_metrics, Source, Stats};
 pub use purge::{PurgeError, PurgeHandle, Purged};
 pub use service::CacheService;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::redis::RedisOptions;
 
-/// The README's examples, compiled as doctests.
-#[cfg(doctest)]
+/// The README's examples, compiled as doctests (some use Redis).
+#[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

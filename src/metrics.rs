@@ -82,10 +82,12 @@ pub fn describe_metrics() {
         "herdguard_redis_available",
         "1 while Redis is used, 0 while the circuit is open."
     );
+    #[cfg(feature = "redis")]
     describe_counter!(
         crate::lock::names::ACQUIRE,
         "Lease acquisitions by result: acquired, contended, expired_mid_work."
     );
+    #[cfg(feature = "redis")]
     describe_histogram!(
         crate::lock::names::HELD_SECONDS,
         Unit::Seconds,
@@ -152,6 +154,7 @@ impl Counters {
         metrics::counter!(names::ORIGIN_CALLS).increment(1);
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn fenced_rejection(&self) {
         self.fenced_rejections.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::FENCED_REJECTED).increment(1);
@@ -176,6 +179,7 @@ pub(crate) fn record_wait(seconds: f64) {
     metrics::histogram!(names::WAIT_SECONDS).record(seconds);
 }
 
+#[cfg(feature = "redis")]
 pub(crate) fn record_lease_remaining(seconds: f64) {
     metrics::histogram!(names::LEASE_REMAINING).record(seconds);
 }

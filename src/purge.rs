@@ -181,6 +181,7 @@ impl LayerState {
     /// [`purge`](Self::purge), awaited (for the diagnostics CLI). `Ok(false)`:
     /// the layer has no Redis, so only this process was purged. The error is
     /// the bare reason: the CLI words the rest.
+    #[cfg(feature = "redis")]
     pub(crate) async fn purge_and_wait(&self, target: PurgeTarget) -> Result<bool, String> {
         match self.purge(target).await {
             Ok(p) => Ok(p == Purged::Redis),

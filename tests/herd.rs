@@ -3,6 +3,7 @@
 //! outside a flight is capped and timed. In-process cases run on paused
 //! tokio time (a burst is all in flight before the origin's delay ends);
 //! the Redis cases run two layers against a real redis-server.
+#![cfg(feature = "redis")]
 
 mod support;
 

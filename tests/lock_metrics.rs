@@ -1,6 +1,7 @@
 //! Lock and cache metrics, read back through a debugging recorder after real
 //! flights against real redis-server processes. One test: the recorder is
 //! global to this test binary.
+#![cfg(feature = "redis")]
 
 mod support;
 

@@ -2,6 +2,7 @@
 //! compiled in here), two instances on one real redis-server, a stampede over
 //! loopback HTTP, a forced fence rejection and a Redis outage; then `/metrics`
 //! is scraped and parsed. One test: the recorder is global to this binary.
+#![cfg(feature = "redis")]
 
 mod support;
 

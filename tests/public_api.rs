@@ -1,5 +1,6 @@
 //! The outside of the crate: Surrogate-Key handling, awaitable purges against
 //! a real redis-server, cheap `Redlock` handles, and the service accessors.
+#![cfg(feature = "redis")]
 
 mod support;
 

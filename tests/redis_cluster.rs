@@ -2,6 +2,7 @@
 //! origin call per key across instances with entries spread over every
 //! master, sharded fill notifications (cluster and standalone), and a master
 //! failover under load with fencing still in force.
+#![cfg(feature = "redis")]
 
 mod support;
 

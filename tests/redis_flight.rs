@@ -2,6 +2,7 @@
 //! call per key across instances, stale across instances, dead leaders, lapsed
 //! leases and fencing, corrupt entries, Redis outages, hostile keys, and the
 //! number of Redis commands a flight costs.
+#![cfg(feature = "redis")]
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Purges with Redis: by URL, by tag, and by unsafe method, reaching every
 //! instance's L1 through pub/sub, and the Redis copies too.
+#![cfg(feature = "redis")]
 
 mod support;
 

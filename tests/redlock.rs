@@ -1,6 +1,7 @@
 //! Redlock and lock safety under faults, against real redis-server processes:
 //! lost nodes, a frozen node, a paused holder, failover losing the lock, a
 //! randomized stress run, and Redlock as the cache layer's lease backend.
+#![cfg(feature = "redis")]
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! Every request the layer handles gets one span with its key hash and
 //! outcome; a Redis leader's span also carries its lease prefix and fence,
 //! recorded from the spawned task that ran the origin call.
+#![cfg(feature = "redis")]
 
 mod support;
 

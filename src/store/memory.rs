@@ -76,12 +76,14 @@ impl<V> Stored<V> {
     }
 
     /// Mark the refresh as started elsewhere: this copy starts none.
+    #[cfg(feature = "redis")]
     pub(crate) fn mark_refresh_claimed(&self) {
         self.refresh_claimed.store(true, Ordering::Relaxed);
     }
 
     /// Whether `other` is the same stored write as this (same fence, same
     /// store time), so a copy of it need not start another refresh.
+    #[cfg(feature = "redis")]
     pub(crate) fn same_write(&self, other: &EntryMeta) -> bool {
         self.meta.fence == other.fence && self.meta.stored_at_ms == other.stored_at_ms
     }
