@@ -37,7 +37,9 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use herdguard::{Cache, CacheKey, CacheLayer, FencedStore, Freshness, RedisOptions, Redlock};
+use herdguard::{
+    Cache, CacheKey, CacheLayer, FencedStore, Freshness, RedisOptions, Redlock, RequestBody,
+};
 use http_body_util::{BodyExt, Full};
 use tokio::runtime::Runtime;
 use tower::{Layer, ServiceExt};
@@ -94,7 +96,7 @@ fn origin_response(body: Bytes) -> Response<Full<Bytes>> {
 fn tower_paths(c: &mut Criterion) {
     let rt = runtime();
     let body = Bytes::from(vec![b'x'; BODY_BYTES]);
-    let inner = tower::service_fn(move |_req: Request<Body>| {
+    let inner = tower::service_fn(move |_req: Request<RequestBody<Body>>| {
         let body = body.clone();
         async move { Ok::<_, Infallible>(origin_response(body)) }
     });
@@ -137,7 +139,7 @@ fn tower_paths(c: &mut Criterion) {
             run(&rt, async {
                 let r = inner
                     .clone()
-                    .oneshot(request())
+                    .oneshot(request().map(RequestBody::new))
                     .await
                     .unwrap_or_else(|e| match e {});
                 black_box(body_len(r).await)

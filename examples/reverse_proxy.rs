@@ -39,7 +39,7 @@ use axum::extract::ConnectInfo;
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, Request, Response, StatusCode, Uri};
 use axum::Router;
-use herdguard::CacheLayer;
+use herdguard::{CacheLayer, RequestBody};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -76,7 +76,8 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
     let upstream = Arc::new(config.upstream.clone());
-    let origin = tower::service_fn(move |req: Request<Body>| {
+    let origin = tower::service_fn(move |req: Request<RequestBody<Body>>| {
+        let req = req.map(Body::new);
         let client = client.clone();
         let upstream = Arc::clone(&upstream);
         async move { Ok::<_, std::convert::Infallible>(forward(&client, &upstream, req).await) }

@@ -329,6 +329,28 @@
 //! # let _ = app;
 //! ```
 //!
+//! ## Any request body: a bare hyper server
+//!
+//! [`CacheService`] takes a `Request<B>` with any body, `hyper::body::Incoming`
+//! included, so it can be hyper's service itself (through hyper-util's
+//! `TowerToHyperService`). The inner service receives
+//! `Request<`[`RequestBody<B>`](RequestBody)`>`: the client's own body where
+//! a request goes on as it came, an empty one on the requests the cache
+//! builds (a flight's call, refreshes, revalidations). axum's `Router` takes
+//! that as it is.
+//!
+//! ## Cargo features
+//!
+//! - `redis` (default): the shared store, `RedisOptions`, `Redlock` and
+//!   `FencedStore`. Without it (`default-features = false`) the crate is the
+//!   in-process cache alone, with the same layer, HTTP rules and single
+//!   flight, and none of the Redis dependency tree.
+//! - `axum` (default): reads axum's `OriginalUri`, so nested routers never
+//!   share a key.
+//! - `tls` (implies `redis`): `rediss://` through rustls, and
+//!   `RedisOptions::tls_root_cert_pem`.
+//! - `cli` (implies `redis`): the `herdguard` diagnostics binary.
+//!
 //! ## Without HTTP
 //!
 //! [`Cache`] is the same engine for any value: see
@@ -358,6 +380,7 @@ mod lock;
 mod metrics;
 mod policy;
 mod purge;
+mod request_body;
 mod retain;
 mod service;
 mod store;
@@ -377,6 +400,7 @@ pub use lock::redlock::{
 };
 pub use metrics::{describe_metrics, Source, Stats};
 pub use purge::{PurgeError, PurgeHandle, Purged};
+pub use request_body::RequestBody;
 pub use service::CacheService;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

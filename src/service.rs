@@ -43,6 +43,7 @@ use crate::policy::{
     self, Forward, RequestDirectives, RequestVerdict, ResponseVerdict, StoredRules, Usable,
 };
 use crate::purge::{key_authority, url_key, Invalidation};
+use crate::request_body::RequestBody;
 use crate::store::memory::{Probe, Stored};
 use crate::vary::{stored_values, variant_key};
 
@@ -75,6 +76,10 @@ const NOT_STORED: [HeaderName; 7] = [
 ];
 
 /// The caching service produced by [`CacheLayer`](crate::CacheLayer).
+///
+/// It takes a `Request<B>` with any body `B` (`hyper::body::Incoming`
+/// included) and hands the inner service a `Request<RequestBody<B>>`: see
+/// [`RequestBody`] for why and what it holds.
 #[derive(Debug, Clone)]
 pub struct CacheService<S> {
     inner: S,
@@ -113,12 +118,14 @@ pub(crate) struct Target {
     miss: Forward,
 }
 
+/// Any request body: the inner service receives it as [`RequestBody<ReqB>`],
+/// so requests the cache builds can carry an empty one.
 impl<S, ReqB, ResB> Service<Request<ReqB>> for CacheService<S>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqB: Default + Send + 'static,
+    ReqB: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
@@ -133,7 +140,8 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // At the one exit every answer passes, whatever path made it.
         let strip = self.state.http.strip_surrogate_key;
-        self.route(req).strip_surrogate_key(strip)
+        self.route(req.map(RequestBody::new))
+            .strip_surrogate_key(strip)
     }
 }
 

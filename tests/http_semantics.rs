@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use bytes::Bytes;
-use herdguard::{CacheBody, CacheLayer};
+use herdguard::{CacheBody, CacheLayer, RequestBody};
 use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
 
@@ -67,7 +67,8 @@ impl Origin {
            + Send
            + 'static {
         let o = self.clone();
-        layer.layer(tower::service_fn(move |req: Request<Body>| {
+        layer.layer(tower::service_fn(move |req: Request<RequestBody<Body>>| {
+            let req = req.map(Body::new);
             let n = o.calls.fetch_add(1, Ordering::SeqCst) + 1;
             o.seen.lock().unwrap().push(req.headers().clone());
             let r = (o.script)(n, &req);

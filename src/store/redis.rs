@@ -260,6 +260,7 @@ impl RedisOptions {
     /// instead of the system's root store: for a private CA or a self-signed
     /// server certificate. Needs the `tls` feature.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     #[must_use]
     pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_root_cert = Some(pem.into().into());
