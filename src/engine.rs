@@ -350,7 +350,7 @@ impl<V: Value> Shared<V> {
                         };
                     }
                     Err(e) => {
-                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                        crate::entry::report_corrupt(&key, &e);
                         skip_entry = true;
                     }
                 },
@@ -361,7 +361,7 @@ impl<V: Value> Shared<V> {
                 } => {
                     let decoded = decode_entry::<V>(bytes);
                     if let Err(e) = &decoded {
-                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                        crate::entry::report_corrupt(&key, e);
                     }
                     match (decoded, fence) {
                         (Ok((meta, value)), Some(fence)) => {
