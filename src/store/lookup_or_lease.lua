@@ -11,8 +11,7 @@ if v then
   if fresh > 0 then return {'fresh', v, fresh, hard, 0, 0} end
   if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0} end
   if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
+    local f = issue_fence(KEYS[4], tonumber(ARGV[4]))
     return {'stale_leased', v, 0, hard, f, 0}
   end
   return {'stale', v, 0, hard, 0, redis.call('PTTL', KEYS[3])}
@@ -21,8 +20,7 @@ local pass = redis.call('PTTL', KEYS[5])
 if pass > 0 then return {'pass', '', 0, 0, 0, pass} end
 if ARGV[6] == '1' then return {'miss', '', 0, 0, 0, 0} end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-  if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
+  local f = issue_fence(KEYS[4], tonumber(ARGV[4]))
   return {'leased', '', 0, 0, f, 0}
 end
 return {'held', '', 0, 0, 0, redis.call('PTTL', KEYS[3])}

@@ -38,7 +38,7 @@ pub(crate) use super::fills::FillSubscription;
 use super::fills::{run_subscriber, FillSource, Fills};
 use super::tls;
 
-use crate::entry::{MAGIC, VERSION};
+use crate::entry::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::error::BuildError;
 use crate::key::CacheKey;
 use crate::lock::{FenceToken, LeaseToken};
@@ -383,11 +383,26 @@ impl std::fmt::Display for StoreError {
     }
 }
 
-static LOOKUP_OR_LEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lookup_or_lease.lua")));
+static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("lookup_or_lease.lua")
+    ))
+});
 
-static FENCED_WRITE_AND_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("fenced_write.lua")));
+static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("fenced_write.lua")
+    ))
+});
+
+static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("purge_entry.lua")
+    ))
+});
 
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -655,7 +670,9 @@ impl RedisStore {
             .arg(self.fills.channel(key))
             .arg(key.to_hex())
             .arg(millis(self.options.fence_retention))
-            .arg(pass);
+            .arg(pass)
+            .arg(&self.entry_prefix[..])
+            .arg(FENCE_OFFSET);
         let (accepted, released): (i64, i64) = self.invoke("write_and_release", &inv).await?;
         Ok(WriteOutcome {
             accepted: accepted == 1,
@@ -694,12 +711,17 @@ impl RedisStore {
         Ok(n == 1)
     }
 
-    /// Remove an entry (not its lease or fence) from Redis.
+    /// Remove an entry (not its lease) from Redis, and raise its fence so no
+    /// fill that leased before the purge can store its answer after it.
     pub(crate) async fn purge(&self, key: &CacheKey) -> Result<(), StoreError> {
         let k = self.keys(key);
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(&k.value).arg(&k.fresh).arg(&k.pass);
-        let _: i64 = self.query("purge", &cmd).await?;
+        let mut inv = PURGE_ENTRY.prepare_invoke();
+        inv.key(&k.value)
+            .key(&k.fresh)
+            .key(&k.pass)
+            .key(&k.fence)
+            .arg(millis(self.options.fence_retention));
+        let _: i64 = self.invoke("purge", &inv).await?;
         Ok(())
     }
 
@@ -948,8 +970,12 @@ impl RedisStore {
     }
 }
 
-static NEXT_FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("next_fence.lua")));
+static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("next_fence.lua")
+    ))
+});
 
 fn millis(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
