@@ -31,6 +31,7 @@ use crate::lock::redlock::Redlock;
 use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{self, FenceToken, LeaseToken};
 use crate::metrics::{self, Counters, Source, Stats};
+use crate::purge_log::key_name;
 use crate::store::memory::{MemoryStore, Probe, Stored};
 use crate::store::redis::{FillSubscription, RedisOptions, RedisStore, RemoteLookup, WriteMode};
 
@@ -181,19 +182,22 @@ impl<V: Value> Shared<V> {
         };
         let redlock = config.redlock.clone();
         let memory = MemoryStore::new(config.capacity_bytes);
+        let flights = Arc::new(Flights::new());
         if let Some(remote) = &remote {
-            // Other instances' purges clear this process's copy too. (The
-            // HTTP layer installs a richer handler for URL and tag purges.)
-            let mem = memory.clone();
+            // Other instances' purges clear this process's copy too, and beat
+            // this process's fills of the key. (The HTTP layer installs a
+            // richer handler for URL and tag purges.)
+            let (mem, fl) = (memory.clone(), Arc::clone(&flights));
             remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
                 if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
+                    fl.purges.record([key_name(&key)]);
                     mem.remove(&key);
                 }
             }));
         }
         Ok(Self {
             memory,
-            flights: Arc::new(Flights::new()),
+            flights,
             fallback: Semaphore::new(config.fallback_limit.max(1)),
             config,
             counters: Counters::default(),
@@ -205,6 +209,7 @@ impl<V: Value> Shared<V> {
     /// Drop an entry here and, with Redis, there too (in the background,
     /// bounded by the Redis timeouts).
     pub(crate) fn invalidate(&self, key: &CacheKey) {
+        self.flights.purges.record([key_name(key)]);
         self.memory.remove(key);
         if let Some(remote) = &self.remote {
             let remote = Arc::clone(remote);
@@ -313,7 +318,34 @@ impl<V: Value> Shared<V> {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
             }
-            Ok(fill) => self.fill_memory(key, fill, 0),
+            Ok(fill) => self.fill_memory(key, self.unless_purged(key, fill), 0),
+        }
+    }
+
+    /// A fill that started before a purge of its key, URL or tag is still
+    /// the answer for the requests waiting on it, but it is not stored.
+    fn unless_purged(&self, key: CacheKey, fill: Fill<V>) -> Fill<V> {
+        match fill {
+            Fill::Store { value, .. }
+                if self.flights.purged_during(&key, || value.purge_groups()) =>
+            {
+                tracing::debug!(key = %key.short(), "purged while filling: shared, not stored");
+                Fill::Share(value)
+            }
+            other => other,
+        }
+    }
+
+    /// Insert into memory, then look at the purge log again: a purge that
+    /// recorded itself between our check and our insert may have removed
+    /// the key before we inserted it.
+    fn insert_checked(&self, key: CacheKey, entry: &Arc<Stored<V>>) {
+        self.memory.insert(key, Arc::clone(entry));
+        if self
+            .flights
+            .purged_during(&key, || entry.value.purge_groups())
+        {
+            self.memory.remove(&key);
         }
     }
 
@@ -543,7 +575,7 @@ impl<V: Value> Shared<V> {
         // can take it between our compute and our fill.
         let redlock = stopped.redlock;
         let fill = match result {
-            Ok(fill) => fill,
+            Ok(fill) => self.unless_purged(key, fill),
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 // Release and wake waiters: the next request elects a new leader.
@@ -698,7 +730,7 @@ impl<V: Value> Shared<V> {
             meta.elapsed(),
         ));
         if !usable.is_zero() {
-            self.memory.insert(key, Arc::clone(&entry));
+            self.insert_checked(key, &entry);
         }
         entry
     }
@@ -731,7 +763,7 @@ impl<V: Value> Shared<V> {
                 let meta = EntryMeta::now(fresh_for, stale_for, fence);
                 let entry = Arc::new(Stored::new(value, meta, fresh_for, usable, Duration::ZERO));
                 if !usable.is_zero() {
-                    self.memory.insert(key, Arc::clone(&entry));
+                    self.insert_checked(key, &entry);
                 }
                 Outcome::Value {
                     entry,
@@ -878,6 +910,12 @@ impl<V: Value> Shared<V> {
         matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
     ) {
         self.memory.purge_where(matches);
+    }
+
+    /// Note a purge of `names` (see [`crate::purge_log`]) before its
+    /// removals, so fills running now do not store over it.
+    pub(crate) fn record_purge(&self, names: impl IntoIterator<Item = String>) {
+        self.flights.purges.record(names);
     }
 }
 

@@ -209,6 +209,7 @@ mod lock;
 mod metrics;
 mod policy;
 mod purge;
+mod purge_log;
 mod retain;
 mod service;
 mod store;
