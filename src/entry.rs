@@ -608,9 +608,10 @@ mod tests {
                     let mut r = super::sample();
                     r.body = Bytes::from(body);
                     for (n, v) in headers {
-                        if let (Ok(n), Ok(v)) =
-                            (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_str(&v))
-                        {
+                        if let (Ok(n), Ok(v)) = (
+                            HeaderName::from_bytes(n.as_bytes()),
+                            HeaderValue::from_str(&v),
+                        ) {
                             r.headers.append(n, v);
                         }
                     }

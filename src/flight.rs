@@ -123,7 +123,11 @@ impl<V> Flights<V> {
     /// Whether the running flight of `key` started before a purge of `key`
     /// or of one of `groups` (its value's purge groups). False when no
     /// flight runs for `key`.
-    pub(crate) fn purged_during(&self, key: &CacheKey, groups: impl FnOnce() -> Vec<String>) -> bool {
+    pub(crate) fn purged_during(
+        &self,
+        key: &CacheKey,
+        groups: impl FnOnce() -> Vec<String>,
+    ) -> bool {
         let started = self
             .map
             .lock()

@@ -39,7 +39,9 @@ impl PurgeTarget {
     /// whose URL key it is, as [`matches`](Self::matches) does.
     fn names(&self) -> Vec<String> {
         match self {
-            PurgeTarget::Key(k) => vec![crate::purge_log::key_name(k), format!("url:{}", k.to_hex())],
+            PurgeTarget::Key(k) => {
+                vec![crate::purge_log::key_name(k), format!("url:{}", k.to_hex())]
+            }
             PurgeTarget::Tag(t) => vec![format!("tag:{t}")],
         }
     }

@@ -44,7 +44,10 @@ async fn purge_beats_an_in_flight_fill_in_memory() {
     cache.purge_url(&url());
 
     let (status, _, body) = first.await.unwrap();
-    assert_eq!((status.as_u16(), body_call(&body).as_str()), (200, "call=1"));
+    assert_eq!(
+        (status.as_u16(), body_call(&body).as_str()),
+        (200, "call=1")
+    );
     let (_, headers, body) = joined.await.unwrap();
     assert_eq!(body_call(&body), "call=1", "a waiter gets the older fill");
     assert!(cache_status(&headers).contains("collapsed"));
@@ -55,7 +58,10 @@ async fn purge_beats_an_in_flight_fill_in_memory() {
     assert_eq!(body_call(&body), "call=2");
     assert!(!cache_status(&headers).contains("hit"));
     let (_, headers, _) = send(&app, get_req("/r")).await;
-    assert!(cache_status(&headers).contains("hit"), "and its fill is stored");
+    assert!(
+        cache_status(&headers).contains("hit"),
+        "and its fill is stored"
+    );
 }
 
 /// A purge of a key through the engine API also beats its running fill (memory only).
@@ -109,7 +115,10 @@ async fn listeners_subscribed(server: &RedisServer, n: i64) {
         if counts.first().is_some_and(|(_, k)| *k >= n) {
             return;
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "listeners never subscribed");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "listeners never subscribed"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -127,11 +136,15 @@ async fn purge_beats_an_in_flight_fill_across_instances() {
         async move { send(&a, get_req("/r")).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let purged = herdguard::inspect::purge_and_wait(&lb, herdguard::inspect::Purge::Key(lb.url_key(&url())));
+    let purged =
+        herdguard::inspect::purge_and_wait(&lb, herdguard::inspect::Purge::Key(lb.url_key(&url())));
     assert!(purged.await.unwrap(), "the purge reached redis");
 
     let (status, _, body) = first.await.unwrap();
-    assert_eq!((status.as_u16(), body_call(&body).as_str()), (200, "call=1"));
+    assert_eq!(
+        (status.as_u16(), body_call(&body).as_str()),
+        (200, "call=1")
+    );
     assert_eq!(origin.calls(), 1);
 
     let (_, headers, body) = send(&b, get_req("/r")).await;

@@ -96,7 +96,10 @@ async fn flush_under_a_slow_leader_keeps_the_newer_value() {
     assert_eq!((new.value.as_str(), new.source), ("new", Source::Miss));
     go.send(()).unwrap();
     let old = old.await.unwrap().unwrap();
-    assert_eq!(old.value, "old", "the old leader's waiters still get its answer");
+    assert_eq!(
+        old.value, "old",
+        "the old leader's waiters still get its answer"
+    );
     assert_eq!(a.stats().fenced_rejections, 1, "its write was refused");
     assert_eq!(
         read_fresh(&server, key).await,
@@ -171,7 +174,10 @@ async fn fenced_store_survives_a_flush() {
     }
     cmd(&server, &["FLUSHALL"]).await;
     let new = fenced.next_fence("r").await.unwrap();
-    assert!(new > old, "a reset counter starts above every earlier token");
+    assert!(
+        new > old,
+        "a reset counter starts above every earlier token"
+    );
     assert!(fenced.write("r", new, b"new").await.unwrap());
     assert!(!fenced.write("r", old, b"old").await.unwrap());
     assert_eq!(fenced.read("r").await.unwrap().unwrap(), &b"new"[..]);
@@ -256,7 +262,10 @@ async fn until_value(server: &RedisServer, key: &str, ok: impl Fn(&[u8]) -> bool
         if let Some(v) = v.filter(|v| ok(v)) {
             return v;
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "{key} never changed");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{key} never changed"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
