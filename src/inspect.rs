@@ -22,7 +22,8 @@ pub struct EntryKeyNames {
     pub fresh: String,
     /// `{ns}:{H}:lock`: the lease token.
     pub lock: String,
-    /// `{ns}:{H}:fence`: hash with `next` and `hw`.
+    /// `{ns}:{H}:fence`: hash with `next` (last token issued) and `hw`
+    /// (highest write accepted, or raised by a purge).
     pub fence: String,
     /// `{ns}:{H}:pass`: hit-for-pass marker.
     pub pass: String,

@@ -6,7 +6,7 @@
 //! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry
 //! {ns}:{H}:fresh  present while fresh, PX = freshness left
 //! {ns}:{H}:lock   lease token, SET NX PX
-//! {ns}:{H}:fence  hash: `next` (INCR per lease) and `hw` (highest accepted write)
+//! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
 //! {ns}:{H}:pass   hit-for-pass marker
 //! ```
 //!
