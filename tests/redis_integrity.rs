@@ -185,7 +185,7 @@ async fn fenced_store_survives_a_flush() {
     assert!(fenced.write("r", next, b"next").await.unwrap());
 }
 
-/// A stored entry cut short, bit-flipped, or sealed around 30000 headers is a miss on a new instance: one origin call, a whole answer, and the entry overwritten.
+/// A stored entry cut short, bit-flipped, of the previous version, or sealed around 30000 headers is a miss on a new instance: one origin call, a whole answer, and the entry overwritten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_entries_are_misses_and_are_overwritten() {
     let server = RedisServer::start();
@@ -207,9 +207,12 @@ async fn corrupt_entries_are_misses_and_are_overwritten() {
     hostile.extend_from_slice(&30000u16.to_le_bytes());
     let mut flipped = good.clone();
     *flipped.last_mut().unwrap() ^= 0x01;
+    let mut older = good.clone();
+    older[2] = 2;
     let mutations = [
         ("truncated", good[..good.len() - 5].to_vec()),
         ("flipped", flipped),
+        ("version 2", older),
         ("30000 headers", sealed_response(&hostile)),
     ];
     let mut calls = 1;
