@@ -15,8 +15,10 @@ if not floor then
       and string.len(cur) >= at + 8 then
     local vf = 0
     for i = at + 8, at + 1, -1 do vf = vf * 256 + string.byte(cur, i) end
-    -- A fence far past the clock is a corrupt entry, not a newer write.
-    if vf <= fence_clock() + 1e9 then floor = vf end
+    -- Tokens never run ahead of the clock they start from; one more than a
+    -- minute past it (more than any sane clock skew) is corruption, and
+    -- must not hold writes off.
+    if vf <= fence_clock() + 60000000 then floor = vf end
   end
 end
 local accepted = 0
