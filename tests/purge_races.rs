@@ -8,7 +8,8 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use herdguard::{redis, Cache, CacheKey, CacheLayer, FencedStore, RedisOptions};
+use deadpool_redis::redis;
+use herdguard::{Cache, CacheKey, CacheLayer, FencedStore, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
 use tokio::time::Instant;

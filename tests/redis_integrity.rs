@@ -7,7 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use herdguard::{redis, Cache, CacheKey, FencedStore, Freshness, RedisOptions, Source};
+use deadpool_redis::redis;
+use herdguard::{Cache, CacheKey, FencedStore, Freshness, RedisOptions, Source};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
 use tokio::sync::oneshot;

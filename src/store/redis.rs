@@ -620,6 +620,20 @@ impl RedisStore {
         token: &LeaseToken,
         skip_entry: bool,
     ) -> Result<RemoteLookup, StoreError> {
+        self.lookup_or_lease_ahead(key, token, skip_entry, Duration::ZERO)
+            .await
+    }
+
+    /// [`lookup_or_lease`](Self::lookup_or_lease) that also takes the lease
+    /// of a fresh entry with at most `ahead` left (refresh-ahead): then the
+    /// reply is `Leased`.
+    pub(crate) async fn lookup_or_lease_ahead(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+        skip_entry: bool,
+        ahead: Duration,
+    ) -> Result<RemoteLookup, StoreError> {
         self.ensure_purge_listener();
         let k = self.keys(key);
         let mut inv = LOOKUP_OR_LEASE.prepare_invoke();
@@ -633,7 +647,8 @@ impl RedisStore {
             .arg(if skip_entry { "1" } else { "0" })
             .arg(millis(self.options.fence_retention))
             .arg(&self.entry_prefix[..])
-            .arg(if self.lease_elsewhere { "1" } else { "0" });
+            .arg(if self.lease_elsewhere { "1" } else { "0" })
+            .arg(millis(ahead));
         let reply: RedisValue = self.invoke("lookup_or_lease", &inv).await?;
         parse_lookup(reply).ok_or(StoreError::Protocol)
     }
