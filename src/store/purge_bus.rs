@@ -149,6 +149,7 @@ impl RedisStore {
                 self.purge_channel(),
                 self.options.connect_timeout,
                 self.shutdown_signal(),
+                Arc::clone(&self.renew),
             ));
         }
     }
@@ -162,9 +163,11 @@ async fn listen(
     channel: String,
     connect_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
+    renew: Arc<tokio::sync::Notify>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
+        let mut renewed = false;
         if let Ok(Ok(mut pubsub)) =
             tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await
         {
@@ -180,6 +183,11 @@ async fn listen(
                             (Some(_), None) => return,
                             (None, _) => break,
                         },
+                        // The server was found demoted: reconnect, perhaps elsewhere.
+                        _ = renew.notified() => {
+                            renewed = true;
+                            break;
+                        }
                         _ = shutdown.changed() => return,
                     }
                 }
@@ -187,6 +195,10 @@ async fn listen(
         }
         if bus.strong_count() == 0 {
             return;
+        }
+        if renewed {
+            // Asked to move, not failed: reconnect at once.
+            continue;
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}

@@ -30,7 +30,8 @@ use deadpool_redis::redis::{
     IntoConnectionInfo, Script, Value as RedisValue,
 };
 use deadpool_redis::{Manager, Pool, Runtime};
-use tokio::sync::{mpsc, watch};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 use super::cluster::ClusterLink;
@@ -372,6 +373,13 @@ pub(crate) enum StoreError {
     Protocol,
 }
 
+impl StoreError {
+    /// Redis refused a write for lack of memory (reads still work).
+    pub(crate) fn is_oom(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if ErrorClass::of(e) == ErrorClass::Oom)
+    }
+}
+
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -390,7 +398,12 @@ static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
 -- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only
 -- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
 local v = false
-if ARGV[3] ~= '1' then v = redis.call('GET', KEYS[1]) end
+if ARGV[3] ~= '1' then
+  -- A value of another type (WRONGTYPE) is foreign: a miss, and the fill's
+  -- SET overwrites it, instead of an error on every request.
+  v = redis.pcall('GET', KEYS[1])
+  if type(v) == 'table' then v = false end
+end
 -- An entry this version cannot read is a miss; the leader overwrites it.
 if v and string.sub(v, 1, string.len(ARGV[5])) ~= ARGV[5] then v = false end
 if v then
@@ -512,19 +525,148 @@ pub(crate) struct RedisStore {
     /// The lease is taken on Redlock nodes, so lookups never lease here.
     lease_elsewhere: bool,
     pub(crate) purge_bus: Arc<crate::store::purge_bus::PurgeBus>,
+    /// Tells the subscriber connections (fills, purges) to reconnect after
+    /// the server turned out to be no master: they may be pinned to it too.
+    pub(crate) renew: Arc<Notify>,
+    /// Last warning about a per-key reply error (see [`WARN_EVERY`]).
+    last_warn: Mutex<Option<Instant>>,
 }
 
 /// How commands reach Redis.
 enum Link {
     Standalone {
         pool: Pool,
-        /// Multiplexed connections kept checked out; a std `Mutex` because it
-        /// is only held to clone or replace a handle, never across an `.await`.
-        connections: Vec<Mutex<Option<MultiplexedConnection>>>,
+        /// Multiplexed connections kept checked out, used in turn.
+        slots: Vec<Arc<Slot>>,
         next: AtomicUsize,
     },
     Cluster(Box<ClusterLink>),
 }
+
+/// A connect that runs in its own task, shared by everyone waiting for it.
+type PendingConnect = Shared<BoxFuture<'static, Result<MultiplexedConnection, Arc<str>>>>;
+
+/// One kept connection and its (re)connect.
+#[derive(Default)]
+struct Slot {
+    /// A std `Mutex`: only held to clone or replace a handle, never across `.await`.
+    conn: Mutex<Option<MultiplexedConnection>>,
+    /// The connect under way. Its own task drives it, so a caller that stops
+    /// waiting (its bound ran out) does not cancel it: a later call finds the
+    /// connection ready instead of starting over against a slow server.
+    connecting: Mutex<Option<PendingConnect>>,
+}
+
+impl Slot {
+    fn current(&self) -> Option<MultiplexedConnection> {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn clear(&self) {
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The connect of this slot, started now unless one is under way.
+    fn connect(self: &Arc<Self>, pool: &Pool, bound: Duration) -> PendingConnect {
+        let mut pending = self
+            .connecting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = pending.as_ref() {
+            return p.clone();
+        }
+        let (slot, pool) = (Arc::clone(self), pool.clone());
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(bound, pool.get()).await {
+                Ok(Ok(pooled)) => {
+                    let conn = deadpool_redis::Connection::take(pooled);
+                    *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                    Ok(conn)
+                }
+                Ok(Err(deadpool_redis::PoolError::Backend(e))) => Err(Arc::from(describe(&e))),
+                Ok(Err(other)) => Err(Arc::from(redact_error(&other))),
+                Err(_) => Err(Arc::from("connect timed out")),
+            };
+            *slot
+                .connecting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+            result
+        });
+        let shared = async move {
+            task.await
+                .unwrap_or_else(|_| Err(Arc::from("connect task ended early")))
+        }
+        .boxed()
+        .shared();
+        *pending = Some(shared.clone());
+        shared
+    }
+}
+
+/// What a failed call says about Redis; it decides what the store does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorClass {
+    /// The connection is broken (reset, I/O, unrecoverable): replace it,
+    /// open the breaker.
+    Connection,
+    /// No reply in time. The connection is kept (a frozen or slow server
+    /// answers on it later; a new one would make callers wait for a
+    /// connect); the breaker opens.
+    Timeout,
+    /// The server answers but is no writable master: READONLY (demoted by a
+    /// failover), LOADING, MASTERDOWN. Every kept connection leads to that
+    /// server, so all are replaced: behind a DNS name or a virtual IP the new
+    /// connections reach the new master. The breaker opens.
+    Role,
+    /// Out of memory: writes are refused, reads still work. No breaker trip;
+    /// the caller serves from memory.
+    Oom,
+    /// A value of another type at one of our keys (WRONGTYPE).
+    Foreign,
+    /// Any other error about one command.
+    Other,
+}
+
+impl ErrorClass {
+    fn of(e: &redis::RedisError) -> Self {
+        match e.code() {
+            Some("READONLY" | "LOADING" | "MASTERDOWN") => return Self::Role,
+            Some("OOM") => return Self::Oom,
+            Some("WRONGTYPE") => return Self::Foreign,
+            _ => {}
+        }
+        if e.is_timeout() {
+            Self::Timeout
+        } else if e.is_connection_dropped()
+            || e.is_unrecoverable_error()
+            || e.is_io_error()
+            || e.is_cluster_error()
+        {
+            Self::Connection
+        } else {
+            Self::Other
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Connection => "connection",
+            Self::Timeout => "timeout",
+            Self::Role => "role",
+            Self::Oom => "oom",
+            Self::Foreign => "foreign",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// Per-key reply errors are logged at most this often, so one bad key or a
+/// full server does not write a line per request.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A connection of either kind; both multiplex, so a clone per call is cheap.
 #[derive(Clone)]
@@ -602,6 +744,8 @@ impl RedisStore {
             shutdown: watch::channel(false).0,
             lease_elsewhere: false,
             purge_bus: Arc::default(),
+            renew: Arc::default(),
+            last_warn: Mutex::new(None),
             options,
         })
     }
@@ -647,7 +791,7 @@ impl RedisStore {
         Ok((
             Link::Standalone {
                 pool,
-                connections: (0..n).map(|_| Mutex::new(None)).collect(),
+                slots: (0..n).map(|_| Arc::default()).collect(),
                 next: AtomicUsize::new(0),
             },
             FillSource::Standalone(Box::new(subscriber)),
@@ -730,7 +874,19 @@ impl RedisStore {
             .arg(key.to_hex())
             .arg(millis(self.options.fence_retention))
             .arg(pass);
-        let (accepted, released): (i64, i64) = self.invoke("write_and_release", &inv).await?;
+        let (accepted, released): (i64, i64) = match self.invoke("write_and_release", &inv).await
+        {
+            Ok(reply) => reply,
+            Err(e) => {
+                if e.is_oom() {
+                    // Nothing was stored, but a full server still deletes:
+                    // give the lease back so other instances need not wait
+                    // it out (they serve from their own memory meanwhile).
+                    let _ = self.release(key, token).await;
+                }
+                return Err(e);
+            }
+        };
         Ok(WriteOutcome {
             accepted: accepted == 1,
             released: released == 1,
@@ -794,6 +950,7 @@ impl RedisStore {
                     self.options.connect_timeout,
                     self.options.response_timeout,
                     self.shutdown.subscribe(),
+                    Arc::clone(&self.renew),
                 ));
             }
         }
@@ -847,76 +1004,105 @@ impl RedisStore {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                if e.is_connection_dropped()
-                    || e.is_unrecoverable_error()
-                    || e.is_timeout()
-                    || e.is_io_error()
-                    || e.is_cluster_error()
-                {
-                    self.drop_connection(slot, &e);
-                    self.failure(op, &describe(&e));
-                } else {
-                    // A reply error about one key (say a foreign value type)
-                    // says nothing about Redis being up: no breaker trip.
-                    record_error(op);
-                    tracing::warn!(op, error = %describe(&e), "redis command failed");
+                let class = ErrorClass::of(&e);
+                match class {
+                    ErrorClass::Connection => {
+                        self.drop_connection(slot, &e);
+                        self.failure(op, class, &describe(&e));
+                    }
+                    ErrorClass::Role => {
+                        self.drop_all_connections();
+                        self.failure(op, class, &describe(&e));
+                    }
+                    ErrorClass::Timeout => self.failure(op, class, &describe(&e)),
+                    // A reply error about one key, or a full server that
+                    // still reads, says nothing about Redis being down: no
+                    // breaker trip, and the caller serves from memory.
+                    ErrorClass::Oom | ErrorClass::Foreign | ErrorClass::Other => {
+                        record_error(op, class);
+                        self.warn_throttled(op, class, &describe(&e));
+                    }
                 }
                 Err(StoreError::Redis(e))
             }
             Err(_) => {
-                self.failure(op, "timed out");
+                self.failure(op, ErrorClass::Timeout, "timed out");
                 Err(StoreError::Timeout)
             }
         }
     }
 
-    fn failure(&self, op: &'static str, why: &str) {
-        record_error(op);
+    fn failure(&self, op: &'static str, class: ErrorClass, why: &str) {
+        record_error(op, class);
         if self.breaker.failure() {
             tracing::warn!(
                 op,
+                class = class.label(),
                 why,
                 "redis unavailable; serving from memory until it answers again"
             );
         } else {
-            tracing::debug!(op, why, "redis call failed");
+            tracing::debug!(op, class = class.label(), why, "redis call failed");
+        }
+    }
+
+    fn warn_throttled(&self, op: &'static str, class: ErrorClass, why: &str) {
+        let now = Instant::now();
+        let due = {
+            let mut last = self.last_warn.lock().unwrap_or_else(PoisonError::into_inner);
+            let due = last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY);
+            if due {
+                *last = Some(now);
+            }
+            due
+        };
+        let what = match class {
+            ErrorClass::Oom => "redis is out of memory; not storing, serving from memory",
+            ErrorClass::Foreign => {
+                "a foreign value at a cache key; treated as a miss and overwritten by the next fill"
+            }
+            _ => "redis command failed",
+        };
+        if due {
+            tracing::warn!(op, class = class.label(), error = why, "{what}");
+        } else {
+            tracing::debug!(op, class = class.label(), error = why, "{what}");
         }
     }
 
     async fn connection(&self, op: &'static str) -> Result<(usize, Conn), StoreError> {
+        let connect_bound = self.options.pool_wait_timeout + self.options.connect_timeout;
         match &self.link {
-            Link::Standalone {
-                pool,
-                connections,
-                next,
-            } => {
-                let slot = next.fetch_add(1, Ordering::Relaxed) % connections.len();
-                if let Some(conn) = connections[slot]
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone()
-                {
-                    return Ok((slot, Conn::Standalone(conn)));
+            Link::Standalone { pool, slots, next } => {
+                let i = next.fetch_add(1, Ordering::Relaxed) % slots.len();
+                if let Some(conn) = slots[i].current() {
+                    return Ok((i, Conn::Standalone(conn)));
                 }
-                let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
-                match tokio::time::timeout(bound, pool.get()).await {
-                    Ok(Ok(pooled)) => {
-                        let conn = deadpool_redis::Connection::take(pooled);
-                        *connections[slot]
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-                        Ok((slot, Conn::Standalone(conn)))
-                    }
-                    Ok(Err(e)) => {
-                        let why = match &e {
-                            deadpool_redis::PoolError::Backend(e) => describe(e),
-                            other => redact_error(other),
-                        };
-                        self.failure(op, &why);
+                let pending = slots[i].connect(pool, connect_bound);
+                // Another kept connection serves meanwhile: nobody waits for
+                // a reconnect while one connection is up.
+                if let Some((j, conn)) = slots
+                    .iter()
+                    .enumerate()
+                    .find_map(|(j, s)| s.current().map(|c| (j, c)))
+                {
+                    return Ok((j, Conn::Standalone(conn)));
+                }
+                // None is up. A probe of an open breaker waits no longer than
+                // a reply would; the connect goes on in its task regardless.
+                let wait = if self.breaker.is_closed() {
+                    connect_bound
+                } else {
+                    self.options.response_timeout
+                };
+                match tokio::time::timeout(wait, pending).await {
+                    Ok(Ok(conn)) => Ok((i, Conn::Standalone(conn))),
+                    Ok(Err(why)) => {
+                        self.failure(op, ErrorClass::Connection, &why);
                         Err(StoreError::Unavailable)
                     }
                     Err(_) => {
-                        self.failure(op, "connect timed out");
+                        self.failure(op, ErrorClass::Timeout, "connect timed out");
                         Err(StoreError::Timeout)
                     }
                 }
@@ -924,15 +1110,14 @@ impl RedisStore {
             Link::Cluster(link) => {
                 // The connect is bounded by the connection timeout; waiting
                 // behind another caller's connect, by the pool wait.
-                let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
-                match tokio::time::timeout(bound, link.get()).await {
+                match tokio::time::timeout(connect_bound, link.get()).await {
                     Ok(Ok(conn)) => Ok((0, Conn::Cluster(conn))),
                     Ok(Err(e)) => {
-                        self.failure(op, &describe(&e));
+                        self.failure(op, ErrorClass::Connection, &describe(&e));
                         Err(StoreError::Unavailable)
                     }
                     Err(_) => {
-                        self.failure(op, "connect timed out");
+                        self.failure(op, ErrorClass::Timeout, "connect timed out");
                         Err(StoreError::Timeout)
                     }
                 }
@@ -942,11 +1127,7 @@ impl RedisStore {
 
     fn drop_connection(&self, slot: usize, e: &redis::RedisError) {
         match &self.link {
-            Link::Standalone { connections, .. } => {
-                *connections[slot]
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = None;
-            }
+            Link::Standalone { slots, .. } => slots[slot].clear(),
             // A cluster connection reconnects to nodes and refreshes slots by
             // itself; only an error it cannot get past calls for a new one.
             Link::Cluster(link) => {
@@ -955,6 +1136,18 @@ impl RedisStore {
                 }
             }
         }
+    }
+
+    /// Replace every kept connection (and the subscribers'): the server they
+    /// lead to is no master any more.
+    fn drop_all_connections(&self) {
+        match &self.link {
+            Link::Standalone { slots, .. } => slots.iter().for_each(|s| s.clear()),
+            // The cluster client follows READONLY to the new master by
+            // itself; one that still surfaces means its view is stale.
+            Link::Cluster(link) => link.reset(),
+        }
+        self.renew.notify_waiters();
     }
 
     /// A client for classic pub/sub (purge notices) on the first URL. On a
@@ -1071,8 +1264,9 @@ pub(crate) fn describe(e: &redis::RedisError) -> String {
     }
 }
 
-fn record_error(op: &'static str) {
-    metrics::counter!("herdguard_redis_errors_total", "op" => op).increment(1);
+fn record_error(op: &'static str, class: ErrorClass) {
+    metrics::counter!("herdguard_redis_errors_total", "op" => op, "class" => class.label())
+        .increment(1);
 }
 
 fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
