@@ -874,8 +874,7 @@ impl RedisStore {
             .arg(key.to_hex())
             .arg(millis(self.options.fence_retention))
             .arg(pass);
-        let (accepted, released): (i64, i64) = match self.invoke("write_and_release", &inv).await
-        {
+        let (accepted, released): (i64, i64) = match self.invoke("write_and_release", &inv).await {
             Ok(reply) => reply,
             Err(e) => {
                 if e.is_oom() {
@@ -1049,7 +1048,10 @@ impl RedisStore {
     fn warn_throttled(&self, op: &'static str, class: ErrorClass, why: &str) {
         let now = Instant::now();
         let due = {
-            let mut last = self.last_warn.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut last = self
+                .last_warn
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let due = last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY);
             if due {
                 *last = Some(now);

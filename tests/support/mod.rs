@@ -251,3 +251,71 @@ impl Drop for Monitor {
         let _ = self.child.wait();
     }
 }
+
+/// A stand-in for a DNS name or virtual IP in front of Redis: a loopback TCP
+/// forwarder whose target can be switched. Connections already open stay
+/// with the old target, as they do when a VIP moves.
+pub struct Vip {
+    port: u16,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Vip {
+    /// Forward new connections to 127.0.0.1:`target`. Needs a tokio runtime.
+    pub async fn start(target: u16) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let port = listener.local_addr().expect("local addr").port();
+        let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(target));
+        let to = target.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { port, target, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Send new connections to `port` from now on.
+    pub fn point_to(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Vip {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One field of `INFO`, e.g. `info_field(&mut c, "replication", "role")`.
+pub async fn info_field(
+    conn: &mut redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
