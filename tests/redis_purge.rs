@@ -187,7 +187,21 @@ async fn group_index_members_expire_with_their_entries() {
         .await
         .unwrap();
     send(&app, get_req("/shelf/1")).await;
-    until_indexed(&mut conn, &index, 1).await;
+    let member = CacheLayer::new().key_for(&get_req("/shelf/1")).to_hex();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&index)
+            .arg(&member)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if score.is_some() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never indexed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
         .arg(&index)
         .arg(0)
