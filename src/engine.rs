@@ -475,7 +475,10 @@ impl<V: Value> Shared<V> {
                 let poll = if remote.notifications_live() {
                     remote.options.poll_interval
                 } else {
-                    remote.options.poll_interval.min(Duration::from_millis(50))
+                    remote
+                        .options
+                        .fallback_poll_interval
+                        .min(remote.options.poll_interval)
                 };
                 let wait = poll
                     .min(lease_left + Duration::from_millis(5))

@@ -94,13 +94,16 @@ async fn cold_bursts_on_twenty_keys_call_origin_once_per_key() {
     }
 }
 
-/// Waiters on other instances are woken by the sharded fill notification, not by polling (poll interval 10 s), on a cluster.
+/// Waiters on other instances are woken by the sharded fill notification, not by polling (both poll intervals 10 s), on a cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_waiters_wake_on_sharded_notification() {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .unwrap();
-    let slow_poll = |o: RedisOptions| o.poll_interval(Duration::from_secs(10));
+    let slow_poll = |o: RedisOptions| {
+        o.poll_interval(Duration::from_secs(10))
+            .fallback_poll_interval(Duration::from_secs(10))
+    };
     let layers: Vec<CacheLayer> = (0..3).map(|_| cluster_layer(&cluster, slow_poll)).collect();
     wakes_on_notification(layers).await;
 }
@@ -115,7 +118,8 @@ async fn standalone_waiters_wake_on_sharded_notification() {
                 .redis(
                     RedisOptions::new(server.url())
                         .namespace("t")
-                        .poll_interval(Duration::from_secs(10)),
+                        .poll_interval(Duration::from_secs(10))
+                        .fallback_poll_interval(Duration::from_secs(10)),
                 )
                 .build()
                 .expect("valid layer")

@@ -102,6 +102,7 @@ pub struct RedisOptions {
     pub(crate) lease_ttl: Duration,
     pub(crate) l1_ttl: Duration,
     pub(crate) poll_interval: Duration,
+    pub(crate) fallback_poll_interval: Duration,
     pub(crate) watchdog: bool,
     pub(crate) breaker_min_backoff: Duration,
     pub(crate) breaker_max_backoff: Duration,
@@ -140,7 +141,8 @@ impl RedisOptions {
     /// Options for the Redis at `url` (`redis://[user:pass@]host:port[/db]`), with defaults:
     /// namespace `herdguard`, 4 connections, connect timeout 1 s, response
     /// timeout 250 ms, pool wait 250 ms, lease 5 s (extended every lease/3
-    /// while the origin works), L1 1 s, waiter poll 200 ms.
+    /// while the origin works), L1 1 s, waiter poll 200 ms (50 ms while fill
+    /// notifications are down).
     pub fn new(url: impl Into<String>) -> Self {
         Self::with_urls(vec![url.into()], false)
     }
@@ -172,6 +174,7 @@ impl RedisOptions {
             lease_ttl: Duration::from_secs(5),
             l1_ttl: Duration::from_secs(1),
             poll_interval: Duration::from_millis(200),
+            fallback_poll_interval: Duration::from_millis(50),
             watchdog: true,
             breaker_min_backoff: Duration::from_millis(250),
             breaker_max_backoff: Duration::from_secs(5),
@@ -235,9 +238,22 @@ impl RedisOptions {
     }
 
     /// Poll interval of a waiter in case a fill notification is lost (default 200 ms).
+    ///
+    /// Waiters are woken by the fill notification; this poll is only the
+    /// fallback. A waiter never sleeps past the lease it waits on, so a
+    /// leader that dies is noticed when its lease ends, whatever the poll.
     #[must_use]
     pub fn poll_interval(mut self, t: Duration) -> Self {
         self.poll_interval = t;
+        self
+    }
+
+    /// Poll interval of a waiter while the notification connection is down,
+    /// or on a server without sharded pub/sub (before Redis 7): default
+    /// 50 ms, never longer than [`poll_interval`](Self::poll_interval).
+    #[must_use]
+    pub fn fallback_poll_interval(mut self, t: Duration) -> Self {
+        self.fallback_poll_interval = t;
         self
     }
 
@@ -301,6 +317,7 @@ impl RedisOptions {
             ("response timeout", self.response_timeout),
             ("pool wait timeout", self.pool_wait_timeout),
             ("poll interval", self.poll_interval),
+            ("fallback poll interval", self.fallback_poll_interval),
         ] {
             if d.is_zero() {
                 return Err(BuildError::new(format!("{name} must be above zero")));
