@@ -306,6 +306,12 @@ async fn redis_outage_mid_burst_fails_open_and_recovers() {
     for t in tasks {
         assert_eq!(t.await.unwrap(), 200, "no 5xx while redis is down");
     }
+    // And once those flights are over, still during the outage: memory answers.
+    for app in &apps {
+        for k in 0..KEYS {
+            assert_eq!(send(app, get_req(&format!("/outage/{k}"))).await.0, 200);
+        }
+    }
     assert_eq!(
         [origins[0].calls(), origins[1].calls()],
         [KEYS, KEYS],
