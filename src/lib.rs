@@ -161,7 +161,7 @@
 //! Metrics go through the `metrics` facade (`herdguard_requests_total
 //! {outcome}`, `herdguard_origin_calls_total`, `herdguard_wait_seconds`,
 //! `herdguard_fenced_writes_rejected_total`, `herdguard_redis_errors_total
-//! {op}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
+//! {op, class}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
 //! `herdguard_lease_remaining_at_release_seconds`,
 //! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`); install any
 //! recorder (the `metrics` example serves Prometheus). Each request the layer

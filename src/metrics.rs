@@ -76,7 +76,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "herdguard_redis_errors_total",
-        "Redis calls that failed, by operation."
+        "Redis calls that failed, by operation and class (connection, timeout, role, oom, foreign, other)."
     );
     describe_gauge!(
         "herdguard_redis_available",

@@ -77,6 +77,28 @@ use crate::lock::{FenceToken, LeaseToken};
 /// # let _ = opts;
 /// ```
 ///
+/// # Failures
+///
+/// Every call is bounded by the response timeout, and Redis trouble is never
+/// an error response: the layer serves from memory and coalesces within the
+/// process. What happens next depends on the error:
+///
+/// - a broken connection or a timeout opens the circuit breaker, which
+///   probes again after [`breaker_backoff`](Self::breaker_backoff); a
+///   broken connection is replaced (a timed-out one is kept: a frozen server
+///   answers on it once it thaws);
+/// - `READONLY`, `LOADING` or `MASTERDOWN` (a failover demoted the server)
+///   open the breaker and replace every connection, the subscribers' too, so
+///   a failover behind a DNS name or a virtual IP heals without a restart;
+/// - `OOM` skips the write (the lease is still given back) and the answer is
+///   kept in memory; reads keep using Redis;
+/// - a foreign value at an entry key (another type, or bytes this version
+///   cannot read) is a miss, and the next fill overwrites it.
+///
+/// Errors are counted in `herdguard_redis_errors_total{op, class}` (class:
+/// `connection`, `timeout`, `role`, `oom`, `foreign`, `other`); per-key ones
+/// are logged at most every 10 s.
+///
 /// # TLS and credentials
 ///
 /// `rediss://` URLs connect over TLS (rustls) when the crate's `tls` feature
