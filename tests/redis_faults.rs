@@ -189,7 +189,10 @@ async fn frozen_redis_answers_within_reply_timeout_plus_origin() {
     server.freeze();
     let (codes, slowest) = load(&apps, "/frozen", 60, 15, Duration::from_millis(10)).await;
     server.thaw();
-    println!("frozen redis: slowest of {} answers {slowest:?}", codes.len());
+    println!(
+        "frozen redis: slowest of {} answers {slowest:?}",
+        codes.len()
+    );
     assert!(codes.iter().all(|c| *c == 200), "no 5xx while frozen");
     assert!(
         slowest <= REPLY + ORIGIN + SLACK,

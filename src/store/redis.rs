@@ -1501,6 +1501,35 @@ mod tests {
         assert!(err.to_string().contains("`tls` feature"), "{err}");
     }
 
+    /// Server errors are sorted by what they say about Redis: a demoted or
+    /// loading server, a full one, a foreign value, anything else.
+    #[test]
+    fn server_errors_are_classified() {
+        let class = |reply: &[u8]| {
+            let err = redis::parse_redis_value(reply)
+                .unwrap()
+                .extract_error()
+                .unwrap_err();
+            ErrorClass::of(&err)
+        };
+        for reply in [
+            &b"-READONLY You can't write against a read only replica. script: x\r\n"[..],
+            b"-LOADING Redis is loading the dataset in memory\r\n",
+            b"-MASTERDOWN Link with MASTER is down\r\n",
+        ] {
+            assert_eq!(class(reply), ErrorClass::Role);
+        }
+        assert_eq!(
+            class(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"),
+            ErrorClass::Oom
+        );
+        assert_eq!(
+            class(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"),
+            ErrorClass::Foreign
+        );
+        assert_eq!(class(b"-ERR something else\r\n"), ErrorClass::Other);
+    }
+
     /// Bad namespaces are refused at build time.
     #[test]
     fn namespace_is_validated() {
