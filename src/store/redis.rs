@@ -569,6 +569,8 @@ pub(crate) struct RedisStore {
     pub(crate) renew: Arc<Notify>,
     /// Last warning about a per-key reply error (see [`WARN_EVERY`]).
     last_warn: Mutex<Option<Instant>>,
+    /// Last time every connection was replaced (see `drop_all_connections`).
+    last_renew: Mutex<Option<Instant>>,
 }
 
 /// How commands reach Redis.
@@ -785,6 +787,7 @@ impl RedisStore {
             purge_bus: Arc::default(),
             renew: Arc::default(),
             last_warn: Mutex::new(None),
+            last_renew: Mutex::new(None),
             options,
         })
     }
@@ -1049,8 +1052,8 @@ impl RedisStore {
                         self.failure(op, class, &describe(&e));
                     }
                     ErrorClass::Role => {
-                        self.drop_all_connections();
                         self.failure(op, class, &describe(&e));
+                        self.drop_all_connections();
                     }
                     ErrorClass::Timeout => self.failure(op, class, &describe(&e)),
                     // A reply error about one key, or a full server that
@@ -1180,8 +1183,21 @@ impl RedisStore {
     }
 
     /// Replace every kept connection (and the subscribers'): the server they
-    /// lead to is no master any more.
+    /// lead to is no master any more. At most once per shortest breaker
+    /// back-off: a burst of calls failing on the old server must not turn
+    /// into a burst of reconnects.
     fn drop_all_connections(&self) {
+        let now = Instant::now();
+        {
+            let mut last = self
+                .last_renew
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|t| now.duration_since(t) < self.options.breaker_min_backoff) {
+                return;
+            }
+            *last = Some(now);
+        }
         match &self.link {
             Link::Standalone { slots, .. } => slots.iter().for_each(|s| s.clear()),
             // The cluster client follows READONLY to the new master by
