@@ -49,6 +49,11 @@ pub(crate) enum Fill<V> {
     /// everyone else goes to the origin on their own, and a short pass marker
     /// stops new callers from queueing behind a fill that will never come.
     Pass(Option<V>),
+    /// Uncacheable because of the one request that made it (its credentials,
+    /// a `Set-Cookie` made for it): only the initiating caller gets it, the
+    /// others go to the origin on their own, and what is stored stays. No
+    /// pass marker: one request must not switch caching off for everyone.
+    Private(V),
 }
 
 pub(crate) type ComputeFuture<V> = BoxFuture<'static, Result<Fill<V>, BoxError>>;
@@ -581,7 +586,7 @@ impl<V: Value> Shared<V> {
                     .await
                     .map(|w| (w, Some(meta)))
             }
-            Fill::Share(_) => remote
+            Fill::Share(_) | Fill::Private(_) => remote
                 .write_and_release(&key, &token, fence, WriteMode::Release)
                 .await
                 .map(|w| (w, None)),
@@ -611,7 +616,7 @@ impl<V: Value> Shared<V> {
                 if single && !w.released && !lost {
                     lock::record_acquire("expired_mid_work");
                 }
-                if !w.accepted && !matches!(fill, Fill::Share(_)) {
+                if !w.accepted && !matches!(fill, Fill::Share(_) | Fill::Private(_)) {
                     self.counters.fenced_rejection();
                     tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
                 }
@@ -636,6 +641,7 @@ impl<V: Value> Shared<V> {
                         self.memory.insert_pass(key, self.config.pass_ttl);
                         Outcome::Pass(value)
                     }
+                    (Fill::Private(value), _) => Outcome::Pass(Some(value)),
                 }
             }
         }
@@ -668,6 +674,7 @@ impl<V: Value> Shared<V> {
                 source: Source::Miss,
             },
             Ok(Fill::Pass(v)) => Outcome::Pass(v),
+            Ok(Fill::Private(v)) => Outcome::Pass(Some(v)),
         }
     }
 
@@ -749,6 +756,7 @@ impl<V: Value> Shared<V> {
                 self.memory.insert_pass(key, self.config.pass_ttl);
                 Outcome::Pass(value)
             }
+            Fill::Private(value) => Outcome::Pass(Some(value)),
         }
     }
 
@@ -833,6 +841,16 @@ impl<V: Value> Shared<V> {
         match self.fill_memory(key, fill, 0) {
             Outcome::Value { entry, .. } => Some(entry),
             Outcome::Pass(_) | Outcome::Failed(_) => None,
+        }
+    }
+
+    /// Write a value to the shared store only (not to memory), outside any
+    /// flight: a copy for instances that look a key up without knowing more.
+    pub(crate) fn store_remote_only(&self, key: CacheKey, value: &V, freshness: Freshness) {
+        if let Some(remote) = &self.remote {
+            if remote.available() {
+                self.write_outside_flight(remote, key, value, freshness);
+            }
         }
     }
 
@@ -1059,7 +1077,10 @@ impl<V: Value> Cache<V> {
         };
         self.shared.counters.origin_call();
         let value = match self.shared.run_compute(compute.start()).await? {
-            Fill::Store { value, .. } | Fill::Share(value) | Fill::Pass(Some(value)) => value,
+            Fill::Store { value, .. }
+            | Fill::Share(value)
+            | Fill::Pass(Some(value))
+            | Fill::Private(value) => value,
             Fill::Pass(None) => return Err(Error::Aborted),
         };
         Ok(Lookup {

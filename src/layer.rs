@@ -27,6 +27,9 @@ pub(crate) struct HttpConfig {
     /// How long a stored response is kept past its stale grace: to be
     /// revalidated with a conditional request, or served to `max-stale`.
     pub(crate) keep: Duration,
+    /// Hand responses that may not be stored to every request waiting on
+    /// the same key (opt-in: only for origins that answer everyone alike).
+    pub(crate) share_uncacheable: bool,
 }
 
 impl Default for HttpConfig {
@@ -37,6 +40,7 @@ impl Default for HttpConfig {
             cache_name: "herdguard".to_owned(),
             key_headers: Vec::new(),
             keep: Duration::from_secs(600),
+            share_uncacheable: false,
         }
     }
 }
@@ -156,6 +160,26 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// Give a response that may not be stored (no freshness information,
+    /// `no-store`, `private`, `Set-Cookie`, credentials) to every request
+    /// that waited on the same key, so everyone gets the same answer from one
+    /// origin call. Off by default: each waiter then calls the origin itself.
+    ///
+    /// **Hazard:** a response made for one user (their cookie, their
+    /// credentials, a `/me` endpoint without cache headers) then reaches
+    /// every user whose request arrived while it was being fetched. Turn it on
+    /// only for origins whose answers do not depend on who asks. To share
+    /// headerless responses *and* store them, use
+    /// [`default_ttl`](Self::default_ttl) instead. The Vary check still
+    /// applies: a waiter whose varied headers differ never gets it. With the
+    /// option on, such answers set no hit-for-pass marker either: requests
+    /// keep coalescing on one origin call per key.
+    #[must_use]
+    pub fn share_uncacheable_with_waiters(mut self, share: bool) -> Self {
+        self.http.share_uncacheable = share;
+        self
+    }
+
     /// The cache's name in `Cache-Status` (default `herdguard`). Must be a token.
     #[must_use]
     pub fn cache_name(mut self, name: impl Into<String>) -> Self {
@@ -163,7 +187,8 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Request headers whose values become part of the cache key.
+    /// Request headers whose values become part of the cache key (each value
+    /// length-prefixed and the values counted, so no two lists collide).
     #[must_use]
     pub fn key_header(mut self, name: HeaderName) -> Self {
         self.http.key_headers.push(name);

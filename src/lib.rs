@@ -12,7 +12,7 @@
 //! request ─► cacheable? (GET/HEAD, no Range/Upgrade/If-Match, no request no-store)
 //!               │ no ─► inner service, Cache-Status: fwd=method|request
 //!               ▼ yes
-//!           key = hash(host, path, query, Authorization present?, Vary values)
+//!           key = hash(host:port, path, query, Authorization present?, Vary values)
 //!               │
 //!           memory: fresh ─► HIT (no await, no allocation beyond headers)
 //!                   stale ─► STALE now; one background refresh
@@ -83,11 +83,11 @@
 //!   runs in its own task and still completes for the waiters.
 //! - **A wait runs out** (`max_wait`, 30 s by default): the waiter calls the
 //!   origin itself, uncached, under a concurrency cap (`fallback_limit`).
-//! - **Uncacheable response** (`private`, `no-store`, `Set-Cookie`, `Vary: *`,
-//!   Authorization without explicit permission): waiters go to the origin on
-//!   their own and a short pass marker keeps later requests from queueing.
-//! - **Response without freshness information:** handed to the requests
-//!   already waiting for it ("collapsed") but not stored.
+//! - **Uncacheable response:** waiters go to the origin on their own (see
+//!   [who may receive an answer](#who-may-receive-an-answer)).
+//! - **Response without freshness information:** not stored and not handed
+//!   to waiters (unless you opt in); give it a
+//!   [`default_ttl`](CacheLayerBuilder::default_ttl) to store and share it.
 //! - **Body larger than the limit:** streamed through to the requesting client
 //!   unbuffered; nothing is stored.
 //!
@@ -104,8 +104,7 @@
 //! - **Never stored:** `no-store`, `private`, `Set-Cookie`, `Vary: *` (or an
 //!   unreadable Vary), 206, 304, 1xx, and responses to requests with
 //!   `Authorization` unless `public`, `s-maxage` or `must-revalidate` allow it
-//!   (§3.5). Requests with `Authorization` are keyed apart from requests
-//!   without it, so an authorized response never reaches an anonymous one.
+//!   (§3.5; see below for who may reuse them).
 //! - **Response `no-cache`** is stored (when it has a validator) and
 //!   revalidated before every use. `must-revalidate`, `proxy-revalidate` and
 //!   `s-maxage` forbid serving stale beyond what the origin granted
@@ -136,7 +135,8 @@
 //!   `Content-Location`.
 //! - **Invalidation:** [`CacheLayer::purge_url`], [`CacheLayer::purge_key`]
 //!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags). A
-//!   URL key ignores scheme and port. With Redis, a purge also deletes the
+//!   URL key ignores the scheme; host and port count, as in the cache key.
+//!   With Redis, a purge also deletes the
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
 //!   that clears every instance's memory. An instance that misses the notice
 //!   stops answering fresh from its copy when its L1 lifetime (1 s) ends; a
@@ -147,6 +147,50 @@
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
 //!   too-large, stale-if-error, only-if-cached and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
+//!
+//! ## Who may receive an answer
+//!
+//! A shared cache never hands one user's answer to another:
+//!
+//! - **Waiters** coalesced behind one origin call get its answer only if the
+//!   cache could have stored it and served it to them: storable by a shared
+//!   cache, accepted by the waiter's own directives, and matching its Vary
+//!   values and credentials. Otherwise each waiter calls the origin itself
+//!   (under `fallback_limit`).
+//!   [`share_uncacheable_with_waiters`](CacheLayerBuilder::share_uncacheable_with_waiters)
+//!   opts into giving everyone the same answer; read its hazard first.
+//! - **Pass markers:** an answer uncacheable for everyone (`no-store`,
+//!   `private`, no freshness information, `Vary: *`) removes the stored
+//!   response and sets a short pass marker, so later requests go straight
+//!   to the origin instead of queueing. An answer uncacheable because of
+//!   its own request (a `Set-Cookie`, the request's credentials) goes to that
+//!   request alone: the stored entry stays and nothing is marked. A 5xx
+//!   answer without freshness still goes to the requests waiting on it
+//!   (unstored), so a failing origin is not called once per waiter.
+//! - **Vary across instances:** every stored variant carries the names and
+//!   values it varies on, and the URL's base key in Redis always holds one
+//!   variant. An instance that never saw the URL looks the base key up (its
+//!   usual single round trip), learns the names from what it finds, and, if
+//!   that variant is not its own, looks up its own variant key: at most one
+//!   more round trip, once per URL per instance. Until any response varies,
+//!   the hit path skips the Vary index entirely. Every entry served, from any
+//!   path (hit or flight, memory or Redis, fresh or stale), is compared with
+//!   the request's own values first.
+//! - **Credentials:** an answer to a request with `Authorization` is reused
+//!   for other credentials only when it says `public` or `s-maxage`.
+//!   Otherwise (for instance `must-revalidate` alone) it is stored as if it
+//!   varied on `Authorization`, and reused only for the same credentials;
+//!   only a digest of them is stored. Anonymous and authorized requests
+//!   never share entries.
+//! - **The key sees what the origin sees:** the host in the key keeps its
+//!   port (lowercased), as the origin is told it;
+//!   [`key_header`](CacheLayerBuilder::key_header) values are counted and
+//!   length-prefixed. Requests the cache builds (the leader's call, a
+//!   refresh, a revalidation) carry no `Content-Length` or
+//!   `Transfer-Encoding`, and a GET or HEAD that carries a body bypasses the
+//!   cache untouched (`Cache-Status: …; fwd=request; detail=request-body`).
+//!   A proxy in front should drop hop-by-hop headers before this layer, as
+//!   the `reverse_proxy` example does.
 //!
 //! ## Work that must not run twice
 //!

@@ -39,12 +39,10 @@ use crate::future::ResponseFuture;
 use crate::key::{CacheKey, KeyHasher};
 use crate::layer::LayerState;
 use crate::metrics::Source;
-use crate::policy::{
-    self, Forward, RequestDirectives, RequestVerdict, ResponseVerdict, StoredRules, Usable,
-};
-use crate::purge::{host_name, url_key, Invalidation};
+use crate::policy::{self, Forward, RequestVerdict, ResponseVerdict, StoredRules, Usable};
+use crate::purge::{key_authority, url_key, Invalidation};
 use crate::store::memory::{Probe, Stored};
-use crate::vary::variant_key;
+use crate::vary::{stored_values, variant_key};
 
 /// The RFC 9211 response header.
 pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -131,6 +129,14 @@ where
                 return ResponseFuture::bypass(inner.call(req), status, invalidate);
             }
         };
+        // A GET or HEAD with a body means something the key cannot see, and
+        // a rebuilt request would drop the body but keep its framing: pass
+        // it through untouched, body and all.
+        if has_body(req.headers()) {
+            state.engine.counters.record(Source::Bypass);
+            let status = state.status_fwd(Forward::Request, Some("request-body"));
+            return ResponseFuture::bypass(inner.call(req), status, None);
+        }
 
         let head = req.method() == Method::HEAD;
         let target = state.target_for(&req);
@@ -191,8 +197,8 @@ where
             if rd.only_if_cached {
                 return ResponseFuture::ready(state.only_if_cached());
             }
-            let fallback = own_call_if_picky(&rd, &inner, &req);
-            let fut = miss(Arc::clone(state), target, head, inner, req, None, fallback);
+            let spare = spare_call(&inner, &req);
+            let fut = miss(Arc::clone(state), target, head, inner, req, None, spare);
             return boxed(Box::pin(fut));
         };
         let age = entry.value.current_age(entry.age());
@@ -232,7 +238,7 @@ where
                 boxed(Box::pin(fut))
             }
             Usable::Fresh | Usable::Revalidate => {
-                let fallback = own_call_if_picky(&rd, &inner, &req);
+                let spare = spare_call(&inner, &req);
                 let fut = miss(
                     Arc::clone(state),
                     target,
@@ -240,7 +246,7 @@ where
                     inner,
                     req,
                     Some(entry),
-                    fallback,
+                    spare,
                 );
                 boxed(Box::pin(fut))
             }
@@ -283,14 +289,19 @@ pub(crate) enum Served {
 
 /// Lead or follow the flight for `key`, then answer from its outcome.
 /// `stale` is the stored response to revalidate, if there is one.
+///
+/// A waiter gets the flight's answer only if the cache could have stored it
+/// and served it to this very request (storable, its Vary values and
+/// credentials match, its directives accept it); otherwise it is released
+/// to call the origin itself under the fallback cap.
 async fn miss<S, ReqB, ResB>(
     state: Arc<LayerState>,
-    target: Target,
+    mut target: Target,
     head: bool,
     inner: S,
     req: Request<ReqB>,
     stale: Option<Arc<Stored<CachedResponse>>>,
-    own_call: Option<(S, Request<ReqB>)>,
+    mut spare: Option<(S, Request<ReqB>)>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -305,16 +316,42 @@ where
         head,
         headers: &request_headers,
     };
-    let fwd = if stale.is_some() {
+    let mut fwd = if stale.is_some() {
         Forward::Stale
     } else {
         target.miss
     };
     let stored = stale.as_ref().map(|e| e.value.clone());
-    let (leader, mut passthrough_rx, error_slot) =
+    let (leader, mut passthrough_rx, mut error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let mut compute = Some(leader);
-    let resolved = state.engine.resolve(target.key, &mut compute).await;
+    let mut resolved = state.engine.resolve(target.key, &mut compute).await;
+    // An entry made for other Vary values (or other credentials) names the
+    // variant this request needs: follow it once, as a flight of its own.
+    if let Resolved::Value { entry, .. } = &resolved {
+        if let Some(next) = state.variant_for(&target, entry, &request_headers) {
+            target = next;
+            fwd = Forward::VaryMiss;
+            compute = match compute {
+                Some(mut call) => {
+                    call.target = next;
+                    call.stale = None;
+                    Some(call)
+                }
+                None => spare.take().map(|(inner, req)| {
+                    let (call, rx, slot) =
+                        OriginCall::initiated(inner, req, Arc::clone(&state), next, None);
+                    passthrough_rx = rx;
+                    error_slot = slot;
+                    call
+                }),
+            };
+            resolved = match compute {
+                Some(_) => state.engine.resolve(target.key, &mut compute).await,
+                None => Resolved::Pass(None),
+            };
+        }
+    }
     let counters = &state.engine.counters;
     // stale-if-error: the stored response stands in for a failed origin.
     let fallback = |fwd_status: Option<u16>| {
@@ -326,17 +363,28 @@ where
         counters.record(Source::Stale);
         Some(state.respond(entry, &view, Served::StaleIfError { fwd_status }))
     };
+    // This request's own call, made when the flight's answer is not for it.
+    let own_call = |compute: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+                    spare: Option<(S, Request<ReqB>)>| {
+        compute.or_else(|| {
+            spare.map(|(inner, req)| {
+                OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
+            })
+        })
+    };
     match resolved {
         Resolved::Value { entry, source } => {
-            // A stale copy shared by the flight (another instance holds the
-            // refresh) may still be refused by this request's own directives
-            // (max-age, min-fresh): such a request goes to the origin itself.
-            if source == Source::Stale && !stale_acceptable(&request_headers, &entry) {
-                let call = compute.or_else(|| {
-                    own_call.map(|(inner, req)| {
-                        OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
-                    })
-                });
+            // Never a variant made for other header values, from any path.
+            if !entry.value.vary_matches(&request_headers) {
+                let status = state.status_fwd(Forward::VaryMiss, None);
+                return released(&state, own_call(compute, spare), status, fallback).await;
+            }
+            // A stored copy shared by the flight may still be refused by this
+            // request's own directives (max-age, min-fresh): such a request
+            // goes to the origin itself. The leader's own answer is for it.
+            if source != Source::Miss && is_stored(&entry) && !acceptable(&request_headers, &entry)
+            {
+                let call = own_call(compute, spare);
                 return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
             }
             if entry.value.status.is_server_error() {
@@ -344,25 +392,20 @@ where
                     return Ok(r);
                 }
             }
-            // A follower must never get a variant made for other header values.
-            if compute.is_none() || entry.value.vary_matches(&request_headers) {
-                counters.record(source);
-                let served = match source {
-                    Source::Hit => Served::Hit,
-                    Source::Stale => Served::Stale("stale"),
-                    Source::Coalesced => Served::Forwarded {
-                        fwd,
-                        collapsed: true,
-                    },
-                    _ => Served::Forwarded {
-                        fwd,
-                        collapsed: false,
-                    },
-                };
-                Ok(state.respond(&entry, &view, served))
-            } else {
-                direct(&state, compute, state.status_fwd(Forward::VaryMiss, None)).await
-            }
+            counters.record(source);
+            let served = match source {
+                Source::Hit => Served::Hit,
+                Source::Stale => Served::Stale("stale"),
+                Source::Coalesced => Served::Forwarded {
+                    fwd,
+                    collapsed: true,
+                },
+                _ => Served::Forwarded {
+                    fwd,
+                    collapsed: false,
+                },
+            };
+            Ok(state.respond(&entry, &view, served))
         }
         Resolved::Pass(Some(value)) => {
             if value.status.is_server_error() {
@@ -380,7 +423,9 @@ where
                 response.headers_mut().insert(CACHE_STATUS, status);
                 return Ok(response);
             }
-            direct(&state, compute, state.status_fwd(fwd, Some("uncacheable"))).await
+            // The answer was not for everyone: each waiter asks for its own.
+            let status = state.status_fwd(fwd, Some("uncacheable"));
+            released(&state, own_call(compute, spare), status, fallback).await
         }
         Resolved::Failed(error) => {
             if let Some(r) = fallback(None) {
@@ -399,16 +444,31 @@ where
             Ok(state.error_response(&error))
         }
         Resolved::WaitTimedOut => {
-            let Some(_permit) = state.engine.fallback_permit().await else {
-                if let Some(r) = fallback(None) {
-                    return Ok(r);
-                }
-                counters.record_error();
-                return Ok(state.error_response(&Error::Overloaded));
-            };
-            direct(&state, compute, state.status_fwd(fwd, Some("wait-timeout"))).await
+            let status = state.status_fwd(fwd, Some("wait-timeout"));
+            released(&state, own_call(compute, spare), status, fallback).await
         }
     }
+}
+
+/// A request released from a flight calls the origin itself, under the
+/// fallback cap; past the cap it gets stale-if-error or a 503.
+async fn released<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    fallback: impl FnOnce(Option<u16>) -> Option<Response<CacheBody<ResB>>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let Some(_permit) = state.engine.fallback_permit().await else {
+        if let Some(r) = fallback(None) {
+            return Ok(r);
+        }
+        state.engine.counters.record_error();
+        return Ok(state.error_response(&Error::Overloaded));
+    };
+    direct(state, call, status).await
 }
 
 /// A request that asked for a fresh answer (`no-cache`): call the origin for
@@ -461,7 +521,7 @@ where
                 None => Ok(state.respond_uncached(value_copy, &view, Forward::Request)),
             }
         }
-        Ok(Fill::Share(value) | Fill::Pass(Some(value))) => {
+        Ok(Fill::Share(value) | Fill::Pass(Some(value)) | Fill::Private(value)) => {
             counters.record(Source::Bypass);
             Ok(state.respond_uncached(value, &view, Forward::Request))
         }
@@ -491,19 +551,27 @@ where
     }
 }
 
-/// A spare inner service and request for a request whose directives may
-/// refuse a stale copy the flight hands out (`max-age`, `min-fresh`): if the
-/// request leads, its own call is spent on the flight.
-fn own_call_if_picky<S: Clone, B: Default>(
-    rd: &RequestDirectives,
-    inner: &S,
-    req: &Request<B>,
-) -> Option<(S, Request<B>)> {
-    (rd.max_age.is_some() || rd.min_fresh.is_some()).then(|| (inner.clone(), refresh_request(req)))
+/// A spare inner service and request for a request that may need a call of
+/// its own after its flight: a stored entry for other Vary values or other
+/// credentials names the variant to look up, or its directives (`max-age`,
+/// `min-fresh`) refuse what the flight hands out. If the request leads, its
+/// first call is spent on the flight.
+fn spare_call<S: Clone, B: Default>(inner: &S, req: &Request<B>) -> Option<(S, Request<B>)> {
+    Some((inner.clone(), refresh_request(req)))
 }
 
-/// Whether a request with these headers accepts `entry` served stale.
-fn stale_acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
+/// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a
+/// Content-Length other than 0).
+fn has_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|v| v.as_bytes().iter().any(|&b| b != b'0'))
+}
+
+/// Whether a request with these headers accepts `entry` served as it is now.
+fn acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
     let RequestVerdict::Cacheable(rd) = policy::classify_request(&Method::GET, request_headers)
     else {
         return false;
@@ -546,8 +614,15 @@ fn refresh_request<B: Default>(req: &Request<B>) -> Request<B> {
     *r.uri_mut() = req.uri().clone();
     *r.version_mut() = req.version();
     *r.headers_mut() = req.headers().clone();
+    strip_framing(r.headers_mut());
     *r.extensions_mut() = req.extensions().clone();
     r
+}
+
+/// A request the cache builds carries no body, so no body framing either.
+fn strip_framing(headers: &mut HeaderMap) {
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::TRANSFER_ENCODING);
 }
 
 /// What only the request that started a flight receives.
@@ -669,6 +744,7 @@ where
         for name in &CONDITIONAL {
             template.headers.remove(name);
         }
+        strip_framing(&mut template.headers);
         let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
         let request_headers = template.headers.clone();
 
@@ -769,16 +845,22 @@ where
         }
         let body = join(chunks, total);
 
-        let vary = match policy::vary_names(&parts.headers) {
-            Some(names) => names
-                .into_iter()
-                .map(|n| {
-                    let values = request_headers.get_all(&n).iter().cloned().collect();
-                    (n, values)
-                })
-                .collect(),
-            None => Vec::new(),
-        };
+        let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
+        // Credentials vary the answer unless the origin says it is the same
+        // for everyone (`public`, `s-maxage`): key it by their digest then.
+        if had_authorization
+            && !policy::shared_across_credentials(&parts.headers)
+            && !names.contains(&header::AUTHORIZATION)
+        {
+            names.push(header::AUTHORIZATION);
+        }
+        let vary = names
+            .into_iter()
+            .map(|n| {
+                let values = stored_values(&n, &request_headers);
+                (n, values)
+            })
+            .collect();
         strip_not_stored(&mut parts.headers);
         let value = CachedResponse {
             status: parts.status,
@@ -836,13 +918,46 @@ impl LayerState {
                     .max(stale_for)
                     .max(Duration::from_secs(u64::from(rules.sie)));
                 self.retained.insert(key, value.clone(), fresh_for, keep);
+                // The base key always holds some variant in Redis, carrying
+                // the Vary names: an instance that has not learned them yet
+                // looks the base key up first and learns them there.
+                if !names.is_empty() && target.base != target.key && target.base != key {
+                    let freshness = Freshness::new(fresh_for).with_stale(stale_for);
+                    self.engine
+                        .store_remote_only(target.base, &value, freshness);
+                }
                 Fill::Store {
                     value,
                     fresh_for,
                     stale_for,
                 }
             }
-            ResponseVerdict::Share => Fill::Share(value),
+            // A server error goes to the requests waiting on it, stored for
+            // none: a failing origin must not be asked once per waiter.
+            ResponseVerdict::Share
+                if self.http.share_uncacheable || value.status.is_server_error() =>
+            {
+                Fill::Share(value)
+            }
+            // No freshness information: uncacheable for everyone.
+            ResponseVerdict::Share => {
+                tracing::debug!(reason = "no-freshness", "response is not cacheable");
+                self.retained.remove(&target.key);
+                Fill::Pass(Some(value))
+            }
+            ResponseVerdict::Pass(reason) if self.http.share_uncacheable => {
+                tracing::debug!(reason, "response is not cacheable; shared with waiters");
+                if !policy::request_specific(reason) {
+                    self.retained.remove(&target.key);
+                }
+                Fill::Share(value)
+            }
+            // Uncacheable because of this request alone: the stored entry
+            // stays and nobody else is told to pass.
+            ResponseVerdict::Pass(reason) if policy::request_specific(reason) => {
+                tracing::debug!(reason, "response is for its own request only");
+                Fill::Private(value)
+            }
             ResponseVerdict::Pass(reason) => {
                 tracing::debug!(reason, "response is not cacheable");
                 self.retained.remove(&target.key);
@@ -850,6 +965,38 @@ impl LayerState {
             }
         }
     }
+}
+
+impl LayerState {
+    /// Learn the Vary names `entry` carries for its URL (it may come from
+    /// another instance), and say which variant `request` needs when `entry`
+    /// is not it and lives under another key.
+    fn variant_for(
+        &self,
+        target: &Target,
+        entry: &Stored<CachedResponse>,
+        request: &HeaderMap,
+    ) -> Option<Target> {
+        let names: Vec<HeaderName> = entry.value.vary.iter().map(|(n, _)| n.clone()).collect();
+        if is_stored(entry) {
+            self.vary.learn(target.base, &names);
+        }
+        if names.is_empty() || entry.value.vary_matches(request) {
+            return None;
+        }
+        let key = variant_key(&target.base, &names, request);
+        (key != target.key).then_some(Target {
+            base: target.base,
+            key,
+            miss: Forward::VaryMiss,
+        })
+    }
+}
+
+/// Whether `entry` was stored (it has a lifetime), rather than handed to
+/// the requests waiting on one flight.
+fn is_stored(entry: &Stored<CachedResponse>) -> bool {
+    !entry.meta.fresh_for.is_zero() || !entry.meta.stale_for.is_zero()
 }
 
 fn join(mut chunks: VecDeque<Bytes>, total: usize) -> Bytes {
@@ -887,13 +1034,17 @@ impl LayerState {
         let uri = effective_uri(req);
         let mut h = KeyHasher::new();
         h.part(b"base")
-            .opt_part_lowercase(request_authority(req, uri).map(host_name))
+            .opt_part_lowercase(request_authority(req, uri).map(key_authority))
             .part(non_empty_path(uri.path().as_bytes()))
             .opt_part(uri.query().map(str::as_bytes))
             .part(&[u8::from(req.headers().contains_key(header::AUTHORIZATION))]);
         for name in &self.http.key_headers {
-            h.part(name.as_str().as_bytes());
-            for v in req.headers().get_all(name) {
+            let values = req.headers().get_all(name);
+            // Counted, and each value length-prefixed: ["a,b"] and ["a", "b"]
+            // and one header's values running into the next never collide.
+            h.part(name.as_str().as_bytes())
+                .part(&(values.iter().count() as u64).to_le_bytes());
+            for v in values {
                 h.part(v.as_bytes());
             }
         }
@@ -1101,15 +1252,14 @@ fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
 
 #[cfg(test)]
 mod tests {
-    use super::host_name;
+    use super::key_authority;
 
-    /// Ports and userinfo are not part of the host; IPv6 brackets are kept.
+    /// The key keeps the port (the upstream is told it too) and drops userinfo.
     #[test]
-    fn host_name_strips_port_and_userinfo() {
-        assert_eq!(host_name(b"example.com:8080"), b"example.com");
-        assert_eq!(host_name(b"user:pw@example.com:1"), b"example.com");
-        assert_eq!(host_name(b"[::1]:3000"), b"[::1]");
-        assert_eq!(host_name(b"[::1"), b"[::1");
-        assert_eq!(host_name(b"plain"), b"plain");
+    fn key_authority_keeps_port_drops_userinfo() {
+        assert_eq!(key_authority(b"example.com:8080"), b"example.com:8080");
+        assert_eq!(key_authority(b"user:pw@example.com:1"), b"example.com:1");
+        assert_eq!(key_authority(b"[::1]:3000"), b"[::1]:3000");
+        assert_eq!(key_authority(b"plain"), b"plain");
     }
 }
