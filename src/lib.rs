@@ -81,8 +81,11 @@
 //!   request elects a new leader.
 //! - **The leading request is cancelled** (client disconnect): the origin call
 //!   runs in its own task and still completes for the waiters.
-//! - **A wait runs out** (`max_wait`, 30 s by default): the waiter calls the
-//!   origin itself, uncached, under a concurrency cap (`fallback_limit`).
+//! - **A wait runs out** (`max_wait`, by default the origin timeout + 5 s,
+//!   so only a leader stuck past its own timeout gets there): the waiter
+//!   calls the origin itself, uncached, under a concurrency cap
+//!   (`fallback_limit`); with the cap full it keeps waiting on the flight
+//!   instead, at most one more origin timeout. See *Bounds and timeouts*.
 //! - **Uncacheable response:** waiters go to the origin on their own (see
 //!   [who may receive an answer](#who-may-receive-an-answer)).
 //! - **Response without freshness information:** not stored and not handed
@@ -110,13 +113,19 @@
 //!   `s-maxage` forbid serving stale beyond what the origin granted
 //!   explicitly: `stale-while-revalidate` and `stale-if-error` still hold
 //!   with `s-maxage`, not with the other two.
-//! - **Request directives:** `no-cache` (and `max-age=0`, `Pragma: no-cache`)
-//!   goes forward (with the stored response's validators, so the origin may
-//!   answer 304) and stores the fresh result; `no-store` goes forward and
-//!   stores nothing; `max-age`, `min-fresh` and `max-stale` decide whether a
-//!   stored response may answer this request (`max-stale` never overrides
-//!   `must-revalidate`); `only-if-cached` is a 504 when nothing usable is
-//!   stored.
+//! - **Request directives:** a request that refuses the stored response
+//!   (`no-cache`, `max-age=0`, `Pragma: no-cache`, a `max-age` below the
+//!   entry's age, a `min-fresh` it cannot meet) never costs an origin call of
+//!   its own by default: it joins the refresh running for its key, or starts
+//!   one, which goes to the origin with the stored validators (so the origin
+//!   may answer 304) and replaces the entry; with Redis one such refresh runs
+//!   per key across the cluster. So a reload may share a refresh that
+//!   started a moment before it, never the entry it refused.
+//!   [`ReloadMode`] picks `Honor` (each its own call, under the fallback
+//!   cap) or `Ignore` (served from the cache) instead. `no-store` goes
+//!   forward and stores nothing; `max-stale` may accept a stale response
+//!   (never over `must-revalidate`); `only-if-cached` is a 504 when nothing
+//!   usable is stored.
 //! - **Revalidation:** a stored response is kept past its stale grace
 //!   ([`keep_for_revalidation`](CacheLayerBuilder::keep_for_revalidation),
 //!   10 min). Once stale, one request per key sends `If-None-Match` /
@@ -129,7 +138,10 @@
 //!   `If-Unmodified-Since` and `Range` go to the origin untouched.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
 //!   each combination of the request's values has its own key, so variants
-//!   coexist. A stored variant is still compared header by header before use.
+//!   coexist. A stored variant is still compared header by header before use;
+//!   a request that finds another variant under its key (this instance had
+//!   not learned the names yet) leads or joins the flight of its own
+//!   variant, so variant misses coalesce like any other miss.
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
@@ -145,7 +157,8 @@
 //!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
-//!   too-large, stale-if-error, only-if-cached and errors.
+//!   too-large, stale-if-error, only-if-cached, wait-timeout, overloaded,
+//!   origin-timeout and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
 //!
 //! ## Who may receive an answer
@@ -191,6 +204,42 @@
 //!   cache untouched (`Cache-Status: …; fwd=request; detail=request-body`).
 //!   A proxy in front should drop hop-by-hop headers before this layer, as
 //!   the `reverse_proxy` example does.
+//!
+//! ## Bounds and timeouts
+//!
+//! Every wait, call and buffer has a limit. The timeouts form a ladder, each
+//! longer than what it waits for, so a slow but healthy origin never turns
+//! the waiters into a herd:
+//!
+//! ```text
+//! Redis reply 250 ms  <  lease 5 s (extended every lease/3 while the call runs)
+//!                     <  origin_timeout 60 s   a flight's call, head and body;
+//!                                              then its waiters get 504
+//!                     <  max_wait = origin_timeout + 5 s   a waiter's wait
+//! ```
+//!
+//! - **Waiters** wait for the flight up to `max_wait`. Only then does one go
+//!   to the origin itself, uncached, holding one of `fallback_limit` (64)
+//!   permits; if none is free it keeps waiting on the flight, at most one
+//!   more `origin_timeout`, and gets the flight's answer (or its 504).
+//! - **Calls outside a flight** (waits that ran out, answers a waiter may not
+//!   share, misses past the leader cap, [`ReloadMode::Honor`]) each hold a
+//!   fallback permit until the response head arrives, and are bounded by
+//!   `origin_timeout` (then 504, `detail=origin-timeout`). One that finds the
+//!   cap full for a whole `max_wait` is answered 503 with `Retry-After: 1`
+//!   (`detail=overloaded`): the one answer the layer makes up itself, when
+//!   the origin is already `fallback_limit` calls behind.
+//! - **Leader tasks:** at most [`leader_limit`](CacheLayerBuilder::leader_limit)
+//!   (1024) flights run at once. A leader whose client went away runs on
+//!   (its waiters need it), holding its permit, for at most `origin_timeout`.
+//!   A miss with no flight to join past the cap goes to the origin uncached,
+//!   under the fallback cap (`detail=overloaded`); it never queues.
+//! - **Fill buffers:** at most
+//!   [`fill_buffer_bytes`](CacheLayerBuilder::fill_buffer_bytes) (64 MiB)
+//!   of bodies are buffered for fills at once, and each at most
+//!   `max_body_bytes` (8 MiB). A fill past either streams to the request that
+//!   started it and stores nothing; its waiters go to the origin themselves,
+//!   under the fallback cap.
 //!
 //! ## Work that must not run twice
 //!
@@ -264,7 +313,7 @@ pub use entry::{CachedResponse, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use future::ResponseFuture;
 pub use key::CacheKey;
-pub use layer::{CacheLayer, CacheLayerBuilder};
+pub use layer::{CacheLayer, CacheLayerBuilder, ReloadMode};
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
