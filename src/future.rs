@@ -6,18 +6,21 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use futures_util::future::BoxFuture;
-use http::{HeaderValue, Response};
+use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
 
 use crate::body::CacheBody;
 use crate::purge::Invalidation;
 use crate::service::CACHE_STATUS;
 
+const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
+
 pin_project! {
     /// Response future of [`CacheService`](crate::CacheService).
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         kind: Kind<F, B, E>,
+        strip_surrogate_key: bool,
     }
 }
 
@@ -54,6 +57,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             kind: Kind::Ready {
                 response: Some(response),
             },
+            strip_surrogate_key: false,
         }
     }
 
@@ -68,13 +72,22 @@ impl<F, B, E> ResponseFuture<F, B, E> {
                 cache_status: Some(cache_status),
                 invalidate,
             },
+            strip_surrogate_key: false,
         }
     }
 
     pub(crate) fn boxed(fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>) -> Self {
         Self {
             kind: Kind::Boxed { fut },
+            strip_surrogate_key: false,
         }
+    }
+
+    /// Remove `Surrogate-Key` from the response: tags are for the cache,
+    /// indexed when it stores, not for clients.
+    pub(crate) fn strip_surrogate_key(mut self, on: bool) -> Self {
+        self.strip_surrogate_key = on;
+        self
     }
 }
 
@@ -85,7 +98,24 @@ where
     type Output = Result<Response<CacheBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
+        let this = self.project();
+        let mut response = ready!(Self::poll_kind(this.kind, cx))?;
+        if *this.strip_surrogate_key {
+            response.headers_mut().remove(SURROGATE_KEY);
+        }
+        Poll::Ready(Ok(response))
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    fn poll_kind(
+        kind: Pin<&mut Kind<F, B, E>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<CacheBody<B>>, E>> {
+        match kind.project() {
             KindProj::Ready { response } => match response.take() {
                 Some(r) => Poll::Ready(Ok(r)),
                 // Polled after completion: a contract violation by the caller.
