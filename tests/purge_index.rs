@@ -8,7 +8,8 @@ mod support;
 use std::time::Duration;
 
 use axum::Router;
-use herdguard::{redis, CacheLayer, RedisOptions};
+use deadpool_redis::redis;
+use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
 

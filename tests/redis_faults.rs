@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::Router;
-use herdguard::{redis, CacheLayer, RedisOptions};
+use deadpool_redis::redis;
+use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::{info_field, RedisServer, Vip};
 use tokio::time::Instant;
