@@ -29,8 +29,8 @@ use crate::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;
 use crate::lock::watchdog::{HeldLease, Watchdog};
-use crate::lock::{self, FenceToken, LeaseToken};
-use crate::metrics::{self, Counters, Source, Stats};
+use crate::lock::{FenceToken, LeaseToken};
+use crate::metrics::{Counters, Source, Stats};
 use crate::store::memory::{MemoryStore, Probe, Stored};
 use crate::store::redis::{FillSubscription, RedisOptions, RedisStore, RemoteLookup, WriteMode};
 
@@ -130,6 +130,8 @@ pub(crate) struct EngineConfig {
     pub(crate) fallback_limit: usize,
     pub(crate) redis: Option<RedisOptions>,
     pub(crate) redlock: Option<Arc<Redlock>>,
+    /// The `cache` label on every metric (the layer's `cache_name`).
+    pub(crate) metrics_name: String,
 }
 
 impl Default for EngineConfig {
@@ -144,6 +146,7 @@ impl Default for EngineConfig {
             fallback_limit: 64,
             redis: None,
             redlock: None,
+            metrics_name: "herdguard".to_owned(),
         }
     }
 }
@@ -168,7 +171,7 @@ impl<V: Value> Shared<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
         let remote = match &config.redis {
             Some(opts) => {
-                let mut store = RedisStore::new(opts.clone())?;
+                let mut store = RedisStore::new(opts.clone().metrics_name(&config.metrics_name))?;
                 if config.redlock.is_some() {
                     store.set_lease_elsewhere();
                 }
@@ -195,8 +198,8 @@ impl<V: Value> Shared<V> {
             memory,
             flights: Arc::new(Flights::new()),
             fallback: Semaphore::new(config.fallback_limit.max(1)),
+            counters: Counters::new(&config.metrics_name),
             config,
-            counters: Counters::default(),
             remote,
             redlock,
         })
@@ -439,7 +442,7 @@ impl<V: Value> Shared<V> {
                     return Outcome::Pass(None);
                 }
                 RemoteLookup::Held { lease_left } => {
-                    lock::record_acquire("contended");
+                    self.counters.lock_acquire("contended");
                     if self
                         .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
                         .await
@@ -524,7 +527,7 @@ impl<V: Value> Shared<V> {
         let single = matches!(lease, HeldLease::Single(_));
         let ttl = match &lease {
             HeldLease::Single(_) => {
-                lock::record_acquire("acquired");
+                self.counters.lock_acquire("acquired");
                 remote.options.lease_ttl
             }
             HeldLease::Redlock(lock, _) => lock.ttl(),
@@ -538,7 +541,8 @@ impl<V: Value> Shared<V> {
         let result = self.run_compute(fut).await;
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
-        metrics::record_lease_remaining(stopped.remaining.as_secs_f64());
+        self.counters
+            .lease_remaining(stopped.remaining.as_secs_f64());
         // A lease that lives elsewhere is released after the write, so no one
         // can take it between our compute and our fill.
         let redlock = stopped.redlock;
@@ -554,7 +558,7 @@ impl<V: Value> Shared<V> {
                     lock.release(lease).await;
                 }
                 if single {
-                    lock::record_held(held_since.elapsed().as_secs_f64());
+                    self.counters.lock_held(held_since.elapsed().as_secs_f64());
                 }
                 return Outcome::Failed(error);
             }
@@ -596,7 +600,7 @@ impl<V: Value> Shared<V> {
             lock.release(lease).await;
         }
         if single {
-            lock::record_held(held_since.elapsed().as_secs_f64());
+            self.counters.lock_held(held_since.elapsed().as_secs_f64());
         }
         match written {
             Err(e) => {
@@ -606,7 +610,7 @@ impl<V: Value> Shared<V> {
             }
             Ok((w, meta)) => {
                 if single && !w.released && !lost {
-                    lock::record_acquire("expired_mid_work");
+                    self.counters.lock_acquire("expired_mid_work");
                 }
                 if !w.accepted && !matches!(fill, Fill::Share(_)) {
                     self.counters.fenced_rejection();
@@ -614,7 +618,7 @@ impl<V: Value> Shared<V> {
                 }
                 match (fill, meta) {
                     (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
-                        metrics::record_entry_bytes(value.weight());
+                        self.counters.entry_bytes(value.weight());
                         let hard = meta.fresh_for.saturating_add(meta.stale_for);
                         self.index_in_background(remote, key, &value, hard);
                         let entry = self.fill_l1(key, value, meta, meta.fresh_for, hard);
@@ -727,7 +731,7 @@ impl<V: Value> Shared<V> {
                 stale_for,
             } => {
                 let usable = fresh_for.saturating_add(stale_for);
-                metrics::record_entry_bytes(value.weight());
+                self.counters.entry_bytes(value.weight());
                 let meta = EntryMeta::now(fresh_for, stale_for, fence);
                 let entry = Arc::new(Stored::new(value, meta, fresh_for, usable, Duration::ZERO));
                 if !usable.is_zero() {
@@ -772,7 +776,7 @@ impl<V: Value> Shared<V> {
         })
         .await;
         if !initiator {
-            metrics::record_wait(started.elapsed().as_secs_f64());
+            self.counters.wait(started.elapsed().as_secs_f64());
         }
         tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
         let shared_source = if initiator {

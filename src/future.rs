@@ -18,6 +18,8 @@ pin_project! {
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         kind: Kind<F, B, E>,
+        // Off by default; set once per call, so the hit path pays one branch.
+        hide_cache_status: bool,
     }
 }
 
@@ -54,6 +56,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             kind: Kind::Ready {
                 response: Some(response),
             },
+            hide_cache_status: false,
         }
     }
 
@@ -68,13 +71,21 @@ impl<F, B, E> ResponseFuture<F, B, E> {
                 cache_status: Some(cache_status),
                 invalidate,
             },
+            hide_cache_status: false,
         }
     }
 
     pub(crate) fn boxed(fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>) -> Self {
         Self {
             kind: Kind::Boxed { fut },
+            hide_cache_status: false,
         }
+    }
+
+    /// Take `Cache-Status` off the response (and log it) when `hide`.
+    pub(crate) fn hiding_cache_status(mut self, hide: bool) -> Self {
+        self.hide_cache_status = hide;
+        self
     }
 }
 
@@ -85,28 +96,49 @@ where
     type Output = Result<Response<CacheBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Ready { response } => match response.take() {
-                Some(r) => Poll::Ready(Ok(r)),
-                // Polled after completion: a contract violation by the caller.
-                None => Poll::Pending,
-            },
-            KindProj::Bypass {
-                fut,
-                cache_status,
-                invalidate,
-            } => {
-                let response = ready!(fut.poll(cx))?;
-                let (mut parts, body) = response.into_parts();
-                if let Some(v) = cache_status.take() {
-                    parts.headers.insert(CACHE_STATUS, v);
-                }
-                if let Some(invalidation) = invalidate.take() {
-                    invalidation.apply(parts.status, &parts.headers);
-                }
-                Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
-            }
-            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
+        let this = self.project();
+        let result = ready!(poll_kind(this.kind, cx));
+        if !*this.hide_cache_status {
+            return Poll::Ready(result);
         }
+        Poll::Ready(result.map(|mut response| {
+            if let Some(v) = response.headers_mut().remove(CACHE_STATUS) {
+                let v = String::from_utf8_lossy(v.as_bytes());
+                tracing::info!(target: "herdguard::cache_status", cache_status = %v);
+            }
+            response
+        }))
+    }
+}
+
+fn poll_kind<F, B, E>(
+    kind: Pin<&mut Kind<F, B, E>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<CacheBody<B>>, E>>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    match kind.project() {
+        KindProj::Ready { response } => match response.take() {
+            Some(r) => Poll::Ready(Ok(r)),
+            // Polled after completion: a contract violation by the caller.
+            None => Poll::Pending,
+        },
+        KindProj::Bypass {
+            fut,
+            cache_status,
+            invalidate,
+        } => {
+            let response = ready!(fut.poll(cx))?;
+            let (mut parts, body) = response.into_parts();
+            if let Some(v) = cache_status.take() {
+                parts.headers.insert(CACHE_STATUS, v);
+            }
+            if let Some(invalidation) = invalidate.take() {
+                invalidation.apply(parts.status, &parts.headers);
+            }
+            Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
+        }
+        KindProj::Boxed { fut } => fut.as_mut().poll(cx),
     }
 }

@@ -116,6 +116,24 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let hide = !self.state.http.show_cache_status;
+        self.dispatch(req).hiding_cache_status(hide)
+    }
+}
+
+impl<S> CacheService<S> {
+    fn dispatch<ReqB, ResB>(
+        &mut self,
+        req: Request<ReqB>,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqB: Default + Send + 'static,
+        ResB: Body<Data = Bytes> + Send + 'static,
+        ResB::Error: Into<BoxError>,
+    {
         // The instance that was polled ready is the one we may call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -742,6 +760,7 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > limit as u64) {
+            state.engine.counters.not_stored("too-large");
             if let Some(tx) = passthrough {
                 let _ = tx.send(Response::from_parts(parts, CacheBody::inner(body)));
             }
@@ -760,6 +779,7 @@ where
             total += data.len();
             chunks.push_back(data);
             if total > limit {
+                state.engine.counters.not_stored("too-large");
                 if let Some(tx) = passthrough {
                     let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
                     let _ = tx.send(response);
@@ -842,8 +862,12 @@ impl LayerState {
                     stale_for,
                 }
             }
-            ResponseVerdict::Share => Fill::Share(value),
+            ResponseVerdict::Share => {
+                self.engine.counters.not_stored("no-freshness");
+                Fill::Share(value)
+            }
             ResponseVerdict::Pass(reason) => {
+                self.engine.counters.not_stored(reason);
                 tracing::debug!(reason, "response is not cacheable");
                 self.retained.remove(&target.key);
                 Fill::Pass(Some(value))

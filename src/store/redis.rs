@@ -105,6 +105,9 @@ pub struct RedisOptions {
     pub(crate) breaker_min_backoff: Duration,
     pub(crate) breaker_max_backoff: Duration,
     pub(crate) fence_retention: Duration,
+    /// The `cache` label of this store's metrics: the layer's name, or none
+    /// for a store outside a layer.
+    pub(crate) metrics_name: Option<String>,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -175,7 +178,14 @@ impl RedisOptions {
             breaker_min_backoff: Duration::from_millis(250),
             breaker_max_backoff: Duration::from_secs(5),
             fence_retention: Duration::from_secs(24 * 3600),
+            metrics_name: None,
         }
+    }
+
+    /// Label this store's metrics with the layer's name.
+    pub(crate) fn metrics_name(mut self, name: &str) -> Self {
+        self.metrics_name = Some(name.to_owned());
+        self
     }
 
     /// Prefix of every key (default `herdguard`): letters, digits, `_ - . :`.
@@ -595,7 +605,7 @@ impl RedisStore {
         entry_prefix.push(VERSION);
         Ok(Self {
             link,
-            breaker: Breaker::new(options.breaker_min_backoff, options.breaker_max_backoff),
+            breaker: Breaker::new(&options),
             fills,
             fill_source: Mutex::new(Some((fill_source, changes))),
             entry_prefix,
@@ -858,7 +868,7 @@ impl RedisStore {
                 } else {
                     // A reply error about one key (say a foreign value type)
                     // says nothing about Redis being up: no breaker trip.
-                    record_error(op);
+                    crate::metrics::redis_error(self.breaker.cache.as_deref(), op);
                     tracing::warn!(op, error = %describe(&e), "redis command failed");
                 }
                 Err(StoreError::Redis(e))
@@ -871,7 +881,7 @@ impl RedisStore {
     }
 
     fn failure(&self, op: &'static str, why: &str) {
-        record_error(op);
+        crate::metrics::redis_error(self.breaker.cache.as_deref(), op);
         if self.breaker.failure() {
             tracing::warn!(
                 op,
@@ -1071,10 +1081,6 @@ pub(crate) fn describe(e: &redis::RedisError) -> String {
     }
 }
 
-fn record_error(op: &'static str) {
-    metrics::counter!("herdguard_redis_errors_total", "op" => op).increment(1);
-}
-
 fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
     let items = match reply {
         RedisValue::Array(items) => items,
@@ -1132,6 +1138,8 @@ struct Breaker {
     state: Mutex<BreakerState>,
     min_backoff: Duration,
     max_backoff: Duration,
+    /// The `cache` label of the availability gauge and error counter.
+    cache: Option<String>,
 }
 
 #[derive(Debug)]
@@ -1141,16 +1149,18 @@ struct BreakerState {
 }
 
 impl Breaker {
-    fn new(min_backoff: Duration, max_backoff: Duration) -> Self {
-        metrics::gauge!("herdguard_redis_available").set(1.0);
+    fn new(options: &RedisOptions) -> Self {
+        let cache = options.metrics_name.clone();
+        crate::metrics::redis_available(cache.as_deref(), true);
         Self {
             closed: AtomicBool::new(true),
             state: Mutex::new(BreakerState {
                 open_until: Instant::now(),
                 backoff: Duration::ZERO,
             }),
-            min_backoff,
-            max_backoff,
+            min_backoff: options.breaker_min_backoff,
+            max_backoff: options.breaker_max_backoff,
+            cache,
         }
     }
 
@@ -1191,7 +1201,7 @@ impl Breaker {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.backoff = Duration::ZERO;
         self.closed.store(true, Ordering::Release);
-        metrics::gauge!("herdguard_redis_available").set(1.0);
+        crate::metrics::redis_available(self.cache.as_deref(), true);
         tracing::info!("redis answers again; using it");
     }
 
@@ -1205,7 +1215,7 @@ impl Breaker {
             (s.backoff * 2).min(self.max_backoff)
         };
         s.open_until = Instant::now() + s.backoff;
-        metrics::gauge!("herdguard_redis_available").set(0.0);
+        crate::metrics::redis_available(self.cache.as_deref(), false);
         was_closed
     }
 }
