@@ -142,12 +142,17 @@ fn latency_chart(path: &Path, rows: &[&Row]) -> ChartResult {
             .map(|(j, ms)| (*ms, (j + 1) as f64 * 100.0 / n));
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(format!("{} ({} origin calls)", row.row, row.origin_calls))
+            .label(format!(
+                "{} ({} origin call{})",
+                row.row,
+                row.origin_calls,
+                if row.origin_calls == 1 { "" } else { "s" }
+            ))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()?;
