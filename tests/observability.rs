@@ -83,6 +83,9 @@ fn total(samples: &[Sample], name: &str, label: Option<(&str, &str)>) -> u64 {
         .sum()
 }
 
+/// A path, the origin's response headers, and the layer in front of it.
+type Case<'a> = (&'a str, Vec<(&'static str, &'static str)>, &'a CacheLayer);
+
 /// Each kind of unstorable origin answer counts once under its documented reason; a stored one counts nothing.
 #[tokio::test]
 async fn not_stored_counts_each_reason() {
@@ -93,7 +96,7 @@ async fn not_stored_counts_each_reason() {
         .max_body_bytes(8)
         .build()
         .unwrap();
-    let cases: [(&str, Vec<(&'static str, &'static str)>, &CacheLayer); 7] = [
+    let cases: [Case<'_>; 7] = [
         (
             "/set-cookie",
             vec![("cache-control", "max-age=60"), ("set-cookie", "s=1")],
@@ -124,7 +127,7 @@ async fn not_stored_counts_each_reason() {
         .route(
             "/streamed",
             axum::routing::get(|| async {
-                let chunks = ["0123", "4567", "89ab"].map(|c| Ok::<_, std::io::Error>(c));
+                let chunks = ["0123", "4567", "89ab"].map(Ok::<_, std::io::Error>);
                 (
                     [("cache-control", "max-age=60")],
                     axum::body::Body::from_stream(futures_util::stream::iter(chunks)),
