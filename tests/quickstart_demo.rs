@@ -46,10 +46,14 @@ async fn demo_burst_prints_one_origin_call() {
 async fn demo_burst_over_instances_on_redis_prints_one_origin_call() {
     let server = RedisServer::start();
     let instance = || {
-        let cache = CacheLayer::builder()
-            .redis(RedisOptions::new(server.url()).namespace("quickstart"))
-            .build()
-            .unwrap();
+        // Generous Redis timeouts: on a loaded machine a 250 ms reply bound
+        // trips the breaker and the instance (rightly) leads on its own.
+        let options = RedisOptions::new(server.url())
+            .namespace("quickstart")
+            .connect_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5))
+            .pool_wait_timeout(Duration::from_secs(5));
+        let cache = CacheLayer::builder().redis(options).build().unwrap();
         example::router(cache, DELAY)
     };
     let targets = vec![serve(instance()).await, serve(instance()).await];
