@@ -5,7 +5,11 @@
 //! cargo bench --bench stampede
 //! cargo bench --bench stampede -- --instances 4 --requests 1000 --origin-delay-ms 100 \
 //!     --clients 64 --seconds 5
+//! cargo bench --bench stampede -- --only reload
 //! ```
+//! The reload row primes a hot key on every instance, then sends N
+//! concurrent `Cache-Control: max-age=0` requests (a browser reload): they
+//! share one refresh per key (per cluster with Redis).
 //! Each instance has its own `CacheLayer`, as separate processes would; the
 //! Redis row shares one redis-server among them: by default one the bench
 //! starts on a free loopback port (`--redis URL` to use a running one,
@@ -39,7 +43,7 @@ use common::{ms, quantile};
 
 const USAGE: &str = "cargo bench --bench stampede -- [--instances P=4] [--requests N=1000] \
 [--origin-delay-ms 100] [--slow-origin-ms 3000] [--clients C=64] [--seconds T=5] \
-[--body-bytes 512] [--only cold,expired,slow,steady] [--budget-seconds 110] [--redis spawn|URL|none]";
+[--body-bytes 512] [--only cold,expired,slow,steady,reload] [--budget-seconds 110] [--redis spawn|URL|none]";
 
 #[derive(Debug, Clone)]
 struct Config {
@@ -81,14 +85,16 @@ enum Scenario {
     Expired,
     Slow,
     Steady,
+    Reload,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 4] = [
+    const ALL: [Scenario; 5] = [
         Scenario::Cold,
         Scenario::Expired,
         Scenario::Slow,
         Scenario::Steady,
+        Scenario::Reload,
     ];
 
     fn id(self) -> &'static str {
@@ -97,6 +103,7 @@ impl Scenario {
             Scenario::Expired => "expired",
             Scenario::Slow => "slow",
             Scenario::Steady => "steady",
+            Scenario::Reload => "reload",
         }
     }
 
@@ -122,12 +129,18 @@ impl Scenario {
                 cfg.clients,
                 cfg.seconds.as_secs_f64()
             ),
+            Scenario::Reload => format!(
+                "reload burst: N={} concurrent max-age=0 requests on a hot key over P={}, origin {} ms",
+                cfg.requests,
+                cfg.instances,
+                cfg.delay.as_millis()
+            ),
         }
     }
 
     fn cache_control(self) -> &'static str {
         match self {
-            Scenario::Cold | Scenario::Slow => "max-age=60",
+            Scenario::Cold | Scenario::Slow | Scenario::Reload => "max-age=60",
             Scenario::Expired => "max-age=1, stale-while-revalidate=30",
             Scenario::Steady => "max-age=1",
         }
@@ -216,7 +229,13 @@ async fn cluster(
 
 /// `n` requests, all in flight at once: every connection is open before the
 /// first request is written.
-async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) -> Vec<Sample> {
+async fn burst(
+    addrs: &[SocketAddr],
+    n: usize,
+    path: &str,
+    headers: &'static str,
+    timeout: Duration,
+) -> Vec<Sample> {
     let barrier = Arc::new(Barrier::new(n + 1));
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
@@ -230,7 +249,9 @@ async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) ->
             barrier.wait().await;
             let start = Instant::now();
             let reply = match conn {
-                Ok(Ok(mut c)) => tokio::time::timeout(timeout, c.get(&path)).await.ok(),
+                Ok(Ok(mut c)) => tokio::time::timeout(timeout, c.get_with(&path, headers))
+                    .await
+                    .ok(),
                 _ => None,
             };
             let end = Instant::now();
@@ -413,12 +434,14 @@ async fn run(
     let path = format!("/k/{}-{}-{nonce}", scenario.id(), row as u8);
     let timeout = delay + Duration::from_secs(10);
 
-    if scenario == Scenario::Expired {
+    if matches!(scenario, Scenario::Expired | Scenario::Reload) {
         for addr in &addrs {
             if let Ok(mut c) = Conn::connect(*addr).await {
                 let _ = tokio::time::timeout(timeout, c.get(&path)).await;
             }
         }
+    }
+    if scenario == Scenario::Expired {
         // Past max-age=1 (fresh_for is max-age minus the fill's response delay).
         tokio::time::sleep(Duration::from_millis(1200)).await;
     }
@@ -430,7 +453,11 @@ async fn run(
     let calls_before = cluster.origin.calls();
     let samples = match scenario {
         Scenario::Cold | Scenario::Expired | Scenario::Slow => {
-            burst(&addrs, cfg.requests, &path, timeout).await
+            burst(&addrs, cfg.requests, &path, "", timeout).await
+        }
+        Scenario::Reload => {
+            let reload = "cache-control: max-age=0\r\n";
+            burst(&addrs, cfg.requests, &path, reload, timeout).await
         }
         Scenario::Steady => steady(&addrs, cfg.clients, &path, cfg.seconds, timeout).await,
     };

@@ -9,9 +9,15 @@
 //!
 //! - Every method and every end-to-end header is forwarded; hop-by-hop
 //!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
-//!   not. Bodies stream both ways. `Via` is appended both ways,
-//!   `X-Forwarded-For` / `-Proto` / `-Host` are set on the upstream request,
-//!   and `Host` becomes the upstream's (as nginx does by default).
+//!   not, and they are removed before the cache computes its key. Bodies
+//!   stream both ways. `Via` is appended both ways, and `X-Forwarded-For` /
+//!   `-Proto` / `-Host` are set on the upstream request.
+//! - The client's host, lowercased and with its port, is the host in the
+//!   cache key and exactly what the upstream is told, in both `Host` and
+//!   `X-Forwarded-Host` (so links it builds from either match the key). An
+//!   absolute-form target whose authority disagrees with `Host`, or two
+//!   `Host` headers, get a 400. A request without a host gets the
+//!   upstream's own as `Host`.
 //! - GET and HEAD go through one [`CacheLayer`]: one upstream request per key,
 //!   RFC 9111 semantics, `Cache-Status` on every response.
 //! - Purge is off unless `--purge-token` is given. Then, with the token in
@@ -81,6 +87,11 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
         let cache = cache.clone();
         let config = Arc::clone(&config);
         async move {
+            // The cache must key exactly the request the upstream will see.
+            let req = match normalize(req) {
+                Ok(req) => req,
+                Err(why) => return Ok(status(StatusCode::BAD_REQUEST, why)),
+            };
             if let Some(response) = purge(&config, &cache, &req) {
                 return Ok::<_, std::convert::Infallible>(response);
             }
@@ -91,6 +102,56 @@ pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
             Ok(to_client(response))
         }
     }))
+}
+
+/// Make the request the cache sees the one the upstream gets: hop-by-hop
+/// and Connection-named headers go first (so they cannot select a Vary
+/// variant the upstream never saw), and the one host, lowercased with its
+/// port, becomes the `Host` header: the key, the upstream's `Host` and its
+/// `X-Forwarded-Host`.
+/// Two Host headers, or an absolute-form target whose authority disagrees
+/// with Host, are a 400 (RFC 9112 §3.2).
+fn normalize(req: Request<Body>) -> Result<Request<Body>, &'static str> {
+    let (mut parts, body) = req.into_parts();
+    // Transfer-Encoding stays until the upstream request is built: it tells
+    // the cache this GET carries a body (which then bypasses it).
+    let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(te) = framing {
+        parts.headers.insert(header::TRANSFER_ENCODING, te);
+    }
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let host = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err("more than one Host");
+    }
+    let target = parts.uri.authority().map(|a| a.as_str().to_owned());
+    let host = match (target, host) {
+        (Some(t), Some(h)) if !t.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
+            return Err("request target and Host disagree");
+        }
+        (Some(t), _) => Some(t),
+        (None, Some(h)) => match h.to_str() {
+            Ok(h) => Some(h.to_owned()),
+            Err(_) => return Err("bad Host"),
+        },
+        (None, None) => None,
+    };
+    if let Some(host) = host {
+        let Ok(value) = HeaderValue::from_str(&host.to_ascii_lowercase()) else {
+            return Err("bad Host");
+        };
+        parts.headers.insert(header::HOST, value);
+    }
+    if parts.uri.authority().is_some() {
+        // Origin form: from here on the Host header is the one host.
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let Ok(uri) = path.parse() else {
+            return Err("bad request target");
+        };
+        parts.uri = uri;
+    }
+    Ok(Request::from_parts(parts, body))
 }
 
 /// Send `req` upstream; an unreachable upstream is a 502, never an error.
@@ -111,7 +172,16 @@ async fn forward(
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     let original_host = parts.headers.get(header::HOST).cloned();
+    let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
     strip_hop_by_hop(&mut parts.headers);
+    if chunked && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+        // The client re-frames the body, but assumes a GET of unknown length
+        // has none: say it has one, or the body would be dropped.
+        parts.headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
     if let Some(ip) = client_addr {
         append_list(&mut parts.headers, "x-forwarded-for", &ip.to_string());
     }
@@ -122,7 +192,6 @@ async fn forward(
         .headers
         .insert("x-forwarded-proto", HeaderValue::from_static("http"));
     append_list(&mut parts.headers, "via", VIA);
-    parts.headers.remove(header::HOST);
     parts.uri = uri;
     parts.version = axum::http::Version::HTTP_11;
     match client.request(Request::from_parts(parts, body)).await {

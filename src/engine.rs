@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::entry::{decode_entry, encode_entry, EntryMeta, Value};
@@ -49,6 +49,15 @@ pub(crate) enum Fill<V> {
     /// everyone else goes to the origin on their own, and a short pass marker
     /// stops new callers from queueing behind a fill that will never come.
     Pass(Option<V>),
+    /// Uncacheable because of the one request that made it (its credentials,
+    /// a `Set-Cookie` made for it): only the initiating caller gets it, the
+    /// others go to the origin on their own, and what is stored stays. No
+    /// pass marker: one request must not switch caching off for everyone.
+    Private(V),
+    /// Not buffered (the fill buffer budget was spent): the initiating caller
+    /// got the response streamed, everyone else goes to the origin on their
+    /// own. Unlike `Pass` nothing is marked: the next caller tries again.
+    Unbuffered,
 }
 
 pub(crate) type ComputeFuture<V> = BoxFuture<'static, Result<Fill<V>, BoxError>>;
@@ -79,8 +88,12 @@ pub(crate) enum Resolved<V> {
     /// Not shareable: `Some` only for the caller that led the computation.
     Pass(Option<V>),
     Failed(Error),
-    /// The bounded wait ran out; the caller may go to the origin uncached.
-    WaitTimedOut,
+    /// The bounded wait ran out; the caller may go to the origin uncached,
+    /// under the fallback permit it was given.
+    WaitTimedOut(OwnedSemaphorePermit),
+    /// No flight runs for the key and the leader cap is full: the caller goes
+    /// to the origin uncached, under the fallback cap.
+    Overloaded,
 }
 
 /// How long a value stays fresh, and how long after that it may be served
@@ -124,30 +137,48 @@ pub struct Lookup<V> {
 #[derive(Debug, Clone)]
 pub(crate) struct EngineConfig {
     pub(crate) capacity_bytes: u64,
-    pub(crate) max_wait: Duration,
+    /// `None`: follow the origin timeout (see [`EngineConfig::max_wait`]).
+    pub(crate) max_wait: Option<Duration>,
     pub(crate) origin_timeout: Duration,
     pub(crate) pass_ttl: Duration,
     pub(crate) fallback_limit: usize,
+    pub(crate) max_leaders: usize,
+    pub(crate) max_fill_bytes: usize,
     pub(crate) redis: Option<RedisOptions>,
     pub(crate) redlock: Option<Arc<Redlock>>,
     /// The `cache` label on every metric (the layer's `cache_name`).
     pub(crate) metrics_name: String,
 }
 
+/// How much longer than the origin timeout a waiter waits by default: room
+/// for the leader's Redis round trips and the fill notification, so a slow
+/// but healthy origin never releases the waiters to call it themselves.
+pub(crate) const WAIT_MARGIN: Duration = Duration::from_secs(5);
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             capacity_bytes: 256 * 1024 * 1024,
-            // Well above typical origin times (nginx gives up after 5 s); the
-            // origin timeout below bounds the leader anyway.
-            max_wait: Duration::from_secs(30),
+            max_wait: None,
+            // Well above typical origin times (nginx gives up after 5 s).
             origin_timeout: Duration::from_secs(60),
             pass_ttl: Duration::from_secs(5),
             fallback_limit: 64,
+            max_leaders: 1024,
+            max_fill_bytes: 64 * 1024 * 1024,
             redis: None,
             redlock: None,
             metrics_name: "herdguard".to_owned(),
         }
+    }
+}
+
+impl EngineConfig {
+    /// A waiter's longest wait: as set, else the origin timeout plus
+    /// [`WAIT_MARGIN`], so it outlasts the call it waits for.
+    pub(crate) fn max_wait(&self) -> Duration {
+        self.max_wait
+            .unwrap_or(self.origin_timeout.saturating_add(WAIT_MARGIN))
     }
 }
 
@@ -157,9 +188,16 @@ pub(crate) struct Shared<V: Value> {
     pub(crate) memory: MemoryStore<V>,
     pub(crate) flights: Arc<Flights<V>>,
     pub(crate) config: EngineConfig,
-    /// Caps origin calls by callers whose wait ran out, so a stuck leader
-    /// cannot turn into an unbounded herd.
-    fallback: Semaphore,
+    /// Caps origin calls outside any flight (waits that ran out, answers
+    /// that could not be shared, requests past the leader cap), so nothing
+    /// reaches the origin uncapped.
+    fallback: Arc<Semaphore>,
+    /// Caps running flights (leader tasks): each holds one permit for its
+    /// whole life, also after its caller went away.
+    leaders: Arc<Semaphore>,
+    /// Bytes of response bodies buffered for fills right now, in permits of
+    /// one byte: past it a fill streams to its own request and stores nothing.
+    pub(crate) fill_bytes: Arc<Semaphore>,
     pub(crate) counters: Counters,
     /// The shared store; `None` runs on memory alone (the embedded default).
     pub(crate) remote: Option<Arc<RedisStore>>,
@@ -197,7 +235,11 @@ impl<V: Value> Shared<V> {
         Ok(Self {
             memory,
             flights: Arc::new(Flights::new()),
-            fallback: Semaphore::new(config.fallback_limit.max(1)),
+            fallback: Arc::new(Semaphore::new(config.fallback_limit.max(1))),
+            leaders: Arc::new(Semaphore::new(config.max_leaders.max(1))),
+            fill_bytes: Arc::new(Semaphore::new(
+                config.max_fill_bytes.min(Semaphore::MAX_PERMITS),
+            )),
             counters: Counters::new(&config.metrics_name),
             config,
             remote,
@@ -226,12 +268,13 @@ impl<V: Value> Shared<V> {
         self.memory.probe(key)
     }
 
-    /// Start one background refresh of `key` unless a flight already runs.
+    /// Start one background refresh of `key` unless a flight already runs
+    /// (or the leader cap is full: the stale copy keeps being served).
     pub(crate) fn refresh_in_background(self: &Arc<Self>, key: CacheKey, compute: impl Compute<V>) {
         if self.flights.is_running(&key) {
             return;
         }
-        if let Role::Leader(handle) = self.flights.join_or_lead(key) {
+        if let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) {
             self.spawn_drive(handle, compute.start());
         }
     }
@@ -245,41 +288,86 @@ impl<V: Value> Shared<V> {
         key: CacheKey,
         compute: &mut Option<C>,
     ) -> Resolved<V> {
-        match self.flights.join_or_lead(key) {
-            Role::Follower(rx) => self.wait(rx, false).await,
-            Role::Leader(handle) => {
-                // The previous flight fills memory before it leaves the map, so
-                // a fill may have landed between our probe and our election.
-                match self.memory.probe(&key) {
-                    Probe::Fresh(entry) => {
-                        handle.complete(Outcome::Value {
-                            entry: Arc::clone(&entry),
-                            source: Source::Hit,
-                        });
-                        return Resolved::Value {
-                            entry,
-                            source: Source::Hit,
-                        };
+        match self.flights.join_or_lead(key, &self.leaders, false) {
+            (Role::Follower(rx), _) => self.wait(rx, false, true).await,
+            (Role::Leader(handle), _) => self.lead(handle, compute).await,
+            (Role::Overloaded, _) => Resolved::Overloaded,
+        }
+    }
+
+    /// The path of a caller that refuses the stored entry (a client's
+    /// `no-cache`, or a `max-age` the entry is too old for): join the flight
+    /// running for `key`, or lead a forced refresh that never takes the
+    /// stored entry back. An ordinary flight that ends with the stored entry
+    /// (found fresh in Redis, or stale) is not an answer for this caller: it
+    /// goes round once more, so it then shares or starts a refresh.
+    pub(crate) async fn resolve_refresh<C: Compute<V>>(
+        self: &Arc<Self>,
+        key: CacheKey,
+        compute: &mut Option<C>,
+    ) -> Resolved<V> {
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            match self.flights.join_or_lead(key, &self.leaders, true) {
+                (Role::Follower(rx), forced) => {
+                    let resolved = self.wait(rx, false, false).await;
+                    let stored = matches!(
+                        resolved,
+                        Resolved::Value {
+                            source: Source::Hit | Source::Stale,
+                            ..
+                        }
+                    );
+                    if forced || !stored || rounds > 1 {
+                        return resolved;
                     }
-                    Probe::Pass => {
-                        handle.complete(Outcome::Pass(None));
-                        return Resolved::Pass(None);
-                    }
-                    Probe::Stale(_) | Probe::Miss => {}
                 }
-                let Some(compute) = compute.take() else {
-                    // Unreachable by construction (the caller passes Some);
-                    // fail this flight rather than panic.
-                    handle.complete(Outcome::Failed(Error::Aborted));
-                    return Resolved::Failed(Error::Aborted);
-                };
-                let Some(rx) = handle.subscribe() else {
-                    return Resolved::Failed(Error::Aborted);
-                };
-                self.spawn_drive(handle, compute.start());
-                self.wait(rx, true).await
+                (Role::Leader(handle), _) => return self.lead(handle, compute).await,
+                (Role::Overloaded, _) => return Resolved::Overloaded,
             }
         }
+    }
+
+    /// Lead the flight `handle` stands for and wait for its outcome.
+    async fn lead<C: Compute<V>>(
+        self: &Arc<Self>,
+        handle: FlightHandle<V>,
+        compute: &mut Option<C>,
+    ) -> Resolved<V> {
+        let key = handle.key();
+        let refresh = handle.is_refresh();
+        // The previous flight fills memory before it leaves the map, so
+        // a fill may have landed between our probe and our election. A
+        // forced refresh was started to replace that very entry.
+        match self.memory.probe(&key) {
+            Probe::Fresh(entry) if !refresh => {
+                handle.complete(Outcome::Value {
+                    entry: Arc::clone(&entry),
+                    source: Source::Hit,
+                });
+                return Resolved::Value {
+                    entry,
+                    source: Source::Hit,
+                };
+            }
+            Probe::Pass => {
+                handle.complete(Outcome::Pass(None));
+                return Resolved::Pass(None);
+            }
+            Probe::Fresh(_) | Probe::Stale(_) | Probe::Miss => {}
+        }
+        let Some(compute) = compute.take() else {
+            // Unreachable by construction (the caller passes Some);
+            // fail this flight rather than panic.
+            handle.complete(Outcome::Failed(Error::Aborted));
+            return Resolved::Failed(Error::Aborted);
+        };
+        let Some(rx) = handle.subscribe() else {
+            return Resolved::Failed(Error::Aborted);
+        };
+        self.spawn_drive(handle, compute.start());
+        self.wait(rx, true, !refresh).await
     }
 
     fn spawn_drive(self: &Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
@@ -327,12 +415,22 @@ impl<V: Value> Shared<V> {
         fut: ComputeFuture<V>,
     ) -> Outcome<V> {
         let key = handle.key();
-        let deadline = Instant::now() + self.config.max_wait;
+        let deadline = Instant::now() + self.config.max_wait();
         let mut skip_entry = false;
         let mut subscription: Option<FillSubscription> = None;
+        // A forced refresh refuses the entry Redis holds when it first looks
+        // (by its fence) and any entry no newer; it then looks past it for the
+        // lease, and after each wait reads again to pick up a newer fill.
+        let refresh = handle.is_refresh();
+        let mut looked = false;
+        let mut refused: Option<u64> = None;
+        let mut read_entry = true;
         loop {
             let token = LeaseToken::random();
-            let found = match remote.lookup_or_lease(&key, &token, skip_entry).await {
+            let first = !looked;
+            looked = true;
+            let skip = skip_entry || !read_entry;
+            let found = match remote.lookup_or_lease(&key, &token, skip).await {
                 Ok(found) => found,
                 Err(e) => {
                     tracing::debug!(key = %key.short(), error = %e, "redis lookup failed; computing locally");
@@ -345,12 +443,22 @@ impl<V: Value> Shared<V> {
                     fresh_left,
                     hard_left,
                 } => match decode_entry::<V>(bytes) {
+                    Ok((meta, _))
+                        if refresh && (first || refused.is_some_and(|r| meta.fence <= r)) =>
+                    {
+                        refused = Some(refused.map_or(meta.fence, |r| r.max(meta.fence)));
+                        read_entry = false;
+                    }
                     Ok((meta, value)) => {
                         let entry = self.fill_l1(key, value, meta, fresh_left, hard_left);
-                        return Outcome::Value {
-                            entry,
-                            source: Source::Hit,
+                        // A refresh found a newer fill: another instance's
+                        // refresh, which this one shares.
+                        let source = if refresh {
+                            Source::Coalesced
+                        } else {
+                            Source::Hit
                         };
+                        return Outcome::Value { entry, source };
                     }
                     Err(e) => {
                         tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
@@ -378,7 +486,7 @@ impl<V: Value> Shared<V> {
                             // With Redlock the lookup never leases: try for the
                             // refresh lease there, serve stale either way.
                             if let RedlockTry::Won(lease, fence) =
-                                self.redlock_lease(remote, key).await
+                                self.redlock_lease(remote, key, None).await
                             {
                                 handle.publish_stale(entry);
                                 return self.lead_remote(remote, key, lease, fence, fut).await;
@@ -393,11 +501,15 @@ impl<V: Value> Shared<V> {
                                 .wait_for_fill(remote, key, &mut subscription, poll, deadline)
                                 .await
                             {
+                                if refresh {
+                                    return self.compute_unshared(fut).await;
+                                }
                                 return Outcome::Value {
                                     entry,
                                     source: Source::Stale,
                                 };
                             }
+                            read_entry = true;
                         }
                         (Err(_), Some(fence)) => {
                             let lease = HeldLease::Single(token);
@@ -411,13 +523,18 @@ impl<V: Value> Shared<V> {
                     return self.lead_remote(remote, key, lease, fence, fut).await;
                 }
                 RemoteLookup::Miss => {
-                    match self.redlock_lease(remote, key).await {
+                    let newer_than = if refresh { refused } else { None };
+                    match self.redlock_lease(remote, key, newer_than).await {
                         RedlockTry::Won(lease, fence) => {
                             return self.lead_remote(remote, key, lease, fence, fut).await
                         }
-                        RedlockTry::FilledMeanwhile => continue,
+                        RedlockTry::FilledMeanwhile => {
+                            read_entry = true;
+                            continue;
+                        }
                         RedlockTry::Contended => {}
                     }
+                    read_entry = true;
                     if self.redlock.is_none() {
                         // Only a Redlock lookup says Miss; be safe if not.
                         return self.compute_locally(key, fut).await;
@@ -443,6 +560,7 @@ impl<V: Value> Shared<V> {
                 }
                 RemoteLookup::Held { lease_left } => {
                     self.counters.lock_acquire("contended");
+                    read_entry = true;
                     if self
                         .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
                         .await
@@ -491,7 +609,15 @@ impl<V: Value> Shared<V> {
 
     /// With a Redlock backend: one acquisition attempt (no retries: others
     /// wait for the fill instead), then a fence from the main store.
-    async fn redlock_lease(&self, remote: &Arc<RedisStore>, key: CacheKey) -> RedlockTry {
+    ///
+    /// `newer_than`: a refresh's refused fence; only a newer entry counts as
+    /// filled meanwhile.
+    async fn redlock_lease(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        newer_than: Option<u64>,
+    ) -> RedlockTry {
         let Some(redlock) = self.redlock.as_ref() else {
             return RedlockTry::Contended;
         };
@@ -501,9 +627,15 @@ impl<V: Value> Shared<V> {
         // Lookup and lease are two steps here: the previous holder may have
         // filled the entry just before we won. Look again before computing.
         let unused = LeaseToken::random();
-        if let Ok(RemoteLookup::Fresh { .. }) = remote.lookup_or_lease(&key, &unused, false).await {
-            redlock.release(lease).await;
-            return RedlockTry::FilledMeanwhile;
+        if let Ok(RemoteLookup::Fresh { bytes, .. }) =
+            remote.lookup_or_lease(&key, &unused, false).await
+        {
+            let newer = newer_than
+                .is_none_or(|r| decode_entry::<V>(bytes).is_ok_and(|(meta, _)| meta.fence > r));
+            if newer {
+                redlock.release(lease).await;
+                return RedlockTry::FilledMeanwhile;
+            }
         }
         match remote.next_fence(&key).await {
             Ok(fence) => RedlockTry::Won(HeldLease::Redlock(Arc::clone(redlock), lease), fence),
@@ -582,7 +714,7 @@ impl<V: Value> Shared<V> {
                     .await
                     .map(|w| (w, Some(meta)))
             }
-            Fill::Share(_) => remote
+            Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered => remote
                 .write_and_release(&key, &token, fence, WriteMode::Release)
                 .await
                 .map(|w| (w, None)),
@@ -612,7 +744,9 @@ impl<V: Value> Shared<V> {
                 if single && !w.released && !lost {
                     self.counters.lock_acquire("expired_mid_work");
                 }
-                if !w.accepted && !matches!(fill, Fill::Share(_)) {
+                if !w.accepted
+                    && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
+                {
                     self.counters.fenced_rejection();
                     tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
                 }
@@ -637,6 +771,8 @@ impl<V: Value> Shared<V> {
                         self.memory.insert_pass(key, self.config.pass_ttl);
                         Outcome::Pass(value)
                     }
+                    (Fill::Private(value), _) => Outcome::Pass(Some(value)),
+                    (Fill::Unbuffered, _) => Outcome::Pass(None),
                 }
             }
         }
@@ -669,6 +805,8 @@ impl<V: Value> Shared<V> {
                 source: Source::Miss,
             },
             Ok(Fill::Pass(v)) => Outcome::Pass(v),
+            Ok(Fill::Private(v)) => Outcome::Pass(Some(v)),
+            Ok(Fill::Unbuffered) => Outcome::Pass(None),
         }
     }
 
@@ -746,35 +884,48 @@ impl<V: Value> Shared<V> {
                 entry: unstored(value),
                 source: Source::Miss,
             },
+            Fill::Unbuffered => Outcome::Pass(None),
             Fill::Pass(value) => {
                 self.memory.insert_pass(key, self.config.pass_ttl);
                 Outcome::Pass(value)
             }
+            Fill::Private(value) => Outcome::Pass(Some(value)),
         }
     }
 
-    async fn wait(&self, mut rx: watch::Receiver<FlightState<V>>, initiator: bool) -> Resolved<V> {
+    /// Wait for the flight behind `rx`. `take_stale`: a stale copy the
+    /// leader publishes is an answer (not for a caller that refuses it).
+    async fn wait(
+        &self,
+        mut rx: watch::Receiver<FlightState<V>>,
+        initiator: bool,
+        take_stale: bool,
+    ) -> Resolved<V> {
         let started = Instant::now();
         // The leader's own caller always gets an outcome: its task waits for
         // another instance's fill at most `max_wait`, then computes within the
         // origin timeout (Redis calls have their own bounds, well below the
         // margin). Followers give up after `max_wait`.
+        let max_wait = self.config.max_wait();
         let bound = if initiator {
-            self.config.max_wait + self.config.origin_timeout + Duration::from_secs(5)
+            max_wait + self.config.origin_timeout + WAIT_MARGIN
         } else {
-            self.config.max_wait
+            max_wait
         };
-        let waited = tokio::time::timeout(bound, async {
-            match rx.wait_for(|s| !matches!(s, FlightState::Running)).await {
-                Ok(state) => match &*state {
-                    FlightState::Stale(entry) => Ok(Err(Arc::clone(entry))),
-                    FlightState::Done(outcome) => Ok(Ok(outcome.clone())),
-                    FlightState::Running => Err(Error::Aborted),
-                },
-                Err(_closed) => Err(Error::Aborted),
+        let mut waited = tokio::time::timeout(bound, settle(&mut rx, take_stale)).await;
+        let mut permit = None;
+        if waited.is_err() && !initiator {
+            permit = self.try_fallback_permit();
+            if permit.is_none() {
+                // Past the fallback cap, calling the origin would mean
+                // queueing for a permit; the flight's own call ends within
+                // the origin timeout, so wait for it instead of making up an
+                // error.
+                waited =
+                    tokio::time::timeout(self.config.origin_timeout, settle(&mut rx, take_stale))
+                        .await;
             }
-        })
-        .await;
+        }
         if !initiator {
             self.counters.wait(started.elapsed().as_secs_f64());
         }
@@ -785,7 +936,10 @@ impl<V: Value> Shared<V> {
             Source::Coalesced
         };
         match waited {
-            Err(_elapsed) => Resolved::WaitTimedOut,
+            Err(_elapsed) => match permit {
+                Some(permit) => Resolved::WaitTimedOut(permit),
+                None => Resolved::Failed(Error::OriginTimeout),
+            },
             Ok(Err(error)) => Resolved::Failed(error),
             Ok(Ok(Err(stale))) => Resolved::Value {
                 entry: stale,
@@ -804,12 +958,21 @@ impl<V: Value> Shared<V> {
         }
     }
 
-    /// A permit for a fallback origin call, waiting at most `max_wait`.
-    pub(crate) async fn fallback_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        tokio::time::timeout(self.config.max_wait, self.fallback.acquire())
-            .await
-            .ok()
-            .and_then(Result::ok)
+    /// A permit for an origin call outside any flight, waiting at most
+    /// `max_wait`. The permit lives as long as the call (drop it to give it back).
+    pub(crate) async fn fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(
+            self.config.max_wait(),
+            Arc::clone(&self.fallback).acquire_owned(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+    }
+
+    /// A fallback permit if one is free right now.
+    pub(crate) fn try_fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.fallback).try_acquire_owned().ok()
     }
 
     // ---- Hooks for the HTTP layer (http-semantics branch). Memory only for
@@ -834,6 +997,16 @@ impl<V: Value> Shared<V> {
         match self.fill_memory(key, fill, 0) {
             Outcome::Value { entry, .. } => Some(entry),
             Outcome::Pass(_) | Outcome::Failed(_) => None,
+        }
+    }
+
+    /// Write a value to the shared store only (not to memory), outside any
+    /// flight: a copy for instances that look a key up without knowing more.
+    pub(crate) fn store_remote_only(&self, key: CacheKey, value: &V, freshness: Freshness) {
+        if let Some(remote) = &self.remote {
+            if remote.available() {
+                self.write_outside_flight(remote, key, value, freshness);
+            }
         }
     }
 
@@ -897,6 +1070,27 @@ where
             rt.spawn(fut);
         }
         Err(_) => tracing::warn!(what, "no tokio runtime here: background work skipped"),
+    }
+}
+
+/// The flight's state once it has settled: its outcome, or a stale copy
+/// (`Err`) when `take_stale`.
+async fn settle<V: Value>(
+    rx: &mut watch::Receiver<FlightState<V>>,
+    take_stale: bool,
+) -> Result<Result<Outcome<V>, Arc<Stored<V>>>, Error> {
+    let settled = |s: &FlightState<V>| match s {
+        FlightState::Running => false,
+        FlightState::Stale(_) => take_stale,
+        FlightState::Done(_) => true,
+    };
+    match rx.wait_for(settled).await {
+        Ok(state) => match &*state {
+            FlightState::Stale(entry) => Ok(Err(Arc::clone(entry))),
+            FlightState::Done(outcome) => Ok(Ok(outcome.clone())),
+            FlightState::Running => Err(Error::Aborted),
+        },
+        Err(_closed) => Err(Error::Aborted),
     }
 }
 
@@ -1040,8 +1234,12 @@ impl<V: Value> Cache<V> {
                 match shared.resolve(*key, &mut compute).await {
                     Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
                     Resolved::Failed(e) => Err(e),
-                    Resolved::Pass(_) | Resolved::WaitTimedOut => match compute.take() {
-                        Some(compute) => self.fallback(compute).await,
+                    Resolved::WaitTimedOut(permit) => match compute.take() {
+                        Some(compute) => self.fallback(compute, Some(permit)).await,
+                        None => Err(Error::Aborted),
+                    },
+                    Resolved::Pass(_) | Resolved::Overloaded => match compute.take() {
+                        Some(compute) => self.fallback(compute, None).await,
                         None => Err(Error::Aborted),
                     },
                 }
@@ -1054,14 +1252,25 @@ impl<V: Value> Cache<V> {
         result
     }
 
-    async fn fallback(&self, compute: impl Compute<V>) -> Result<Lookup<V>, Error> {
-        let Some(_permit) = self.shared.fallback_permit().await else {
+    async fn fallback(
+        &self,
+        compute: impl Compute<V>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Lookup<V>, Error> {
+        let permit = match permit {
+            Some(p) => Some(p),
+            None => self.shared.fallback_permit().await,
+        };
+        let Some(_permit) = permit else {
             return Err(Error::Overloaded);
         };
         self.shared.counters.origin_call();
         let value = match self.shared.run_compute(compute.start()).await? {
-            Fill::Store { value, .. } | Fill::Share(value) | Fill::Pass(Some(value)) => value,
-            Fill::Pass(None) => return Err(Error::Aborted),
+            Fill::Store { value, .. }
+            | Fill::Share(value)
+            | Fill::Pass(Some(value))
+            | Fill::Private(value) => value,
+            Fill::Pass(None) | Fill::Unbuffered => return Err(Error::Aborted),
         };
         Ok(Lookup {
             value,
@@ -1106,10 +1315,14 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// Longest a caller waits for another caller's computation (default 30 s).
+    /// Longest a caller waits for another caller's computation (default: the
+    /// origin timeout plus 5 s, so a slow but healthy computation never
+    /// releases its waiters). After that it computes on its own, uncached,
+    /// under the fallback cap; with the cap full it keeps waiting on the
+    /// flight, at most one more origin timeout.
     #[must_use]
     pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.config.max_wait = wait;
+        self.config.max_wait = Some(wait);
         self
     }
 
@@ -1120,6 +1333,15 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// Most computations (flights) running at once (default 1024). Past it a
+    /// caller with no flight to join computes on its own, uncached, under
+    /// the fallback cap; a background refresh is skipped.
+    #[must_use]
+    pub fn leader_limit(mut self, limit: usize) -> Self {
+        self.config.max_leaders = limit;
+        self
+    }
+
     /// How long a "do not cache" verdict stops callers from queueing (default 5 s).
     #[must_use]
     pub fn pass_ttl(mut self, ttl: Duration) -> Self {
@@ -1127,7 +1349,8 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// Most concurrent origin calls by callers whose wait ran out (default 64).
+    /// Most concurrent computations outside any flight: callers whose wait
+    /// ran out, or past the leader limit (default 64).
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.config.fallback_limit = limit;

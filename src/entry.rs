@@ -209,7 +209,7 @@ impl CachedResponse {
     pub(crate) fn vary_matches(&self, request: &HeaderMap) -> bool {
         self.vary
             .iter()
-            .all(|(name, values)| request.get_all(name).iter().eq(values.iter()))
+            .all(|(name, values)| crate::vary::values_match(name, request, values))
     }
 }
 

@@ -29,6 +29,38 @@ pub(crate) struct HttpConfig {
     pub(crate) keep: Duration,
     /// Whether clients see `Cache-Status` (else it is only logged).
     pub(crate) show_cache_status: bool,
+    pub(crate) reload: ReloadMode,
+    /// Hand responses that may not be stored to every request waiting on
+    /// the same key (opt-in: only for origins that answer everyone alike).
+    pub(crate) share_uncacheable: bool,
+}
+
+/// What a request that refuses the stored response does: `Cache-Control:
+/// no-cache`, `Pragma: no-cache`, `max-age=0`, a `max-age` below the entry's
+/// age, or a `min-fresh` the entry cannot meet (what browsers send on reload).
+///
+/// Whatever the mode, such requests never multiply origin calls without
+/// bound: [`Honor`](Self::Honor) is capped by the fallback limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReloadMode {
+    /// Join the single flight (the default): the request shares the refresh
+    /// already running for its key, or starts one that goes to the origin
+    /// (with the stored validators) and replaces the entry. One such refresh
+    /// runs per key at a time, cluster-wide with Redis, so a thousand reloads
+    /// cost one origin call. A reload may thus share a refresh that started
+    /// a moment before it arrived, never the entry it refused.
+    #[default]
+    Coalesce,
+    /// Each request makes its own origin call and stores the result (RFC
+    /// 9111 to the letter), while fewer than
+    /// [`fallback_limit`](CacheLayerBuilder::fallback_limit) such calls run;
+    /// beyond that, requests share a refresh as with `Coalesce`.
+    Honor,
+    /// The directives above are ignored and the stored response is served
+    /// while it is fresh (what nginx and Varnish do by default). `max-stale`,
+    /// `only-if-cached` and `no-store` still apply.
+    Ignore,
 }
 
 impl Default for HttpConfig {
@@ -40,6 +72,8 @@ impl Default for HttpConfig {
             key_headers: Vec::new(),
             keep: Duration::from_secs(600),
             show_cache_status: true,
+            reload: ReloadMode::Coalesce,
+            share_uncacheable: false,
         }
     }
 }
@@ -67,7 +101,7 @@ pub struct CacheLayer {
 
 impl CacheLayer {
     /// A layer with the documented defaults: in-memory store of 256 MiB,
-    /// 8 MiB body limit, no default TTL, 30 s maximum wait.
+    /// 8 MiB body limit, no default TTL, 60 s origin timeout, 65 s maximum wait.
     pub fn new() -> Self {
         Self::builder()
             .build()
@@ -159,6 +193,26 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// Give a response that may not be stored (no freshness information,
+    /// `no-store`, `private`, `Set-Cookie`, credentials) to every request
+    /// that waited on the same key, so everyone gets the same answer from one
+    /// origin call. Off by default: each waiter then calls the origin itself.
+    ///
+    /// **Hazard:** a response made for one user (their cookie, their
+    /// credentials, a `/me` endpoint without cache headers) then reaches
+    /// every user whose request arrived while it was being fetched. Turn it on
+    /// only for origins whose answers do not depend on who asks. To share
+    /// headerless responses *and* store them, use
+    /// [`default_ttl`](Self::default_ttl) instead. The Vary check still
+    /// applies: a waiter whose varied headers differ never gets it. With the
+    /// option on, such answers set no hit-for-pass marker either: requests
+    /// keep coalescing on one origin call per key.
+    #[must_use]
+    pub fn share_uncacheable_with_waiters(mut self, share: bool) -> Self {
+        self.http.share_uncacheable = share;
+        self
+    }
+
     /// The cache's name in `Cache-Status` (default `herdguard`), and the
     /// `cache` label on every metric this layer records: give each layer its
     /// own name to read per-route hit ratios. Must be a token.
@@ -188,7 +242,8 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Request headers whose values become part of the cache key.
+    /// Request headers whose values become part of the cache key (each value
+    /// length-prefixed and the values counted, so no two lists collide).
     #[must_use]
     pub fn key_header(mut self, name: HeaderName) -> Self {
         self.http.key_headers.push(name);
@@ -202,20 +257,52 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Longest a request waits for another request's origin call (default
-    /// 30 s). After that it goes to the origin itself, uncached, under the
-    /// fallback cap.
+    /// Longest a request waits for another request's origin call (default:
+    /// [`origin_timeout`](Self::origin_timeout) plus 5 s, so a slow but
+    /// healthy origin never releases the waiters). After that it goes to the
+    /// origin itself, uncached, under the fallback cap; with the cap full it
+    /// keeps waiting on the flight, at most one more origin timeout.
     #[must_use]
     pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.engine.max_wait = wait;
+        self.engine.max_wait = Some(wait);
         self
     }
 
-    /// Longest an origin call (response and body) may take before waiters are
-    /// answered with 504 (default 60 s).
+    /// Longest an origin call may take (default 60 s): a flight's call
+    /// (response and body), after which its waiters get 504, and every call
+    /// outside a flight (until the response head arrives).
     #[must_use]
     pub fn origin_timeout(mut self, timeout: Duration) -> Self {
         self.engine.origin_timeout = timeout;
+        self
+    }
+
+    /// Most flights (leader tasks) running at once (default 1024). A leader
+    /// task runs on when its client goes away, so this bounds abandoned work
+    /// too. Past it, a miss with no flight to join goes to the origin
+    /// uncached, under the fallback cap (`Cache-Status: …; detail=overloaded`).
+    #[must_use]
+    pub fn leader_limit(mut self, limit: usize) -> Self {
+        self.engine.max_leaders = limit;
+        self
+    }
+
+    /// Most response bytes buffered for fills at once, over all flights
+    /// (default 64 MiB). A fill that would pass it streams to the request
+    /// that started it, is not stored, and its waiters go to the origin
+    /// themselves under the fallback cap.
+    #[must_use]
+    pub fn fill_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.engine.max_fill_bytes = bytes;
+        self
+    }
+
+    /// What a request's own refusal of the stored response (`no-cache`,
+    /// `Pragma: no-cache`, `max-age=0`, a `max-age` below the entry's age,
+    /// `min-fresh`) does; default [`ReloadMode::Coalesce`].
+    #[must_use]
+    pub fn reload(mut self, mode: ReloadMode) -> Self {
+        self.http.reload = mode;
         self
     }
 
@@ -227,7 +314,9 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Most concurrent origin calls by requests whose wait ran out (default 64).
+    /// Most concurrent origin calls outside any flight (default 64): waiters
+    /// whose wait ran out, waiters of an answer they may not share, misses
+    /// past the leader limit, and [`ReloadMode::Honor`] reloads.
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.engine.fallback_limit = limit;

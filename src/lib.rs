@@ -12,7 +12,7 @@
 //! request ─► cacheable? (GET/HEAD, no Range/Upgrade/If-Match, no request no-store)
 //!               │ no ─► inner service, Cache-Status: fwd=method|request
 //!               ▼ yes
-//!           key = hash(host, path, query, Authorization present?, Vary values)
+//!           key = hash(host:port, path, query, Authorization present?, Vary values)
 //!               │
 //!           memory: fresh ─► HIT (no await, no allocation beyond headers)
 //!                   stale ─► STALE now; one background refresh
@@ -81,13 +81,16 @@
 //!   request elects a new leader.
 //! - **The leading request is cancelled** (client disconnect): the origin call
 //!   runs in its own task and still completes for the waiters.
-//! - **A wait runs out** (`max_wait`, 30 s by default): the waiter calls the
-//!   origin itself, uncached, under a concurrency cap (`fallback_limit`).
-//! - **Uncacheable response** (`private`, `no-store`, `Set-Cookie`, `Vary: *`,
-//!   Authorization without explicit permission): waiters go to the origin on
-//!   their own and a short pass marker keeps later requests from queueing.
-//! - **Response without freshness information:** handed to the requests
-//!   already waiting for it ("collapsed") but not stored.
+//! - **A wait runs out** (`max_wait`, by default the origin timeout + 5 s,
+//!   so only a leader stuck past its own timeout gets there): the waiter
+//!   calls the origin itself, uncached, under a concurrency cap
+//!   (`fallback_limit`); with the cap full it keeps waiting on the flight
+//!   instead, at most one more origin timeout. See *Bounds and timeouts*.
+//! - **Uncacheable response:** waiters go to the origin on their own (see
+//!   [who may receive an answer](#who-may-receive-an-answer)).
+//! - **Response without freshness information:** not stored and not handed
+//!   to waiters (unless you opt in); give it a
+//!   [`default_ttl`](CacheLayerBuilder::default_ttl) to store and share it.
 //! - **Body larger than the limit:** streamed through to the requesting client
 //!   unbuffered; nothing is stored.
 //!
@@ -104,20 +107,25 @@
 //! - **Never stored:** `no-store`, `private`, `Set-Cookie`, `Vary: *` (or an
 //!   unreadable Vary), 206, 304, 1xx, and responses to requests with
 //!   `Authorization` unless `public`, `s-maxage` or `must-revalidate` allow it
-//!   (§3.5). Requests with `Authorization` are keyed apart from requests
-//!   without it, so an authorized response never reaches an anonymous one.
+//!   (§3.5; see below for who may reuse them).
 //! - **Response `no-cache`** is stored (when it has a validator) and
 //!   revalidated before every use. `must-revalidate`, `proxy-revalidate` and
 //!   `s-maxage` forbid serving stale beyond what the origin granted
 //!   explicitly: `stale-while-revalidate` and `stale-if-error` still hold
 //!   with `s-maxage`, not with the other two.
-//! - **Request directives:** `no-cache` (and `max-age=0`, `Pragma: no-cache`)
-//!   goes forward (with the stored response's validators, so the origin may
-//!   answer 304) and stores the fresh result; `no-store` goes forward and
-//!   stores nothing; `max-age`, `min-fresh` and `max-stale` decide whether a
-//!   stored response may answer this request (`max-stale` never overrides
-//!   `must-revalidate`); `only-if-cached` is a 504 when nothing usable is
-//!   stored.
+//! - **Request directives:** a request that refuses the stored response
+//!   (`no-cache`, `max-age=0`, `Pragma: no-cache`, a `max-age` below the
+//!   entry's age, a `min-fresh` it cannot meet) never costs an origin call of
+//!   its own by default: it joins the refresh running for its key, or starts
+//!   one, which goes to the origin with the stored validators (so the origin
+//!   may answer 304) and replaces the entry; with Redis one such refresh runs
+//!   per key across the cluster. So a reload may share a refresh that
+//!   started a moment before it, never the entry it refused.
+//!   [`ReloadMode`] picks `Honor` (each its own call, under the fallback
+//!   cap) or `Ignore` (served from the cache) instead. `no-store` goes
+//!   forward and stores nothing; `max-stale` may accept a stale response
+//!   (never over `must-revalidate`); `only-if-cached` is a 504 when nothing
+//!   usable is stored.
 //! - **Revalidation:** a stored response is kept past its stale grace
 //!   ([`keep_for_revalidation`](CacheLayerBuilder::keep_for_revalidation),
 //!   10 min). Once stale, one request per key sends `If-None-Match` /
@@ -130,13 +138,17 @@
 //!   `If-Unmodified-Since` and `Range` go to the origin untouched.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
 //!   each combination of the request's values has its own key, so variants
-//!   coexist. A stored variant is still compared header by header before use.
+//!   coexist. A stored variant is still compared header by header before use;
+//!   a request that finds another variant under its key (this instance had
+//!   not learned the names yet) leads or joins the flight of its own
+//!   variant, so variant misses coalesce like any other miss.
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
 //! - **Invalidation:** [`CacheLayer::purge_url`], [`CacheLayer::purge_key`]
 //!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags). A
-//!   URL key ignores scheme and port. With Redis, a purge also deletes the
+//!   URL key ignores the scheme; host and port count, as in the cache key.
+//!   With Redis, a purge also deletes the
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
 //!   that clears every instance's memory. An instance that misses the notice
 //!   stops answering fresh from its copy when its L1 lifetime (1 s) ends; a
@@ -145,8 +157,89 @@
 //!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
-//!   too-large, stale-if-error, only-if-cached and errors.
+//!   too-large, stale-if-error, only-if-cached, wait-timeout, overloaded,
+//!   origin-timeout and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
+//!
+//! ## Who may receive an answer
+//!
+//! A shared cache never hands one user's answer to another:
+//!
+//! - **Waiters** coalesced behind one origin call get its answer only if the
+//!   cache could have stored it and served it to them: storable by a shared
+//!   cache, accepted by the waiter's own directives, and matching its Vary
+//!   values and credentials. Otherwise each waiter calls the origin itself
+//!   (under `fallback_limit`).
+//!   [`share_uncacheable_with_waiters`](CacheLayerBuilder::share_uncacheable_with_waiters)
+//!   opts into giving everyone the same answer; read its hazard first.
+//! - **Pass markers:** an answer uncacheable for everyone (`no-store`,
+//!   `private`, no freshness information, `Vary: *`) removes the stored
+//!   response and sets a short pass marker, so later requests go straight
+//!   to the origin instead of queueing. An answer uncacheable because of
+//!   its own request (a `Set-Cookie`, the request's credentials) goes to that
+//!   request alone: the stored entry stays and nothing is marked. A 5xx
+//!   answer without freshness still goes to the requests waiting on it
+//!   (unstored), so a failing origin is not called once per waiter.
+//! - **Vary across instances:** every stored variant carries the names and
+//!   values it varies on, and the URL's base key in Redis always holds one
+//!   variant. An instance that never saw the URL looks the base key up (its
+//!   usual single round trip), learns the names from what it finds, and, if
+//!   that variant is not its own, looks up its own variant key: at most one
+//!   more round trip, once per URL per instance. Until any response varies,
+//!   the hit path skips the Vary index entirely. Every entry served, from any
+//!   path (hit or flight, memory or Redis, fresh or stale), is compared with
+//!   the request's own values first.
+//! - **Credentials:** an answer to a request with `Authorization` is reused
+//!   for other credentials only when it says `public` or `s-maxage`.
+//!   Otherwise (for instance `must-revalidate` alone) it is stored as if it
+//!   varied on `Authorization`, and reused only for the same credentials;
+//!   only a digest of them is stored. Anonymous and authorized requests
+//!   never share entries.
+//! - **The key sees what the origin sees:** the host in the key keeps its
+//!   port (lowercased), as the origin is told it;
+//!   [`key_header`](CacheLayerBuilder::key_header) values are counted and
+//!   length-prefixed. Requests the cache builds (the leader's call, a
+//!   refresh, a revalidation) carry no `Content-Length` or
+//!   `Transfer-Encoding`, and a GET or HEAD that carries a body bypasses the
+//!   cache untouched (`Cache-Status: …; fwd=request; detail=request-body`).
+//!   A proxy in front should drop hop-by-hop headers before this layer, as
+//!   the `reverse_proxy` example does.
+//!
+//! ## Bounds and timeouts
+//!
+//! Every wait, call and buffer has a limit. The timeouts form a ladder, each
+//! longer than what it waits for, so a slow but healthy origin never turns
+//! the waiters into a herd:
+//!
+//! ```text
+//! Redis reply 250 ms  <  lease 5 s (extended every lease/3 while the call runs)
+//!                     <  origin_timeout 60 s   a flight's call, head and body;
+//!                                              then its waiters get 504
+//!                     <  max_wait = origin_timeout + 5 s   a waiter's wait
+//! ```
+//!
+//! - **Waiters** wait for the flight up to `max_wait`. Only then does one go
+//!   to the origin itself, uncached, holding one of `fallback_limit` (64)
+//!   permits; if none is free it keeps waiting on the flight, at most one
+//!   more `origin_timeout`, and gets the flight's answer (or its 504).
+//! - **Calls outside a flight** (waits that ran out, answers a waiter may not
+//!   share, misses past the leader cap, [`ReloadMode::Honor`]) each hold a
+//!   fallback permit until the response head arrives, and are bounded by
+//!   `origin_timeout` (then 504, `detail=origin-timeout`). One that finds the
+//!   cap full for a whole `max_wait` is answered 503 with `Retry-After: 1`
+//!   (`detail=overloaded`): the one answer the layer makes up itself, when
+//!   the origin is already `fallback_limit` calls behind.
+//! - **Leader tasks:** at most [`leader_limit`](CacheLayerBuilder::leader_limit)
+//!   (1024) flights run at once. A leader whose client went away runs on
+//!   (its waiters need it), holding its permit, for at most `origin_timeout`.
+//!   A miss with no flight to join past the cap goes to the origin uncached,
+//!   under the fallback cap (`detail=overloaded`); it never queues.
+//! - **Fill buffers:** at most
+//!   [`fill_buffer_bytes`](CacheLayerBuilder::fill_buffer_bytes) (64 MiB)
+//!   of bodies are buffered for fills at once, and each at most
+//!   `max_body_bytes` (8 MiB). A fill past either streams to the request that
+//!   started it and stores nothing; its waiters go to the origin themselves,
+//!   under the fallback cap.
 //!
 //! ## Work that must not run twice
 //!
@@ -225,7 +318,7 @@ pub use entry::{CachedResponse, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use future::ResponseFuture;
 pub use key::CacheKey;
-pub use layer::{CacheLayer, CacheLayerBuilder};
+pub use layer::{CacheLayer, CacheLayerBuilder, ReloadMode};
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };

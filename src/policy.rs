@@ -421,6 +421,22 @@ pub(crate) fn classify_response(
     }
 }
 
+/// Whether a response to an authorized request may be reused for other
+/// credentials: only when the origin says so with `public` or `s-maxage`.
+/// `must-revalidate` alone (§3.5 allows it) still lets it be stored, but
+/// only for the same credentials.
+pub(crate) fn shared_across_credentials(headers: &HeaderMap) -> bool {
+    let cc = CacheControl::parse(headers);
+    cc.public || cc.s_maxage.is_some()
+}
+
+/// Whether a [`ResponseVerdict::Pass`] reason lies with the one request that
+/// got the response (its credentials, a cookie set for it) rather than with
+/// the resource: then the stored entry stays and no pass marker is set.
+pub(crate) fn request_specific(reason: &str) -> bool {
+    matches!(reason, "set-cookie" | "authorization")
+}
+
 /// RFC 9111 §4.2.1, for a shared cache: s-maxage, then max-age, then Expires − Date.
 fn freshness_lifetime(cc: &CacheControl, headers: &HeaderMap) -> Option<Duration> {
     if let Some(s) = cc.s_maxage {

@@ -161,8 +161,8 @@ impl Invalidation {
             } else {
                 s.parse().ok()?
             };
-            let theirs = host_name(uri.authority()?.as_str().as_bytes());
-            if !own.is_some_and(|own| host_name(own).eq_ignore_ascii_case(theirs)) {
+            let theirs = key_authority(uri.authority()?.as_str().as_bytes());
+            if !own.is_some_and(|own| key_authority(own).eq_ignore_ascii_case(theirs)) {
                 return None;
             }
             return Some(url_key(
@@ -190,48 +190,44 @@ fn split_query(s: &str) -> (&str, Option<&[u8]>) {
     }
 }
 
-/// The key of a URL alone: host name (lowercase, without port or userinfo,
-/// as the main key: instances of one service listen on different ports but
-/// serve the same resources), path and query.
+/// The key of a URL alone: authority (lowercase, port kept, userinfo
+/// dropped, as in the main key), path and query.
 pub(crate) fn url_key(authority: Option<&[u8]>, path: &[u8], query: Option<&[u8]>) -> CacheKey {
     let mut h = crate::key::KeyHasher::new();
     h.part(b"url");
     // Hosts are case-insensitive: lowercased while hashing, no allocation.
-    h.opt_part_lowercase(authority.map(host_name));
+    h.opt_part_lowercase(authority.map(key_authority));
     h.part(if path.is_empty() { b"/" } else { path })
         .opt_part(query);
     h.finish()
 }
 
-/// The host name of an authority: no userinfo, no port; `[v6]` kept whole.
-pub(crate) fn host_name(authority: &[u8]) -> &[u8] {
-    let host = match authority.iter().rposition(|&b| b == b'@') {
+/// The authority as the key sees it: without userinfo, port kept. The
+/// host a request names, port included, is what the origin is told (Host,
+/// X-Forwarded-Host) and may build links from, so `shop.test:1337` and
+/// `shop.test` are different resources.
+pub(crate) fn key_authority(authority: &[u8]) -> &[u8] {
+    match authority.iter().rposition(|&b| b == b'@') {
         Some(at) => &authority[at + 1..],
         None => authority,
-    };
-    if host.first() == Some(&b'[') {
-        return match host.iter().position(|&b| b == b']') {
-            Some(end) => &host[..=end],
-            None => host,
-        };
-    }
-    match host.iter().rposition(|&b| b == b':') {
-        Some(colon) => &host[..colon],
-        None => host,
     }
 }
 
 impl CacheLayer {
     /// The key of a URL: what [`purge_key`](Self::purge_key) takes to remove
-    /// every stored variant of it. Scheme, port and fragment are ignored;
-    /// the host name is compared case-insensitively.
+    /// every stored variant of it. Scheme and fragment are ignored; the host
+    /// is compared case-insensitively and the port counts, as in the cache
+    /// key (a request's `Host: shop.test:1337` is another site than
+    /// `shop.test`).
     ///
     /// ```
     /// use herdguard::CacheLayer;
     /// let cache = CacheLayer::new();
     /// let a = cache.url_key(&"http://example.test/r?x=1".parse().unwrap());
-    /// let b = cache.url_key(&"https://EXAMPLE.test:8443/r?x=1".parse().unwrap());
+    /// let b = cache.url_key(&"https://EXAMPLE.test/r?x=1".parse().unwrap());
+    /// let c = cache.url_key(&"http://example.test:8443/r?x=1".parse().unwrap());
     /// assert_eq!(a, b);
+    /// assert_ne!(a, c);
     /// ```
     pub fn url_key(&self, url: &Uri) -> CacheKey {
         url_key(

@@ -27,7 +27,7 @@ use futures_util::future::BoxFuture;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tower_service::Service;
 
 use crate::body::CacheBody;
@@ -37,14 +37,14 @@ use crate::entry::CachedResponse;
 use crate::error::{BoxError, Error};
 use crate::future::ResponseFuture;
 use crate::key::{CacheKey, KeyHasher};
-use crate::layer::LayerState;
+use crate::layer::{LayerState, ReloadMode};
 use crate::metrics::Source;
 use crate::policy::{
     self, Forward, RequestDirectives, RequestVerdict, ResponseVerdict, StoredRules, Usable,
 };
-use crate::purge::{host_name, url_key, Invalidation};
+use crate::purge::{key_authority, url_key, Invalidation};
 use crate::store::memory::{Probe, Stored};
-use crate::vary::variant_key;
+use crate::vary::{stored_values, variant_key};
 
 /// The RFC 9211 response header.
 pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -140,6 +140,16 @@ impl<S> CacheService<S> {
         let state = &self.state;
 
         let rd = match policy::classify_request(req.method(), req.headers()) {
+            // Refusals of the stored response are dropped here, so the
+            // request is served like any other.
+            RequestVerdict::Cacheable(rd) if state.http.reload == ReloadMode::Ignore => {
+                RequestDirectives {
+                    no_cache: false,
+                    max_age: None,
+                    min_fresh: None,
+                    ..rd
+                }
+            }
             RequestVerdict::Cacheable(rd) => rd,
             RequestVerdict::Bypass(fwd) => {
                 let invalidate =
@@ -149,6 +159,14 @@ impl<S> CacheService<S> {
                 return ResponseFuture::bypass(inner.call(req), status, invalidate);
             }
         };
+        // A GET or HEAD with a body means something the key cannot see, and
+        // a rebuilt request would drop the body but keep its framing: pass
+        // it through untouched, body and all.
+        if has_body(req.headers()) {
+            state.engine.counters.record(Source::Bypass);
+            let status = state.status_fwd(Forward::Request, Some("request-body"));
+            return ResponseFuture::bypass(inner.call(req), status, None);
+        }
 
         let head = req.method() == Method::HEAD;
         let target = state.target_for(&req);
@@ -167,15 +185,27 @@ impl<S> CacheService<S> {
             ResponseFuture::boxed(Box::pin(tracing::Instrument::instrument(fut, span.clone())))
         };
         if rd.no_cache && !rd.only_if_cached {
-            // Forward, but with the stored response's validators when there is
+            // Refresh, with the stored response's validators when there is
             // one: the origin may then answer 304 and the entry is freshened.
             let stored = match state.engine.probe(&target.key) {
                 Probe::Fresh(e) | Probe::Stale(e) => Some(e),
                 Probe::Pass | Probe::Miss => state.retained.get(&target.key),
-            }
-            .filter(|e| e.value.vary_matches(req.headers()))
-            .map(|e| e.value.clone());
-            let fut = forward(Arc::clone(state), target, head, inner, req, stored);
+            };
+            // Stored for other header values: refresh this request's own variant.
+            let (target, stored) = match stored {
+                Some(e) if !e.value.vary_matches(req.headers()) => {
+                    let t = state
+                        .variant_for(&target, &e, req.headers())
+                        .unwrap_or(target);
+                    let v = match state.engine.probe(&t.key) {
+                        Probe::Fresh(v) | Probe::Stale(v) => Some(v),
+                        Probe::Pass | Probe::Miss => state.retained.get(&t.key),
+                    };
+                    (t, v.filter(|v| v.value.vary_matches(req.headers())))
+                }
+                other => (target, other),
+            };
+            let fut = reload(Arc::clone(state), target, head, inner, req, stored);
             return boxed(Box::pin(fut));
         }
 
@@ -184,9 +214,38 @@ impl<S> CacheService<S> {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
                 }
-                state.engine.counters.record(Source::Bypass);
-                let status = state.status_fwd(Forward::VaryMiss, None);
-                return ResponseFuture::bypass(inner.call(req), status, None);
+                // Another variant is stored here (this instance did not know
+                // the URL varies): the request's own variant gets a flight
+                // of its own, keyed by the names the stored one varies on.
+                let target = state
+                    .variant_for(&target, &e, req.headers())
+                    .unwrap_or(target);
+                let stale = match state.engine.probe(&target.key) {
+                    Probe::Fresh(v) | Probe::Stale(v) if v.value.vary_matches(req.headers()) => {
+                        let age = v.value.current_age(v.age());
+                        let fresh = v.fresh_by_meta()
+                            && policy::usability(&rd, v.value.rules, age) == Usable::Fresh;
+                        if fresh {
+                            state.engine.counters.record(Source::Hit);
+                            let view = View::of(&req, head);
+                            return ResponseFuture::ready(state.respond(&v, &view, Served::Hit));
+                        }
+                        Some(v)
+                    }
+                    _ => None,
+                };
+                let spare = spare_call(&inner, &req);
+                let fut = miss(
+                    Arc::clone(state),
+                    target,
+                    head,
+                    inner,
+                    req,
+                    stale,
+                    spare,
+                    false,
+                );
+                return boxed(Box::pin(fut));
             }
             Probe::Fresh(e) => Some((e, true)),
             Probe::Stale(e) => Some((e, false)),
@@ -209,8 +268,17 @@ impl<S> CacheService<S> {
             if rd.only_if_cached {
                 return ResponseFuture::ready(state.only_if_cached());
             }
-            let fallback = own_call_if_picky(&rd, &inner, &req);
-            let fut = miss(Arc::clone(state), target, head, inner, req, None, fallback);
+            let spare = spare_call(&inner, &req);
+            let fut = miss(
+                Arc::clone(state),
+                target,
+                head,
+                inner,
+                req,
+                None,
+                spare,
+                false,
+            );
             return boxed(Box::pin(fut));
         };
         let age = entry.value.current_age(entry.age());
@@ -243,14 +311,13 @@ impl<S> CacheService<S> {
             }
             _ if rd.only_if_cached => ResponseFuture::ready(state.only_if_cached()),
             // Fresh for everyone else, but this request's directives refuse
-            // it: the flight would hand it back, so forward on our own.
+            // it (max-age, min-fresh): refresh it, as for no-cache.
             Usable::Revalidate if engine_fresh => {
-                let stored = Some(entry.value.clone());
-                let fut = forward(Arc::clone(state), target, head, inner, req, stored);
+                let fut = reload(Arc::clone(state), target, head, inner, req, Some(entry));
                 boxed(Box::pin(fut))
             }
             Usable::Fresh | Usable::Revalidate => {
-                let fallback = own_call_if_picky(&rd, &inner, &req);
+                let spare = spare_call(&inner, &req);
                 let fut = miss(
                     Arc::clone(state),
                     target,
@@ -258,7 +325,8 @@ impl<S> CacheService<S> {
                     inner,
                     req,
                     Some(entry),
-                    fallback,
+                    spare,
+                    false,
                 );
                 boxed(Box::pin(fut))
             }
@@ -300,15 +368,26 @@ pub(crate) enum Served {
 }
 
 /// Lead or follow the flight for `key`, then answer from its outcome.
-/// `stale` is the stored response to revalidate, if there is one.
+/// `stale` is the stored response to revalidate, if there is one; `reload`:
+/// the request refuses it, so only a refresh answers it.
+///
+/// A waiter gets the flight's answer only if the cache could have stored it
+/// and served it to this very request (storable, its Vary values and
+/// credentials match, its directives accept it); otherwise it is released
+/// to call the origin itself under the fallback cap.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the request's parts, moved in once; a struct would only rename them"
+)]
 async fn miss<S, ReqB, ResB>(
     state: Arc<LayerState>,
-    target: Target,
+    mut target: Target,
     head: bool,
     inner: S,
     req: Request<ReqB>,
     stale: Option<Arc<Stored<CachedResponse>>>,
-    own_call: Option<(S, Request<ReqB>)>,
+    mut spare: Option<(S, Request<ReqB>)>,
+    reload: bool,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -323,16 +402,49 @@ where
         head,
         headers: &request_headers,
     };
-    let fwd = if stale.is_some() {
+    let mut fwd = if reload {
+        Forward::Request
+    } else if stale.is_some() {
         Forward::Stale
     } else {
         target.miss
     };
     let stored = stale.as_ref().map(|e| e.value.clone());
-    let (leader, mut passthrough_rx, error_slot) =
+    let (leader, mut passthrough_rx, mut error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let mut compute = Some(leader);
-    let resolved = state.engine.resolve(target.key, &mut compute).await;
+    let mut resolved = if reload {
+        state.engine.resolve_refresh(target.key, &mut compute).await
+    } else {
+        state.engine.resolve(target.key, &mut compute).await
+    };
+    // An entry made for other Vary values (or other credentials) names the
+    // variant this request needs: follow it once, as a flight of its own.
+    if let Resolved::Value { entry, .. } = &resolved {
+        if let Some(next) = state.variant_for(&target, entry, &request_headers) {
+            target = next;
+            fwd = Forward::VaryMiss;
+            compute = match compute {
+                Some(mut call) => {
+                    call.target = next;
+                    call.stale = None;
+                    Some(call)
+                }
+                None => spare.take().map(|(inner, req)| {
+                    let (call, rx, slot) =
+                        OriginCall::initiated(inner, req, Arc::clone(&state), next, None);
+                    passthrough_rx = rx;
+                    error_slot = slot;
+                    call
+                }),
+            };
+            resolved = match compute {
+                Some(_) if reload => state.engine.resolve_refresh(target.key, &mut compute).await,
+                Some(_) => state.engine.resolve(target.key, &mut compute).await,
+                None => Resolved::Pass(None),
+            };
+        }
+    }
     let counters = &state.engine.counters;
     // stale-if-error: the stored response stands in for a failed origin.
     let fallback = |fwd_status: Option<u16>| {
@@ -344,17 +456,34 @@ where
         counters.record(Source::Stale);
         Some(state.respond(entry, &view, Served::StaleIfError { fwd_status }))
     };
+    // This request's own call, made when the flight's answer is not for it.
+    let own_call = |compute: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+                    spare: Option<(S, Request<ReqB>)>| {
+        compute.or_else(|| {
+            spare.map(|(inner, req)| {
+                OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
+            })
+        })
+    };
     match resolved {
         Resolved::Value { entry, source } => {
-            // A stale copy shared by the flight (another instance holds the
-            // refresh) may still be refused by this request's own directives
-            // (max-age, min-fresh): such a request goes to the origin itself.
-            if source == Source::Stale && !stale_acceptable(&request_headers, &entry) {
-                let call = compute.or_else(|| {
-                    own_call.map(|(inner, req)| {
-                        OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
-                    })
-                });
+            // Never a variant made for other header values, from any path.
+            if !entry.value.vary_matches(&request_headers) {
+                let status = state.status_fwd(Forward::VaryMiss, None);
+                return released(&state, own_call(compute, spare), status, fallback).await;
+            }
+            // A stored copy shared by the flight may still be refused by this
+            // request's own directives (max-age, min-fresh): such a request
+            // goes to the origin itself. The leader's own answer is for it,
+            // and so is a refresh to a request that refused the stored one
+            // (a refresh's answer is never the entry it refused).
+            let refused = !reload
+                && state.http.reload != ReloadMode::Ignore
+                && source != Source::Miss
+                && is_stored(&entry)
+                && !acceptable(&request_headers, &entry);
+            if refused {
+                let call = own_call(compute, spare);
                 return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
             }
             if entry.value.status.is_server_error() {
@@ -362,25 +491,20 @@ where
                     return Ok(r);
                 }
             }
-            // A follower must never get a variant made for other header values.
-            if compute.is_none() || entry.value.vary_matches(&request_headers) {
-                counters.record(source);
-                let served = match source {
-                    Source::Hit => Served::Hit,
-                    Source::Stale => Served::Stale("stale"),
-                    Source::Coalesced => Served::Forwarded {
-                        fwd,
-                        collapsed: true,
-                    },
-                    _ => Served::Forwarded {
-                        fwd,
-                        collapsed: false,
-                    },
-                };
-                Ok(state.respond(&entry, &view, served))
-            } else {
-                direct(&state, compute, state.status_fwd(Forward::VaryMiss, None)).await
-            }
+            counters.record(source);
+            let served = match source {
+                Source::Hit => Served::Hit,
+                Source::Stale => Served::Stale("stale"),
+                Source::Coalesced => Served::Forwarded {
+                    fwd,
+                    collapsed: true,
+                },
+                _ => Served::Forwarded {
+                    fwd,
+                    collapsed: false,
+                },
+            };
+            Ok(state.respond(&entry, &view, served))
         }
         Resolved::Pass(Some(value)) => {
             if value.status.is_server_error() {
@@ -398,7 +522,9 @@ where
                 response.headers_mut().insert(CACHE_STATUS, status);
                 return Ok(response);
             }
-            direct(&state, compute, state.status_fwd(fwd, Some("uncacheable"))).await
+            // The answer was not for everyone: each waiter asks for its own.
+            let status = state.status_fwd(fwd, Some("uncacheable"));
+            released(&state, own_call(compute, spare), status, fallback).await
         }
         Resolved::Failed(error) => {
             if let Some(r) = fallback(None) {
@@ -416,21 +542,72 @@ where
             counters.record_error();
             Ok(state.error_response(&error))
         }
-        Resolved::WaitTimedOut => {
-            let Some(_permit) = state.engine.fallback_permit().await else {
-                if let Some(r) = fallback(None) {
-                    return Ok(r);
-                }
-                counters.record_error();
-                return Ok(state.error_response(&Error::Overloaded));
-            };
-            direct(&state, compute, state.status_fwd(fwd, Some("wait-timeout"))).await
+        Resolved::WaitTimedOut(permit) => {
+            let status = state.status_fwd(fwd, Some("wait-timeout"));
+            direct_with(&state, own_call(compute, spare), status, Some(permit)).await
+        }
+        Resolved::Overloaded => {
+            let status = state.status_fwd(fwd, Some("overloaded"));
+            released(&state, own_call(compute, spare), status, fallback).await
         }
     }
 }
 
-/// A request that asked for a fresh answer (`no-cache`): call the origin for
-/// it alone, and store what comes back for everyone else.
+/// A request that refuses the stored response (`no-cache`, `max-age` …):
+/// by default it shares one refresh per key ([`ReloadMode::Coalesce`]); in
+/// [`ReloadMode::Honor`] it calls the origin on its own while a fallback
+/// permit is free, and shares a refresh beyond that.
+async fn reload<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    inner: S,
+    req: Request<ReqB>,
+    stored: Option<Arc<Stored<CachedResponse>>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    if state.http.reload == ReloadMode::Honor {
+        if let Some(permit) = state.engine.try_fallback_permit() {
+            let stored = stored.map(|e| e.value.clone());
+            return forward(state, target, head, inner, req, stored, permit).await;
+        }
+    }
+    let spare = spare_call(&inner, &req);
+    miss(state, target, head, inner, req, stored, spare, true).await
+}
+
+/// A request released from a flight calls the origin itself, under the
+/// fallback cap (waiting at most `max_wait` for a permit); past the cap it
+/// gets stale-if-error or a 503.
+async fn released<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    fallback: impl FnOnce(Option<u16>) -> Option<Response<CacheBody<ResB>>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let Some(permit) = state.engine.fallback_permit().await else {
+        if let Some(r) = fallback(None) {
+            return Ok(r);
+        }
+        state.engine.counters.record_error();
+        return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
+    };
+    direct_with(state, call, status, Some(permit)).await
+}
+
+/// A request that asked for a fresh answer, in [`ReloadMode::Honor`]: call
+/// the origin for it alone (holding a fallback permit), and store what comes
+/// back for everyone else.
 async fn forward<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
@@ -438,6 +615,7 @@ async fn forward<S, ReqB, ResB>(
     inner: S,
     req: Request<ReqB>,
     stored: Option<CachedResponse>,
+    _permit: OwnedSemaphorePermit,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -479,11 +657,11 @@ where
                 None => Ok(state.respond_uncached(value_copy, &view, Forward::Request)),
             }
         }
-        Ok(Fill::Share(value) | Fill::Pass(Some(value))) => {
+        Ok(Fill::Share(value) | Fill::Pass(Some(value)) | Fill::Private(value)) => {
             counters.record(Source::Bypass);
             Ok(state.respond_uncached(value, &view, Forward::Request))
         }
-        Ok(Fill::Pass(None)) => match passthrough_rx.try_recv() {
+        Ok(Fill::Pass(None) | Fill::Unbuffered) => match passthrough_rx.try_recv() {
             Ok(mut response) => {
                 counters.record(Source::Bypass);
                 let status = state.status_fwd(Forward::Request, Some("too-large"));
@@ -509,19 +687,27 @@ where
     }
 }
 
-/// A spare inner service and request for a request whose directives may
-/// refuse a stale copy the flight hands out (`max-age`, `min-fresh`): if the
-/// request leads, its own call is spent on the flight.
-fn own_call_if_picky<S: Clone, B: Default>(
-    rd: &RequestDirectives,
-    inner: &S,
-    req: &Request<B>,
-) -> Option<(S, Request<B>)> {
-    (rd.max_age.is_some() || rd.min_fresh.is_some()).then(|| (inner.clone(), refresh_request(req)))
+/// A spare inner service and request for a request that may need a call of
+/// its own after its flight: a stored entry for other Vary values or other
+/// credentials names the variant to look up, or its directives (`max-age`,
+/// `min-fresh`) refuse what the flight hands out. If the request leads, its
+/// first call is spent on the flight.
+fn spare_call<S: Clone, B: Default>(inner: &S, req: &Request<B>) -> Option<(S, Request<B>)> {
+    Some((inner.clone(), refresh_request(req)))
 }
 
-/// Whether a request with these headers accepts `entry` served stale.
-fn stale_acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
+/// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a
+/// Content-Length other than 0).
+fn has_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|v| v.as_bytes().iter().any(|&b| b != b'0'))
+}
+
+/// Whether a request with these headers accepts `entry` served as it is now.
+fn acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
     let RequestVerdict::Cacheable(rd) = policy::classify_request(&Method::GET, request_headers)
     else {
         return false;
@@ -533,11 +719,26 @@ fn stale_acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>)
     )
 }
 
-/// Call the origin for this request alone, streaming, storing nothing.
+/// Call the origin for this request alone, streaming, storing nothing:
+/// under a fallback permit (held until the response head arrives), and
+/// bounded by the origin timeout.
 async fn direct<S, ReqB, ResB>(
     state: &LayerState,
     call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
     status: HeaderValue,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    direct_with(state, call, status, None).await
+}
+
+/// [`direct`] with a fallback permit already taken (`None`: take one).
+async fn direct_with<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    permit: Option<OwnedSemaphorePermit>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -547,11 +748,28 @@ where
         state.engine.counters.record_error();
         return Ok(state.error_response(&Error::Aborted));
     };
-    state.engine.counters.record(Source::Bypass);
-    state.engine.counters.origin_call();
-    poll_fn(|cx| inner.poll_ready(cx)).await?;
-    let response = inner.call(req).await?;
-    let (mut parts, body) = response.into_parts();
+    let counters = &state.engine.counters;
+    let permit = match permit {
+        Some(p) => Some(p),
+        None => state.engine.fallback_permit().await,
+    };
+    let Some(_permit) = permit else {
+        // The cap stayed full for a whole max_wait: shed this request
+        // rather than add to an origin that is already this far behind.
+        counters.record_error();
+        return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
+    };
+    counters.record(Source::Bypass);
+    counters.origin_call();
+    let call = async {
+        poll_fn(|cx| inner.poll_ready(cx)).await?;
+        inner.call(req).await
+    };
+    let Ok(response) = tokio::time::timeout(state.engine.config.origin_timeout, call).await else {
+        counters.record_error();
+        return Ok(state.own_answer(StatusCode::GATEWAY_TIMEOUT, &status, "origin-timeout"));
+    };
+    let (mut parts, body) = response?.into_parts();
     parts.headers.insert(CACHE_STATUS, status);
     Ok(Response::from_parts(parts, CacheBody::inner(body)))
 }
@@ -564,8 +782,15 @@ fn refresh_request<B: Default>(req: &Request<B>) -> Request<B> {
     *r.uri_mut() = req.uri().clone();
     *r.version_mut() = req.version();
     *r.headers_mut() = req.headers().clone();
+    strip_framing(r.headers_mut());
     *r.extensions_mut() = req.extensions().clone();
     r
+}
+
+/// A request the cache builds carries no body, so no body framing either.
+fn strip_framing(headers: &mut HeaderMap) {
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::TRANSFER_ENCODING);
 }
 
 /// What only the request that started a flight receives.
@@ -687,6 +912,7 @@ where
         for name in &CONDITIONAL {
             template.headers.remove(name);
         }
+        strip_framing(&mut template.headers);
         let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
         let request_headers = template.headers.clone();
 
@@ -770,6 +996,9 @@ where
         let mut body = Box::pin(body);
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
         let mut total = 0usize;
+        // This fill's share of the layer-wide fill buffer budget, given
+        // back once the body is joined (the store accounts for it then).
+        let mut buffered: Option<OwnedSemaphorePermit> = None;
         while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             let frame = frame.map_err(Into::into)?;
             // Trailers are not stored; the data is.
@@ -777,7 +1006,25 @@ where
                 continue;
             };
             total += data.len();
+            let share = u32::try_from(data.len()).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
             chunks.push_back(data);
+            let Some(share) = share else {
+                // Over budget: stream on to this request alone, store nothing,
+                // and mark nothing (the next request may buffer again).
+                if let Some(tx) = passthrough {
+                    let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
+                    let _ = tx.send(response);
+                }
+                return Ok(Fill::Unbuffered);
+            };
+            match &mut buffered {
+                Some(held) => held.merge(share),
+                None => buffered = Some(share),
+            }
             if total > limit {
                 state.engine.counters.not_stored("too-large");
                 if let Some(tx) = passthrough {
@@ -788,17 +1035,24 @@ where
             }
         }
         let body = join(chunks, total);
+        drop(buffered);
 
-        let vary = match policy::vary_names(&parts.headers) {
-            Some(names) => names
-                .into_iter()
-                .map(|n| {
-                    let values = request_headers.get_all(&n).iter().cloned().collect();
-                    (n, values)
-                })
-                .collect(),
-            None => Vec::new(),
-        };
+        let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
+        // Credentials vary the answer unless the origin says it is the same
+        // for everyone (`public`, `s-maxage`): key it by their digest then.
+        if had_authorization
+            && !policy::shared_across_credentials(&parts.headers)
+            && !names.contains(&header::AUTHORIZATION)
+        {
+            names.push(header::AUTHORIZATION);
+        }
+        let vary = names
+            .into_iter()
+            .map(|n| {
+                let values = stored_values(&n, &request_headers);
+                (n, values)
+            })
+            .collect();
         strip_not_stored(&mut parts.headers);
         let value = CachedResponse {
             status: parts.status,
@@ -829,6 +1083,11 @@ impl LayerState {
         verdict: ResponseVerdict,
         request_headers: &HeaderMap,
     ) -> Fill<CachedResponse> {
+        match &verdict {
+            ResponseVerdict::Share => self.engine.counters.not_stored("no-freshness"),
+            ResponseVerdict::Pass(reason) => self.engine.counters.not_stored(reason),
+            ResponseVerdict::Store { .. } => {}
+        }
         match verdict {
             ResponseVerdict::Store {
                 fresh_for,
@@ -856,24 +1115,85 @@ impl LayerState {
                     .max(stale_for)
                     .max(Duration::from_secs(u64::from(rules.sie)));
                 self.retained.insert(key, value.clone(), fresh_for, keep);
+                // The base key always holds some variant in Redis, carrying
+                // the Vary names: an instance that has not learned them yet
+                // looks the base key up first and learns them there.
+                if !names.is_empty() && target.base != target.key && target.base != key {
+                    let freshness = Freshness::new(fresh_for).with_stale(stale_for);
+                    self.engine
+                        .store_remote_only(target.base, &value, freshness);
+                }
                 Fill::Store {
                     value,
                     fresh_for,
                     stale_for,
                 }
             }
-            ResponseVerdict::Share => {
-                self.engine.counters.not_stored("no-freshness");
+            // A server error goes to the requests waiting on it, stored for
+            // none: a failing origin must not be asked once per waiter.
+            ResponseVerdict::Share
+                if self.http.share_uncacheable || value.status.is_server_error() =>
+            {
                 Fill::Share(value)
             }
+            // No freshness information: uncacheable for everyone.
+            ResponseVerdict::Share => {
+                tracing::debug!(reason = "no-freshness", "response is not cacheable");
+                self.retained.remove(&target.key);
+                Fill::Pass(Some(value))
+            }
+            ResponseVerdict::Pass(reason) if self.http.share_uncacheable => {
+                tracing::debug!(reason, "response is not cacheable; shared with waiters");
+                if !policy::request_specific(reason) {
+                    self.retained.remove(&target.key);
+                }
+                Fill::Share(value)
+            }
+            // Uncacheable because of this request alone: the stored entry
+            // stays and nobody else is told to pass.
+            ResponseVerdict::Pass(reason) if policy::request_specific(reason) => {
+                tracing::debug!(reason, "response is for its own request only");
+                Fill::Private(value)
+            }
             ResponseVerdict::Pass(reason) => {
-                self.engine.counters.not_stored(reason);
                 tracing::debug!(reason, "response is not cacheable");
                 self.retained.remove(&target.key);
                 Fill::Pass(Some(value))
             }
         }
     }
+}
+
+impl LayerState {
+    /// Learn the Vary names `entry` carries for its URL (it may come from
+    /// another instance), and say which variant `request` needs when `entry`
+    /// is not it and lives under another key.
+    fn variant_for(
+        &self,
+        target: &Target,
+        entry: &Stored<CachedResponse>,
+        request: &HeaderMap,
+    ) -> Option<Target> {
+        let names: Vec<HeaderName> = entry.value.vary.iter().map(|(n, _)| n.clone()).collect();
+        if is_stored(entry) {
+            self.vary.learn(target.base, &names);
+        }
+        if names.is_empty() || entry.value.vary_matches(request) {
+            return None;
+        }
+        let key = variant_key(&target.base, &names, request);
+        (key != target.key).then_some(Target {
+            base: target.base,
+            key,
+            miss: Forward::VaryMiss,
+        })
+    }
+}
+
+/// Whether `entry` was stored (it has a lifetime), rather than handed to
+/// the requests waiting on one flight.
+fn is_stored(entry: &Stored<CachedResponse>) -> bool {
+    !entry.meta.fresh_for.is_zero() || !entry.meta.stale_for.is_zero()
 }
 
 fn join(mut chunks: VecDeque<Bytes>, total: usize) -> Bytes {
@@ -911,13 +1231,17 @@ impl LayerState {
         let uri = effective_uri(req);
         let mut h = KeyHasher::new();
         h.part(b"base")
-            .opt_part_lowercase(request_authority(req, uri).map(host_name))
+            .opt_part_lowercase(request_authority(req, uri).map(key_authority))
             .part(non_empty_path(uri.path().as_bytes()))
             .opt_part(uri.query().map(str::as_bytes))
             .part(&[u8::from(req.headers().contains_key(header::AUTHORIZATION))]);
         for name in &self.http.key_headers {
-            h.part(name.as_str().as_bytes());
-            for v in req.headers().get_all(name) {
+            let values = req.headers().get_all(name);
+            // Counted, and each value length-prefixed: ["a,b"] and ["a", "b"]
+            // and one header's values running into the next never collide.
+            h.part(name.as_str().as_bytes())
+                .part(&(values.iter().count() as u64).to_le_bytes());
+            for v in values {
                 h.part(v.as_bytes());
             }
         }
@@ -1060,6 +1384,29 @@ impl LayerState {
         response
     }
 
+    /// An answer of the layer's own for a call outside any flight: the
+    /// `Cache-Status` it would have had, with `detail` in place of its own.
+    fn own_answer<B>(
+        &self,
+        code: StatusCode,
+        status: &HeaderValue,
+        detail: &str,
+    ) -> Response<CacheBody<B>> {
+        let text = status.to_str().unwrap_or("");
+        let kept = text.split("; detail=").next().unwrap_or(text);
+        let mut response = Response::new(CacheBody::empty());
+        *response.status_mut() = code;
+        if code == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        let value = HeaderValue::from_maybe_shared(Bytes::from(format!("{kept}; detail={detail}")))
+            .unwrap_or_else(|_| HeaderValue::from_static("herdguard"));
+        response.headers_mut().insert(CACHE_STATUS, value);
+        response
+    }
+
     /// RFC 9111 §5.2.1.7: nothing stored may answer an only-if-cached request.
     fn only_if_cached<B>(&self) -> Response<CacheBody<B>> {
         self.engine.counters.record(Source::Bypass);
@@ -1125,15 +1472,14 @@ fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
 
 #[cfg(test)]
 mod tests {
-    use super::host_name;
+    use super::key_authority;
 
-    /// Ports and userinfo are not part of the host; IPv6 brackets are kept.
+    /// The key keeps the port (the upstream is told it too) and drops userinfo.
     #[test]
-    fn host_name_strips_port_and_userinfo() {
-        assert_eq!(host_name(b"example.com:8080"), b"example.com");
-        assert_eq!(host_name(b"user:pw@example.com:1"), b"example.com");
-        assert_eq!(host_name(b"[::1]:3000"), b"[::1]");
-        assert_eq!(host_name(b"[::1"), b"[::1");
-        assert_eq!(host_name(b"plain"), b"plain");
+    fn key_authority_keeps_port_drops_userinfo() {
+        assert_eq!(key_authority(b"example.com:8080"), b"example.com:8080");
+        assert_eq!(key_authority(b"user:pw@example.com:1"), b"example.com:1");
+        assert_eq!(key_authority(b"[::1]:3000"), b"[::1]:3000");
+        assert_eq!(key_authority(b"plain"), b"plain");
     }
 }

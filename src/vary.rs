@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
 use moka::sync::Cache as MokaCache;
 
 use crate::key::{CacheKey, KeyHasher};
@@ -76,4 +76,71 @@ pub(crate) fn variant_key(base: &CacheKey, names: &[HeaderName], request: &Heade
         }
     }
     h.finish()
+}
+
+/// The request's values of a varied header as a stored entry keeps them.
+/// Credentials are kept as a digest: the secret itself never reaches Redis.
+pub(crate) fn stored_values(name: &HeaderName, request: &HeaderMap) -> Vec<HeaderValue> {
+    request
+        .get_all(name)
+        .iter()
+        .map(|v| stored_value(name, v))
+        .collect()
+}
+
+/// Whether `request` has the values `stored` keeps for `name`.
+pub(crate) fn values_match(name: &HeaderName, request: &HeaderMap, stored: &[HeaderValue]) -> bool {
+    let mut theirs = request.get_all(name).iter();
+    if name != header::AUTHORIZATION {
+        return theirs.eq(stored.iter());
+    }
+    let mut ours = stored.iter();
+    loop {
+        match (theirs.next(), ours.next()) {
+            (None, None) => return true,
+            (Some(t), Some(o)) if stored_value(name, t) == o => {}
+            _ => return false,
+        }
+    }
+}
+
+fn stored_value(name: &HeaderName, value: &HeaderValue) -> HeaderValue {
+    if name != header::AUTHORIZATION {
+        return value.clone();
+    }
+    let digest = KeyHasher::new()
+        .part(b"credentials")
+        .part(value.as_bytes())
+        .finish();
+    // Hex digits are always a valid header value.
+    HeaderValue::from_str(&digest.to_hex()).unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Credentials are stored as a digest that still tells them apart.
+    #[test]
+    fn credentials_are_stored_as_a_digest() {
+        let mut alice = HeaderMap::new();
+        alice.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer alice"),
+        );
+        let mut bob = HeaderMap::new();
+        bob.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer bob"),
+        );
+        let stored = stored_values(&header::AUTHORIZATION, &alice);
+        assert_ne!(stored[0].as_bytes(), b"Bearer alice");
+        assert!(values_match(&header::AUTHORIZATION, &alice, &stored));
+        assert!(!values_match(&header::AUTHORIZATION, &bob, &stored));
+        assert!(!values_match(
+            &header::AUTHORIZATION,
+            &HeaderMap::new(),
+            &stored
+        ));
+    }
 }

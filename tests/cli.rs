@@ -93,7 +93,7 @@ async fn set(server: &RedisServer, key: &str, value: &[u8]) {
 
 // ---------------------------------------------------------------- inspect
 
-/// A filled entry, named by URL (any port, any host case), is reported fresh with its size, TTLs and fence.
+/// A filled entry, named by URL (any host case; the port counts, as in the key), is reported fresh with its size, TTLs and fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_filled_entry_by_url() {
     let server = RedisServer::start();
@@ -107,7 +107,7 @@ async fn inspect_filled_entry_by_url() {
     let run = cli(&[
         "--json",
         "inspect",
-        "http://EXAMPLE.test:8080/item/1?x=2",
+        "http://EXAMPLE.test/item/1?x=2",
         "--redis",
         &url,
         "--namespace",

@@ -88,7 +88,13 @@ fn parse_labels(body: &str) -> BTreeMap<String, String> {
 
 async fn get(client: &HttpClient, url: String) -> (u16, String) {
     let fut = async {
-        let resp = client.get(url.parse().unwrap()).await.expect("request");
+        // One public host for both instances, as behind a load balancer: the
+        // port a client dials is part of the key when it is in Host.
+        let req = axum::http::Request::get(url)
+            .header("host", "app.test")
+            .body(Default::default())
+            .unwrap();
+        let resp = client.request(req).await.expect("request");
         let status = resp.status().as_u16();
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())

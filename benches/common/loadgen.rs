@@ -66,11 +66,18 @@ impl Conn {
     /// `GET path` and read the whole response (Content-Length bodies only:
     /// axum and herdguard always know the length of what these benches serve).
     pub(crate) async fn get(&mut self, path: &str) -> io::Result<Reply> {
+        self.get_with(path, "").await
+    }
+
+    /// `GET path` with extra header lines (each ending in `\r\n`).
+    pub(crate) async fn get_with(&mut self, path: &str, headers: &str) -> io::Result<Reply> {
         self.req.clear();
         self.req.extend_from_slice(b"GET ");
         self.req.extend_from_slice(path.as_bytes());
         self.req
-            .extend_from_slice(b" HTTP/1.1\r\nhost: bench.local\r\n\r\n");
+            .extend_from_slice(b" HTTP/1.1\r\nhost: bench.local\r\n");
+        self.req.extend_from_slice(headers.as_bytes());
+        self.req.extend_from_slice(b"\r\n");
         self.stream.write_all(&self.req).await?;
         loop {
             if let Some((head_len, mut reply, close)) = parse_head(&self.buf)? {

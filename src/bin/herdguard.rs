@@ -46,7 +46,7 @@ enum Command {
     /// One entry's status, size, freshness, hard TTL, lock and fence.
     ///
     /// TARGET is a 32-hex cache key, or an absolute URL turned into the key
-    /// the layer derives for a plain GET of it (host without port, path,
+    /// the layer derives for a plain GET of it (host and port, path,
     /// query; no Authorization, no key headers, no Vary variant).
     Inspect {
         /// A 32-hex cache key or an http(s) URL.

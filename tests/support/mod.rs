@@ -10,6 +10,7 @@
 )]
 
 pub mod cluster;
+pub mod echo;
 pub mod origin;
 pub mod tls;
 
