@@ -144,6 +144,9 @@ pub(crate) struct EngineConfig {
     pub(crate) fallback_limit: usize,
     pub(crate) max_leaders: usize,
     pub(crate) max_fill_bytes: usize,
+    /// Refresh-ahead: the last fraction of an entry's freshness in which a
+    /// hit starts one background refresh (0 turns it off).
+    pub(crate) refresh_ahead: f64,
     pub(crate) redis: Option<RedisOptions>,
     pub(crate) redlock: Option<Arc<Redlock>>,
     /// The `cache` label on every metric (the layer's `cache_name`).
@@ -166,6 +169,7 @@ impl Default for EngineConfig {
             fallback_limit: 64,
             max_leaders: 1024,
             max_fill_bytes: 64 * 1024 * 1024,
+            refresh_ahead: DEFAULT_REFRESH_AHEAD,
             redis: None,
             redlock: None,
             metrics_name: "herdguard".to_owned(),
@@ -181,6 +185,8 @@ impl EngineConfig {
             .unwrap_or(self.origin_timeout.saturating_add(WAIT_MARGIN))
     }
 }
+/// The default refresh-ahead fraction: the last quarter of the freshness.
+pub(crate) const DEFAULT_REFRESH_AHEAD: f64 = 0.25;
 
 /// State shared by every clone of a cache (and every route of a layer).
 #[derive(Debug)]
@@ -277,6 +283,62 @@ impl<V: Value> Shared<V> {
         if let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) {
             self.spawn_drive(handle, compute.start());
         }
+    }
+
+    /// Refresh `current` ahead of its expiry, in the background, unless a
+    /// flight for `key` already runs. With Redis, the lease makes it one
+    /// refresh for the whole cluster: an instance that finds the lease taken
+    /// (or a newer entry already written) computes nothing.
+    pub(crate) fn refresh_ahead(
+        self: &Arc<Self>,
+        key: CacheKey,
+        current: &Arc<Stored<V>>,
+        compute: impl Compute<V>,
+    ) {
+        let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) else {
+            return;
+        };
+        // Requests that need a fresh copy meanwhile (their L1 bound ran out)
+        // take this one while it is fresh, instead of waiting for the origin.
+        handle.publish_fresh(Arc::clone(current));
+        let shared = Arc::clone(self);
+        let current = Arc::clone(current);
+        let fut = compute.start();
+        let span = tracing::Span::current();
+        spawn_detached(
+            "refresh-ahead",
+            tracing::Instrument::instrument(
+                async move {
+                    let key = handle.key();
+                    let outcome = match &shared.remote {
+                        Some(remote) if remote.available() => {
+                            shared
+                                .drive_remote(remote, &handle, fut, Some(&current))
+                                .await
+                        }
+                        _ => shared.compute_locally(key, fut).await,
+                    };
+                    handle.complete(outcome);
+                },
+                span,
+            ),
+        );
+    }
+
+    /// The age at which a hit on an entry fresh for `fresh_for` starts its
+    /// refresh ahead: the last `refresh_ahead` fraction of the freshness, or
+    /// twice the origin time measured here for it if that is longer.
+    fn refresh_age(&self, fresh_for: Duration, origin_time: Duration) -> Duration {
+        let fraction = self.config.refresh_ahead;
+        // NaN and negative fractions turn it off, like zero.
+        if fraction.is_nan() || fraction <= 0.0 || fresh_for.is_zero() {
+            return Duration::MAX;
+        }
+        let lead = fresh_for
+            .mul_f64(fraction.min(1.0))
+            .max(origin_time.saturating_mul(2))
+            .min(fresh_for);
+        fresh_for - lead
     }
 
     /// The miss path: lead a new flight or follow the running one.
@@ -389,7 +451,9 @@ impl<V: Value> Shared<V> {
     async fn drive(self: Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
         let key = handle.key();
         let outcome = match &self.remote {
-            Some(remote) if remote.available() => self.drive_remote(remote, &handle, fut).await,
+            Some(remote) if remote.available() => {
+                self.drive_remote(remote, &handle, fut, None).await
+            }
             _ => self.compute_locally(key, fut).await,
         };
         handle.complete(outcome);
@@ -399,20 +463,25 @@ impl<V: Value> Shared<V> {
     /// is down (memory then keeps entries for their whole lifetime).
     async fn compute_locally(&self, key: CacheKey, fut: ComputeFuture<V>) -> Outcome<V> {
         self.counters.origin_call();
+        let started = Instant::now();
         match self.run_compute(fut).await {
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
             }
-            Ok(fill) => self.fill_memory(key, fill, 0),
+            Ok(fill) => self.fill_memory(key, fill, 0, started.elapsed()),
         }
     }
 
+    /// `ahead`: the copy a refresh-ahead started from. The first lookup then
+    /// takes the lease while the entry is still fresh (near its end), and a
+    /// copy of that same write found instead starts no further refresh.
     async fn drive_remote(
         &self,
         remote: &Arc<RedisStore>,
         handle: &FlightHandle<V>,
         fut: ComputeFuture<V>,
+        ahead: Option<&Arc<Stored<V>>>,
     ) -> Outcome<V> {
         let key = handle.key();
         let deadline = Instant::now() + self.config.max_wait();
@@ -425,12 +494,21 @@ impl<V: Value> Shared<V> {
         let mut looked = false;
         let mut refused: Option<u64> = None;
         let mut read_entry = true;
+        let mut ahead = ahead;
         loop {
             let token = LeaseToken::random();
             let first = !looked;
             looked = true;
             let skip = skip_entry || !read_entry;
-            let found = match remote.lookup_or_lease(&key, &token, skip).await {
+            // Only the first lookup: a later one follows an ordinary path.
+            let current = ahead.take();
+            // Lease a fresh entry if it has at most the refresh-ahead lead
+            // left (plus slack for the clocks): the hit that started this
+            // saw it within that lead by its own clock.
+            let lead = current.map_or(Duration::ZERO, |c| {
+                c.meta.fresh_for.saturating_sub(c.age()) + Duration::from_millis(50)
+            });
+            let found = match remote.lookup_or_lease_ahead(&key, &token, skip, lead).await {
                 Ok(found) => found,
                 Err(e) => {
                     tracing::debug!(key = %key.short(), error = %e, "redis lookup failed; computing locally");
@@ -450,7 +528,13 @@ impl<V: Value> Shared<V> {
                         read_entry = false;
                     }
                     Ok((meta, value)) => {
-                        let entry = self.fill_l1(key, value, meta, fresh_left, hard_left);
+                        let entry =
+                            self.fill_l1(key, value, meta, fresh_left, hard_left, Duration::ZERO);
+                        if current.is_some_and(|c| c.same_write(&meta)) {
+                            // Someone else holds the refresh: this copy of the
+                            // same write must not start another one.
+                            entry.mark_refresh_claimed();
+                        }
                         // A refresh found a newer fill: another instance's
                         // refresh, which this one shares.
                         let source = if refresh {
@@ -474,40 +558,74 @@ impl<V: Value> Shared<V> {
                     if let Err(e) = &decoded {
                         tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
                     }
+                    // An entry stored without a stale window is never handed
+                    // out stale: Redis reports one so only in the last
+                    // millisecond of its freshness (PTTL rounds down to 0
+                    // while the key still exists). Handing it out sent every
+                    // request that then refused it to the origin on its own.
+                    let decoded = decoded.map(|(meta, value)| {
+                        let servable = !meta.stale_for.is_zero();
+                        (meta, value, servable)
+                    });
                     match (decoded, fence) {
-                        (Ok((meta, value)), Some(fence)) => {
-                            let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
-                            handle.publish_stale(entry);
+                        (Ok((meta, value, servable)), Some(fence)) => {
+                            if servable {
+                                let entry = self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                );
+                                handle.publish_stale(entry);
+                            }
                             let lease = HeldLease::Single(token);
                             return self.lead_remote(remote, key, lease, fence, fut).await;
                         }
-                        (Ok((meta, value)), None) => {
-                            let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
+                        (Ok((meta, value, servable)), None) => {
+                            let entry = servable.then(|| {
+                                self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                )
+                            });
                             // With Redlock the lookup never leases: try for the
                             // refresh lease there, serve stale either way.
                             if let RedlockTry::Won(lease, fence) =
                                 self.redlock_lease(remote, key, None).await
                             {
-                                handle.publish_stale(entry);
+                                if let Some(entry) = entry {
+                                    handle.publish_stale(entry);
+                                }
                                 return self.lead_remote(remote, key, lease, fence, fut).await;
                             }
                             // Someone else refreshes it. Everyone waiting here
                             // takes the stale copy now; this flight stays open
                             // until the fill lands (bounded), so stale answers
                             // meanwhile do not each look Redis up again.
-                            handle.publish_stale(Arc::clone(&entry));
+                            if let Some(entry) = &entry {
+                                handle.publish_stale(Arc::clone(entry));
+                            }
                             let poll = remote.options.poll_interval;
                             if self
                                 .wait_for_fill(remote, key, &mut subscription, poll, deadline)
                                 .await
                             {
-                                if refresh {
-                                    return self.compute_unshared(fut).await;
+                                match entry {
+                                    Some(entry) if !refresh => {
+                                        return Outcome::Value {
+                                            entry,
+                                            source: Source::Stale,
+                                        }
+                                    }
+                                    // Waited as long as allowed for a fill.
+                                    _ => return self.compute_unshared(fut).await,
                                 }
-                                return Outcome::Value {
-                                    entry,
-                                    source: Source::Stale,
-                                };
                             }
                             read_entry = true;
                         }
@@ -670,7 +788,9 @@ impl<V: Value> Shared<V> {
         span.record("lease", token.prefix());
         span.record("fence", fence.0);
         self.counters.origin_call();
+        let started = Instant::now();
         let result = self.run_compute(fut).await;
+        let took = started.elapsed();
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
         self.counters
@@ -738,7 +858,7 @@ impl<V: Value> Shared<V> {
             Err(e) => {
                 // Redis went away mid-flight: memory carries the entry.
                 tracing::debug!(key = %key.short(), error = %e, "fenced write failed; keeping the value in memory");
-                self.fill_memory(key, fill, fence.0)
+                self.fill_memory(key, fill, fence.0, took)
             }
             Ok((w, meta)) => {
                 if single && !w.released && !lost {
@@ -755,7 +875,17 @@ impl<V: Value> Shared<V> {
                         self.counters.entry_bytes(value.weight());
                         let hard = meta.fresh_for.saturating_add(meta.stale_for);
                         self.index_in_background(remote, key, &value, hard);
-                        let entry = self.fill_l1(key, value, meta, meta.fresh_for, hard);
+                        // Measured from the store, not from now: the write's
+                        // round trip is part of the entry's age.
+                        let since = meta.elapsed();
+                        let entry = self.fill_l1(
+                            key,
+                            value,
+                            meta,
+                            meta.fresh_for.saturating_sub(since),
+                            hard.saturating_sub(since),
+                            took,
+                        );
                         Outcome::Value {
                             entry,
                             source: Source::Miss,
@@ -820,6 +950,7 @@ impl<V: Value> Shared<V> {
         meta: EntryMeta,
         fresh_left: Duration,
         hard_left: Duration,
+        origin_time: Duration,
     ) -> Arc<Stored<V>> {
         let l1 = self.remote.as_ref().map_or(hard_left, |r| r.options.l1_ttl);
         // Fresh here for at most the L1 lifetime: after that, a request that
@@ -832,13 +963,10 @@ impl<V: Value> Shared<V> {
         } else {
             hard_left
         };
-        let entry = Arc::new(Stored::new(
-            value,
-            meta,
-            fresh_left.min(l1),
-            usable,
-            meta.elapsed(),
-        ));
+        let entry = Arc::new(
+            Stored::new(value, meta, fresh_left.min(l1), usable, meta.elapsed())
+                .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
+        );
         if !usable.is_zero() {
             self.memory.insert(key, Arc::clone(&entry));
         }
@@ -861,7 +989,13 @@ impl<V: Value> Shared<V> {
     }
 
     /// Put a fill into memory for its whole lifetime and say what waiters get.
-    fn fill_memory(&self, key: CacheKey, fill: Fill<V>, fence: u64) -> Outcome<V> {
+    fn fill_memory(
+        &self,
+        key: CacheKey,
+        fill: Fill<V>,
+        fence: u64,
+        origin_time: Duration,
+    ) -> Outcome<V> {
         match fill {
             Fill::Store {
                 value,
@@ -871,7 +1005,10 @@ impl<V: Value> Shared<V> {
                 let usable = fresh_for.saturating_add(stale_for);
                 self.counters.entry_bytes(value.weight());
                 let meta = EntryMeta::now(fresh_for, stale_for, fence);
-                let entry = Arc::new(Stored::new(value, meta, fresh_for, usable, Duration::ZERO));
+                let entry = Arc::new(
+                    Stored::new(value, meta, fresh_for, usable, Duration::ZERO)
+                        .refresh_after(self.refresh_age(fresh_for, origin_time)),
+                );
                 if !usable.is_zero() {
                     self.memory.insert(key, Arc::clone(&entry));
                 }
@@ -994,7 +1131,7 @@ impl<V: Value> Shared<V> {
             fresh_for: freshness.fresh_for,
             stale_for: freshness.stale_for,
         };
-        match self.fill_memory(key, fill, 0) {
+        match self.fill_memory(key, fill, 0, Duration::ZERO) {
             Outcome::Value { entry, .. } => Some(entry),
             Outcome::Pass(_) | Outcome::Failed(_) => None,
         }
@@ -1079,14 +1216,21 @@ async fn settle<V: Value>(
     rx: &mut watch::Receiver<FlightState<V>>,
     take_stale: bool,
 ) -> Result<Result<Outcome<V>, Arc<Stored<V>>>, Error> {
+    // A copy still fresh while refresh-ahead runs answers those who take a
+    // stored copy; a caller that refuses stored copies waits for the refresh.
     let settled = |s: &FlightState<V>| match s {
         FlightState::Running => false,
+        FlightState::Fresh(e) => take_stale && e.fresh_by_meta(),
         FlightState::Stale(_) => take_stale,
         FlightState::Done(_) => true,
     };
     match rx.wait_for(settled).await {
         Ok(state) => match &*state {
             FlightState::Stale(entry) => Ok(Err(Arc::clone(entry))),
+            FlightState::Fresh(entry) => Ok(Ok(Outcome::Value {
+                entry: Arc::clone(entry),
+                source: Source::Hit,
+            })),
             FlightState::Done(outcome) => Ok(Ok(outcome.clone())),
             FlightState::Running => Err(Error::Aborted),
         },
@@ -1177,7 +1321,9 @@ impl<V: Value> Cache<V> {
     /// Return the cached value for `key`, or compute it once for all
     /// concurrent callers.
     ///
-    /// - Fresh: returned at once ([`Source::Hit`]).
+    /// - Fresh: returned at once ([`Source::Hit`]). The first hit in the last
+    ///   quarter of the freshness also starts one background computation
+    ///   (refresh-ahead, see [`CacheBuilder::refresh_ahead`]).
     /// - Stale within the grace: returned at once ([`Source::Stale`]) while
     ///   exactly one refresh runs in the background.
     /// - Otherwise one caller per process leads ([`Source::Miss`]) and the rest
@@ -1223,7 +1369,12 @@ impl<V: Value> Cache<V> {
             age: entry.age(),
         };
         let result = match shared.probe(key) {
-            Probe::Fresh(entry) => Ok(lookup(&entry, Source::Hit)),
+            Probe::Fresh(entry) => {
+                if entry.claim_refresh(entry.age()) {
+                    shared.refresh_ahead(*key, &entry, as_fill);
+                }
+                Ok(lookup(&entry, Source::Hit))
+            }
             // Past its L1 lifetime but still fresh: ask Redis, as for a miss.
             Probe::Stale(entry) if !entry.fresh_by_meta() => {
                 shared.refresh_in_background(*key, as_fill);
@@ -1354,6 +1505,16 @@ impl<V: Value> CacheBuilder<V> {
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.config.fallback_limit = limit;
+        self
+    }
+
+    /// Refresh-ahead (default 0.25; 0 turns it off): a hit in the last
+    /// `fraction` of a value's freshness starts one background computation,
+    /// so a hot value is replaced before it expires. See
+    /// [`CacheLayerBuilder::refresh_ahead`](crate::CacheLayerBuilder::refresh_ahead).
+    #[must_use]
+    pub fn refresh_ahead(mut self, fraction: f64) -> Self {
+        self.config.refresh_ahead = fraction;
         self
     }
 

@@ -28,6 +28,9 @@ pub(crate) enum FlightState<V> {
     Running,
     /// A stale copy may be served while the leader keeps refreshing.
     Stale(Arc<Stored<V>>),
+    /// A refresh ahead of expiry runs; its copy answers waiters while it is
+    /// still fresh by its own freshness. Past that they wait for the outcome.
+    Fresh(Arc<Stored<V>>),
     Done(Outcome<V>),
 }
 
@@ -180,6 +183,13 @@ impl<V> FlightHandle<V> {
     pub(crate) fn publish_stale(&self, entry: Arc<Stored<V>>) {
         if let Some(tx) = &self.tx {
             tx.send_replace(FlightState::Stale(entry));
+        }
+    }
+
+    /// Let waiters take a still-fresh copy while a refresh ahead of expiry runs.
+    pub(crate) fn publish_fresh(&self, entry: Arc<Stored<V>>) {
+        if let Some(tx) = &self.tx {
+            tx.send_replace(FlightState::Fresh(entry));
         }
     }
 

@@ -33,6 +33,8 @@ pub(crate) struct HttpConfig {
     /// Hand responses that may not be stored to every request waiting on
     /// the same key (opt-in: only for origins that answer everyone alike).
     pub(crate) share_uncacheable: bool,
+    /// Remove `Surrogate-Key` from every response to a client.
+    pub(crate) strip_surrogate_key: bool,
 }
 
 /// What a request that refuses the stored response does: `Cache-Control:
@@ -74,6 +76,38 @@ impl Default for HttpConfig {
             show_cache_status: true,
             reload: ReloadMode::Coalesce,
             share_uncacheable: false,
+            strip_surrogate_key: true,
+        }
+    }
+}
+
+/// What one Vary index entry (a URL's key and its header names) costs in
+/// memory, moka's bookkeeping included: an estimate, generous for the usual
+/// one or two names.
+const VARY_URL_BYTES: u64 = 256;
+
+/// `capacity_bytes` carved into the stores that hold memory for long: every
+/// stored byte counts against exactly one of them, so together they never
+/// exceed the capacity (a body shared by L1 and a retained copy counts
+/// twice, so the real total is lower still).
+#[derive(Debug, Clone, Copy)]
+struct MemoryBudget {
+    /// Entries (fresh and stale) in the engine's store.
+    l1: u64,
+    /// Responses kept past their stale window for revalidation.
+    retained: u64,
+    /// The Vary index.
+    vary: u64,
+}
+
+impl MemoryBudget {
+    fn of(capacity: u64) -> Self {
+        let retained = capacity / 4;
+        let vary = (capacity / 64).max(VARY_URL_BYTES * 64);
+        Self {
+            l1: capacity.saturating_sub(retained + vary),
+            retained,
+            vary,
         }
     }
 }
@@ -124,6 +158,18 @@ impl CacheLayer {
     /// Entries held in memory right now.
     pub fn entry_count(&self) -> u64 {
         self.state.engine.memory.entry_count()
+    }
+
+    /// Bytes the layer holds in memory, as counted against
+    /// [`capacity_bytes`](CacheLayerBuilder::capacity_bytes): entries,
+    /// retained copies and the Vary index (after pending evictions run).
+    /// Never above the capacity; a body held both as an entry and as a
+    /// retained copy is counted twice, so the real use is at most this.
+    pub fn memory_bytes(&self) -> u64 {
+        let state = &self.state;
+        state.engine.memory.weighted_bytes()
+            + state.retained.weighted_bytes()
+            + state.vary.len() * VARY_URL_BYTES
     }
 
     /// The cache key this layer derives for `request` (the `{H}` of the Redis
@@ -179,6 +225,32 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn heuristic_freshness(mut self, max: Duration) -> Self {
         self.http.rules.heuristic_max = Some(max);
+        self
+    }
+
+    /// Grace: serve a stored response up to `grace` past its freshness, at
+    /// once, while one refresh runs (Varnish's grace, nginx's
+    /// `proxy_cache_use_stale updating`), even when the origin sent no
+    /// `stale-while-revalidate`. Off by default, as RFC 9111 §4.2.4 asks.
+    ///
+    /// Never for responses with `must-revalidate`, `proxy-revalidate`,
+    /// `s-maxage` (which implies proxy-revalidate for a shared cache) or
+    /// `no-cache`. Such answers say `Cache-Status: …; detail=grace`. Entries
+    /// are kept (in memory and in Redis) for freshness plus grace, so a long
+    /// grace holds more entries at once within the same
+    /// [`capacity_bytes`](Self::capacity_bytes).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .grace(Duration::from_secs(60))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = cache;
+    /// ```
+    #[must_use]
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.http.rules.grace = grace;
         self
     }
 
@@ -250,7 +322,21 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Total bytes the in-process store may hold (default 256 MiB).
+    /// Total bytes the layer keeps in memory (default 256 MiB), carved up
+    /// so the parts never add up to more:
+    ///
+    /// | part | share | holds |
+    /// |---|---|---|
+    /// | entries (L1) | the rest, ~73 % | fresh and stale entries; with Redis, the L1 copies |
+    /// | retained copies | 25 % | responses past their stale window, kept for revalidation (304s), `stale-if-error` and `max-stale` |
+    /// | Vary index | 1/64 (≥ 16 KiB) | the header names each URL varies on |
+    ///
+    /// Each part evicts its least useful items when full. Not in this
+    /// budget: fill buffers (bodies being received, at most
+    /// [`max_body_bytes`](Self::max_body_bytes) each, bounded by the caps on
+    /// leader tasks and fill bytes) and the process itself. Size a container
+    /// at about 1.25 × capacity + 64 MiB (measured by `cargo bench --bench
+    /// soak -- --large`).
     #[must_use]
     pub fn capacity_bytes(mut self, bytes: u64) -> Self {
         self.engine.capacity_bytes = bytes;
@@ -323,6 +409,17 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// Refresh-ahead (default 0.25; 0 turns it off): a hit in the last
+    /// `fraction` of an entry's freshness starts one background refresh, so
+    /// a hot entry is replaced before it expires and no request waits for the
+    /// origin. The lead is at least twice the origin time this instance last
+    /// measured for the entry. See the crate docs, "Refresh-ahead".
+    #[must_use]
+    pub fn refresh_ahead(mut self, fraction: f64) -> Self {
+        self.engine.refresh_ahead = fraction;
+        self
+    }
+
     /// Share entries, leases and fills through Redis: one origin call per key
     /// across every instance using the same Redis and namespace. Without this
     /// the layer runs on memory alone.
@@ -338,6 +435,17 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn redlock(mut self, redlock: crate::Redlock) -> Self {
         self.engine.redlock = Some(Arc::new(redlock));
+        self
+    }
+
+    /// Whether `Surrogate-Key` is removed from responses to clients (default
+    /// `true`). Either way the layer reads the tags of every response it
+    /// stores, for [`CacheLayer::purge_tag`]: the header is addressed to the
+    /// cache, and tags often name internal things (tables, tenants). Turn it
+    /// off when a cache downstream purges by the same tags.
+    #[must_use]
+    pub fn strip_surrogate_key(mut self, strip: bool) -> Self {
+        self.http.strip_surrogate_key = strip;
         self
     }
 
@@ -361,10 +469,13 @@ impl CacheLayerBuilder {
                 "cache name {name:?} is not a token"
             )));
         }
+        let budget = MemoryBudget::of(self.engine.capacity_bytes);
+        let mut engine = self.engine;
+        engine.capacity_bytes = budget.l1;
         let state = Arc::new(LayerState {
-            vary: VaryIndex::new(1_000_000),
-            retained: RetainedStore::new(self.engine.capacity_bytes),
-            engine: Arc::new(Shared::new(self.engine)?),
+            vary: VaryIndex::new(budget.vary / VARY_URL_BYTES),
+            retained: RetainedStore::new(budget.retained),
+            engine: Arc::new(Shared::new(engine)?),
             http: self.http,
         });
         if let Some(remote) = &state.engine.remote {

@@ -85,6 +85,21 @@ impl<S> CacheService<S> {
     pub(crate) fn new(inner: S, state: Arc<LayerState>) -> Self {
         Self { inner, state }
     }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service; the cache it used lives on in the layer.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 /// Where a request's entry lives.
@@ -116,16 +131,18 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // At the one exit every answer passes, whatever path made it.
+        let strip = self.state.http.strip_surrogate_key;
         let hide = !self.state.http.show_cache_status;
-        self.dispatch(req).hiding_cache_status(hide)
+        self.route(req)
+            .strip_surrogate_key(strip)
+            .hiding_cache_status(hide)
     }
 }
 
 impl<S> CacheService<S> {
-    fn dispatch<ReqB, ResB>(
-        &mut self,
-        req: Request<ReqB>,
-    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    /// `call` but for the final header touch.
+    fn route<ReqB, ResB>(&mut self, req: Request<ReqB>) -> ResponseFuture<S::Future, ResB, S::Error>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -224,7 +241,8 @@ impl<S> CacheService<S> {
                     Probe::Fresh(v) | Probe::Stale(v) if v.value.vary_matches(req.headers()) => {
                         let age = v.value.current_age(v.age());
                         let fresh = v.fresh_by_meta()
-                            && policy::usability(&rd, v.value.rules, age) == Usable::Fresh;
+                            && policy::usability(&rd, v.value.rules, age, state.http.rules.grace)
+                                == Usable::Fresh;
                         if fresh {
                             state.engine.counters.record(Source::Hit);
                             let view = View::of(&req, head);
@@ -281,16 +299,31 @@ impl<S> CacheService<S> {
             );
             return boxed(Box::pin(fut));
         };
-        let age = entry.value.current_age(entry.age());
+        let stored_age = entry.age();
+        let age = entry.value.current_age(stored_age);
         let view = View::of(&req, head);
-        match policy::usability(&rd, entry.value.rules, age) {
+        match policy::usability(&rd, entry.value.rules, age, state.http.rules.grace) {
             // The engine's own clock may end freshness earlier (an L1 bound
             // in front of a shared store): then ask the flight.
             Usable::Fresh if engine_fresh => {
                 state.engine.counters.record(Source::Hit);
+                // Refresh-ahead: the one hit that finds this copy in the last
+                // part of its freshness starts the background refresh.
+                if entry.claim_refresh(stored_age) {
+                    let stale = Some(entry.value.clone());
+                    let refresh = OriginCall::new(
+                        inner,
+                        refresh_request(&req),
+                        Arc::clone(state),
+                        None,
+                        target,
+                        stale,
+                    );
+                    state.engine.refresh_ahead(target.key, &entry, refresh);
+                }
                 ResponseFuture::ready(state.respond(&entry, &view, Served::Hit))
             }
-            Usable::StaleWhileRevalidate => {
+            usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
                 state.engine.counters.record(Source::Stale);
                 let refresh = OriginCall::new(
                     inner,
@@ -301,7 +334,7 @@ impl<S> CacheService<S> {
                     Some(entry.value.clone()),
                 );
                 state.engine.refresh_in_background(target.key, refresh);
-                let served = Served::Stale("stale");
+                let served = Served::Stale(stale_detail(usable));
                 ResponseFuture::ready(state.respond(&entry, &view, served))
             }
             Usable::StaleAccepted => {
@@ -477,11 +510,12 @@ where
             // goes to the origin itself. The leader's own answer is for it,
             // and so is a refresh to a request that refused the stored one
             // (a refresh's answer is never the entry it refused).
+            let grace = state.http.rules.grace;
             let refused = !reload
                 && state.http.reload != ReloadMode::Ignore
                 && source != Source::Miss
                 && is_stored(&entry)
-                && !acceptable(&request_headers, &entry);
+                && !acceptable(&request_headers, &entry, grace);
             if refused {
                 let call = own_call(compute, spare);
                 return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
@@ -494,7 +528,12 @@ where
             counters.record(source);
             let served = match source {
                 Source::Hit => Served::Hit,
-                Source::Stale => Served::Stale("stale"),
+                Source::Stale => Served::Stale(stale_detail(policy::usability(
+                    &policy::RequestDirectives::default(),
+                    entry.value.rules,
+                    entry.value.current_age(entry.age()),
+                    grace,
+                ))),
                 Source::Coalesced => Served::Forwarded {
                     fwd,
                     collapsed: true,
@@ -696,6 +735,15 @@ fn spare_call<S: Clone, B: Default>(inner: &S, req: &Request<B>) -> Option<(S, R
     Some((inner.clone(), refresh_request(req)))
 }
 
+/// `Cache-Status` detail of a stale answer: the origin's
+/// stale-while-revalidate, or the operator's grace.
+fn stale_detail(usable: Usable) -> &'static str {
+    match usable {
+        Usable::Grace => "grace",
+        _ => "stale",
+    }
+}
+
 /// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a
 /// Content-Length other than 0).
 fn has_body(headers: &HeaderMap) -> bool {
@@ -707,15 +755,19 @@ fn has_body(headers: &HeaderMap) -> bool {
 }
 
 /// Whether a request with these headers accepts `entry` served as it is now.
-fn acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
+fn acceptable(
+    request_headers: &HeaderMap,
+    entry: &Stored<CachedResponse>,
+    grace: Duration,
+) -> bool {
     let RequestVerdict::Cacheable(rd) = policy::classify_request(&Method::GET, request_headers)
     else {
         return false;
     };
     let age = entry.value.current_age(entry.age());
     matches!(
-        policy::usability(&rd, entry.value.rules, age),
-        Usable::StaleWhileRevalidate | Usable::StaleAccepted | Usable::Fresh
+        policy::usability(&rd, entry.value.rules, age, grace),
+        Usable::StaleWhileRevalidate | Usable::Grace | Usable::StaleAccepted | Usable::Fresh
     )
 }
 
