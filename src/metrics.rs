@@ -49,6 +49,7 @@ pub(crate) mod names {
     pub(crate) const NOT_STORED: &str = "herdguard_not_stored_total";
     pub(crate) const REDIS_ERRORS: &str = "herdguard_redis_errors_total";
     pub(crate) const REDIS_AVAILABLE: &str = "herdguard_redis_available";
+    pub(crate) const CORRUPT_ENTRIES: &str = "herdguard_corrupt_entries_total";
 }
 
 /// The label every metric of a layer carries: its `cache_name`.
@@ -94,6 +95,10 @@ pub fn describe_metrics() {
     describe_counter!(
         names::FENCED_REJECTED,
         "Writes refused by the fence: a newer write had already landed."
+    );
+    describe_counter!(
+        names::CORRUPT_ENTRIES,
+        "Entries in Redis that failed their checksum or did not decode: each is a miss and is overwritten."
     );
     describe_histogram!(
         names::LEASE_REMAINING,
