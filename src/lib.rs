@@ -318,8 +318,13 @@
 //! `herdguard_fenced_writes_rejected_total`, `herdguard_corrupt_entries_total`,
 //! `herdguard_redis_errors_total{op, class}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
 //! `herdguard_lease_remaining_at_release_seconds`,
-//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`); install any
-//! recorder (the `metrics` example serves Prometheus). Each request the layer
+//! `herdguard_not_stored_total{reason}`,
+//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`), each
+//! labelled `cache` with the layer's
+//! [`cache_name`](CacheLayerBuilder::cache_name); install any
+//! recorder (the `metrics` example serves Prometheus).
+//! [`cache_status_header(false)`](CacheLayerBuilder::cache_status_header)
+//! logs `Cache-Status` instead of sending it. Each request the layer
 //! handles has a `herdguard` span (debug level) with `key`, `outcome`,
 //! `lease` (token prefix), `fence` and `wait_ms`; the leader's spawned task
 //! carries its request's span. The `herdguard` binary (feature `cli`)

@@ -129,6 +129,9 @@ pub struct RedisOptions {
     pub(crate) breaker_min_backoff: Duration,
     pub(crate) breaker_max_backoff: Duration,
     pub(crate) fence_retention: Duration,
+    /// The `cache` label of this store's metrics: the layer's name, or none
+    /// for a store outside a layer.
+    pub(crate) metrics_name: Option<String>,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -201,7 +204,14 @@ impl RedisOptions {
             breaker_min_backoff: Duration::from_millis(250),
             breaker_max_backoff: Duration::from_secs(5),
             fence_retention: Duration::from_secs(24 * 3600),
+            metrics_name: None,
         }
+    }
+
+    /// Label this store's metrics with the layer's name.
+    pub(crate) fn metrics_name(mut self, name: &str) -> Self {
+        self.metrics_name = Some(name.to_owned());
+        self
     }
 
     /// Prefix of every key (default `herdguard`): letters, digits, `_ - . :`.
@@ -714,7 +724,7 @@ impl RedisStore {
         entry_prefix.push(VERSION);
         Ok(Self {
             link,
-            breaker: Breaker::new(options.breaker_min_backoff, options.breaker_max_backoff),
+            breaker: Breaker::new(&options),
             fills,
             fill_source: Mutex::new(Some((fill_source, changes))),
             entry_prefix,
@@ -1018,7 +1028,7 @@ impl RedisStore {
                     // still reads, says nothing about Redis being down: no
                     // breaker trip, and the caller serves from memory.
                     ErrorClass::Oom | ErrorClass::Foreign | ErrorClass::Other => {
-                        record_error(op, class);
+                        self.record_error(op, class);
                         self.warn_throttled(op, class, &describe(&e));
                     }
                 }
@@ -1031,8 +1041,12 @@ impl RedisStore {
         }
     }
 
+    fn record_error(&self, op: &'static str, class: ErrorClass) {
+        crate::metrics::redis_error(self.breaker.cache.as_deref(), op, class.label());
+    }
+
     fn failure(&self, op: &'static str, class: ErrorClass, why: &str) {
-        record_error(op, class);
+        self.record_error(op, class);
         if self.breaker.failure() {
             tracing::warn!(
                 op,
@@ -1276,11 +1290,6 @@ pub(crate) fn describe(e: &redis::RedisError) -> String {
     }
 }
 
-fn record_error(op: &'static str, class: ErrorClass) {
-    metrics::counter!("herdguard_redis_errors_total", "op" => op, "class" => class.label())
-        .increment(1);
-}
-
 fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
     let items = match reply {
         RedisValue::Array(items) => items,
@@ -1338,6 +1347,8 @@ struct Breaker {
     state: Mutex<BreakerState>,
     min_backoff: Duration,
     max_backoff: Duration,
+    /// The `cache` label of the availability gauge and error counter.
+    cache: Option<String>,
 }
 
 #[derive(Debug)]
@@ -1347,16 +1358,18 @@ struct BreakerState {
 }
 
 impl Breaker {
-    fn new(min_backoff: Duration, max_backoff: Duration) -> Self {
-        metrics::gauge!("herdguard_redis_available").set(1.0);
+    fn new(options: &RedisOptions) -> Self {
+        let cache = options.metrics_name.clone();
+        crate::metrics::redis_available(cache.as_deref(), true);
         Self {
             closed: AtomicBool::new(true),
             state: Mutex::new(BreakerState {
                 open_until: Instant::now(),
                 backoff: Duration::ZERO,
             }),
-            min_backoff,
-            max_backoff,
+            min_backoff: options.breaker_min_backoff,
+            max_backoff: options.breaker_max_backoff,
+            cache,
         }
     }
 
@@ -1397,7 +1410,7 @@ impl Breaker {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.backoff = Duration::ZERO;
         self.closed.store(true, Ordering::Release);
-        metrics::gauge!("herdguard_redis_available").set(1.0);
+        crate::metrics::redis_available(self.cache.as_deref(), true);
         tracing::info!("redis answers again; using it");
     }
 
@@ -1411,7 +1424,7 @@ impl Breaker {
             (s.backoff * 2).min(self.max_backoff)
         };
         s.open_until = Instant::now() + s.backoff;
-        metrics::gauge!("herdguard_redis_available").set(0.0);
+        crate::metrics::redis_available(self.cache.as_deref(), false);
         was_closed
     }
 }
