@@ -311,6 +311,41 @@
 //! fencing is an efficiency lock, not a correctness guarantee. The layer can
 //! use Redlock as its lease backend ([`CacheLayerBuilder::redlock`]).
 //!
+//! ```rust,no_run
+//! use std::time::Duration;
+//! use herdguard::{FencedStore, RedisOptions, Redlock};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let lock = Redlock::builder([
+//!     "redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3",
+//!     "redis://10.0.0.4", "redis://10.0.0.5",
+//! ])
+//! .ttl(Duration::from_secs(10))
+//! .build()?;
+//! // The fence lives with the data it protects, not on the lock nodes.
+//! let store = FencedStore::new(RedisOptions::new("redis://10.0.0.9"))?;
+//! let done = lock
+//!     .run(&store, "flush:orders", |work| async move {
+//!         // Do the work before work.deadline(); stamp work.fence() on every
+//!         // write to the protected resource, which must refuse older fences.
+//!         Ok::<_, std::io::Error>(bytes::Bytes::from("flushed"))
+//!     })
+//!     .await?;
+//! assert!(done.accepted);
+//! # Ok(()) }
+//! ```
+//!
+//! - Acquisition asks every node in parallel with a per-node timeout far
+//!   below the TTL (TTL/100, clamped to 5–50 ms), needs N/2+1 votes, and
+//!   computes the validity as TTL − elapsed − (TTL × 0.01 + 2 ms). A failed
+//!   or late attempt releases everywhere, then retries after a random delay.
+//! - The deadline is the end of validity: work past it is abandoned (`run`
+//!   drops it and writes nothing). A watchdog extends the lease on a quorum
+//!   every TTL/3 and moves the deadline.
+//! - A paused holder, clock drift or a failover that loses the lock can all
+//!   produce two holders; the fence token from the resource's own counter is
+//!   what keeps the older one from overwriting a newer write.
+//!
 //! ## Observability
 //!
 //! Metrics go through the `metrics` facade (`herdguard_requests_total
