@@ -311,15 +311,55 @@
 //! fencing is an efficiency lock, not a correctness guarantee. The layer can
 //! use Redlock as its lease backend ([`CacheLayerBuilder::redlock`]).
 //!
+//! ```rust,no_run
+//! use std::time::Duration;
+//! use herdguard::{FencedStore, RedisOptions, Redlock};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let lock = Redlock::builder([
+//!     "redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3",
+//!     "redis://10.0.0.4", "redis://10.0.0.5",
+//! ])
+//! .ttl(Duration::from_secs(10))
+//! .build()?;
+//! // The fence lives with the data it protects, not on the lock nodes.
+//! let store = FencedStore::new(RedisOptions::new("redis://10.0.0.9"))?;
+//! let done = lock
+//!     .run(&store, "flush:orders", |work| async move {
+//!         // Do the work before work.deadline(); stamp work.fence() on every
+//!         // write to the protected resource, which must refuse older fences.
+//!         Ok::<_, std::io::Error>(bytes::Bytes::from("flushed"))
+//!     })
+//!     .await?;
+//! assert!(done.accepted);
+//! # Ok(()) }
+//! ```
+//!
+//! - Acquisition asks every node in parallel with a per-node timeout far
+//!   below the TTL (TTL/100, clamped to 5–50 ms), needs N/2+1 votes, and
+//!   computes the validity as TTL − elapsed − (TTL × 0.01 + 2 ms). A failed
+//!   or late attempt releases everywhere, then retries after a random delay.
+//! - The deadline is the end of validity: work past it is abandoned (`run`
+//!   drops it and writes nothing). A watchdog extends the lease on a quorum
+//!   every TTL/3 and moves the deadline.
+//! - A paused holder, clock drift or a failover that loses the lock can all
+//!   produce two holders; the fence token from the resource's own counter is
+//!   what keeps the older one from overwriting a newer write.
+//!
 //! ## Observability
 //!
 //! Metrics go through the `metrics` facade (`herdguard_requests_total
 //! {outcome}`, `herdguard_origin_calls_total`, `herdguard_wait_seconds`,
 //! `herdguard_fenced_writes_rejected_total`, `herdguard_corrupt_entries_total`,
-//! `herdguard_redis_errors_total{op}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
+//! `herdguard_redis_errors_total{op, class}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
 //! `herdguard_lease_remaining_at_release_seconds`,
-//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`); install any
-//! recorder (the `metrics` example serves Prometheus). Each request the layer
+//! `herdguard_not_stored_total{reason}`,
+//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`), each
+//! labelled `cache` with the layer's
+//! [`cache_name`](CacheLayerBuilder::cache_name); install any
+//! recorder (the `metrics` example serves Prometheus).
+//! [`cache_status_header(false)`](CacheLayerBuilder::cache_status_header)
+//! logs `Cache-Status` instead of sending it. Each request the layer
 //! handles has a `herdguard` span (debug level) with `key`, `outcome`,
 //! `lease` (token prefix), `fence` and `wait_ms`; the leader's spawned task
 //! carries its request's span. The `herdguard` binary (feature `cli`)
