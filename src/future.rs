@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use futures_util::future::BoxFuture;
-use http::{HeaderValue, Response};
+use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
 
 use crate::body::CacheBody;
@@ -18,6 +18,8 @@ pin_project! {
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         kind: Kind<F, B, E>,
+        // A header meant for this cache alone, removed on the way out.
+        strip: Option<HeaderName>,
     }
 }
 
@@ -54,6 +56,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             kind: Kind::Ready {
                 response: Some(response),
             },
+            strip: None,
         }
     }
 
@@ -68,13 +71,23 @@ impl<F, B, E> ResponseFuture<F, B, E> {
                 cache_status: Some(cache_status),
                 invalidate,
             },
+            strip: None,
         }
     }
 
     pub(crate) fn boxed(fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>) -> Self {
         Self {
             kind: Kind::Boxed { fut },
+            strip: None,
         }
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    /// Remove `name` from the response headers before it is returned.
+    pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
+        self.strip = name;
+        self
     }
 }
 
@@ -85,28 +98,43 @@ where
     type Output = Result<Response<CacheBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Ready { response } => match response.take() {
-                Some(r) => Poll::Ready(Ok(r)),
-                // Polled after completion: a contract violation by the caller.
-                None => Poll::Pending,
-            },
-            KindProj::Bypass {
-                fut,
-                cache_status,
-                invalidate,
-            } => {
-                let response = ready!(fut.poll(cx))?;
-                let (mut parts, body) = response.into_parts();
-                if let Some(v) = cache_status.take() {
-                    parts.headers.insert(CACHE_STATUS, v);
-                }
-                if let Some(invalidation) = invalidate.take() {
-                    invalidation.apply(parts.status, &parts.headers);
-                }
-                Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
-            }
-            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
+        let this = self.project();
+        let mut out = ready!(poll_kind(this.kind, cx));
+        if let (Some(name), Ok(response)) = (this.strip.as_ref(), out.as_mut()) {
+            response.headers_mut().remove(name);
         }
+        Poll::Ready(out)
+    }
+}
+
+fn poll_kind<F, B, E>(
+    kind: Pin<&mut Kind<F, B, E>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<CacheBody<B>>, E>>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    match kind.project() {
+        KindProj::Ready { response } => match response.take() {
+            Some(r) => Poll::Ready(Ok(r)),
+            // Polled after completion: a contract violation by the caller.
+            None => Poll::Pending,
+        },
+        KindProj::Bypass {
+            fut,
+            cache_status,
+            invalidate,
+        } => {
+            let response = ready!(fut.poll(cx))?;
+            let (mut parts, body) = response.into_parts();
+            if let Some(v) = cache_status.take() {
+                parts.headers.insert(CACHE_STATUS, v);
+            }
+            if let Some(invalidation) = invalidate.take() {
+                invalidation.apply(parts.status, &parts.headers);
+            }
+            Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
+        }
+        KindProj::Boxed { fut } => fut.as_mut().poll(cx),
     }
 }

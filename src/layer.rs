@@ -30,6 +30,8 @@ pub(crate) struct HttpConfig {
     /// Hand responses that may not be stored to every request waiting on
     /// the same key (opt-in: only for origins that answer everyone alike).
     pub(crate) share_uncacheable: bool,
+    /// Remove the user's own targeted field from every response sent on.
+    pub(crate) strip_own_cache_control: bool,
 }
 
 impl Default for HttpConfig {
@@ -41,6 +43,7 @@ impl Default for HttpConfig {
             key_headers: Vec::new(),
             keep: Duration::from_secs(600),
             share_uncacheable: false,
+            strip_own_cache_control: true,
         }
     }
 }
@@ -97,6 +100,16 @@ impl CacheLayer {
     /// keys is its hex form).
     pub fn key_for<B>(&self, request: &http::Request<B>) -> CacheKey {
         self.state.target_for(request).key
+    }
+}
+
+impl LayerState {
+    /// The response header to remove before a response leaves the layer.
+    pub(crate) fn stripped_header(&self) -> Option<HeaderName> {
+        if !self.http.strip_own_cache_control {
+            return None;
+        }
+        self.http.rules.own_cache_control.clone()
     }
 }
 
@@ -177,6 +190,29 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn share_uncacheable_with_waiters(mut self, share: bool) -> Self {
         self.http.share_uncacheable = share;
+        self
+    }
+
+    /// A response header of your own (for example `herdguard-cache-control`)
+    /// that this cache obeys above `CDN-Cache-Control` and `Cache-Control`
+    /// (an RFC 9213 targeted field: a Structured Fields Dictionary of cache
+    /// directives). Off by default; `CDN-Cache-Control` is always obeyed.
+    /// It is removed from responses unless
+    /// [`strip_cache_control_header`](Self::strip_cache_control_header)
+    /// says otherwise.
+    #[must_use]
+    pub fn cache_control_header(mut self, name: HeaderName) -> Self {
+        self.http.rules.own_cache_control = Some(name);
+        self
+    }
+
+    /// Whether the [`cache_control_header`](Self::cache_control_header) is
+    /// removed from every response this layer sends on (default `true`: it
+    /// is meant for this cache alone). `CDN-Cache-Control` is always passed
+    /// on, for caches further down.
+    #[must_use]
+    pub fn strip_cache_control_header(mut self, strip: bool) -> Self {
+        self.http.strip_own_cache_control = strip;
         self
     }
 

@@ -256,6 +256,7 @@ mod purge;
 mod retain;
 mod service;
 mod store;
+mod targeted;
 mod vary;
 
 pub use body::CacheBody;

@@ -114,6 +114,24 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let strip = self.state.stripped_header();
+        self.respond_to(req).stripping(strip)
+    }
+}
+
+impl<S> CacheService<S> {
+    fn respond_to<ReqB, ResB>(
+        &mut self,
+        req: Request<ReqB>,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqB: Default + Send + 'static,
+        ResB: Body<Data = Bytes> + Send + 'static,
+        ResB::Error: Into<BoxError>,
+    {
         // The instance that was polled ready is the one we may call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -849,7 +867,7 @@ where
         // Credentials vary the answer unless the origin says it is the same
         // for everyone (`public`, `s-maxage`): key it by their digest then.
         if had_authorization
-            && !policy::shared_across_credentials(&parts.headers)
+            && !policy::shared_across_credentials(&state.http.rules, &parts.headers)
             && !names.contains(&header::AUTHORIZATION)
         {
             names.push(header::AUTHORIZATION);
