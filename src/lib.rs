@@ -254,6 +254,7 @@ mod metrics;
 mod policy;
 mod purge;
 mod retain;
+mod route;
 mod service;
 mod store;
 mod targeted;
@@ -270,6 +271,7 @@ pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
 pub use metrics::{describe_metrics, Source, Stats};
+pub use route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;
 
