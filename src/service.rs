@@ -764,6 +764,7 @@ where
             template.headers.remove(name);
         }
         strip_framing(&mut template.headers);
+        crate::vary::normalise_fill_request(&mut template.headers);
         let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
         let request_headers = template.headers.clone();
 

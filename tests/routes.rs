@@ -386,3 +386,27 @@ async fn route_layers_share_the_redis_client() {
     // redis-cli itself is one of the clients in both counts.
     assert_eq!(clients(), before);
 }
+
+/// Browsers' Accept-Encoding strings share one variant per bucket, and the origin is asked with the bucket.
+#[tokio::test(start_paused = true)]
+async fn accept_encoding_variants_are_bucketed() {
+    let origin = Origin::default();
+    let app = origin.route("/{id}", CacheLayer::new());
+    let uri = "/1?cc=max-age%3D60&vary=accept-encoding";
+    let chrome = send(&app, uri, &[("accept-encoding", "gzip, deflate, br, zstd")]).await;
+    assert!(chrome.2.contains("ae=br"), "{}", chrome.2);
+    let firefox = send(&app, uri, &[("accept-encoding", "gzip, deflate, br")]).await;
+    let safari = send(&app, uri, &[("accept-encoding", "br, gzip, deflate")]).await;
+    assert_eq!(
+        (firefox.2.as_str(), safari.2.as_str()),
+        (chrome.2.as_str(), chrome.2.as_str())
+    );
+    assert_eq!(origin.calls(), 1);
+    let curl = send(&app, uri, &[("accept-encoding", "gzip")]).await;
+    assert!(curl.2.contains("ae=gzip"), "{}", curl.2);
+    let refuses_br = send(&app, uri, &[("accept-encoding", "br;q=0, gzip, deflate")]).await;
+    assert_eq!(refuses_br.2, curl.2);
+    let plain = send(&app, uri, &[]).await;
+    assert!(plain.2.contains("ae=-"), "{}", plain.2);
+    assert_eq!(origin.calls(), 3);
+}
