@@ -329,6 +329,8 @@ mod tests {
         assert_eq!(ae("GZIP"), "gzip");
         assert_eq!(ae("x-gzip"), "gzip");
         assert_eq!(ae("br;q=0, gzip"), "gzip");
+        assert_eq!(ae("br;q=0"), "identity");
+        assert_eq!(ae("gzip;q=0, *;q=0"), "identity");
         assert_eq!(ae("br;q=0.2, gzip;q=0.9"), "gzip");
         assert_eq!(ae("*"), "br");
         assert_eq!(ae("*, br;q=0"), "gzip");
