@@ -6,7 +6,12 @@
 //! cargo bench --bench soak                       # 60 s, against a redis-server it starts
 //! cargo bench --bench soak -- --seconds 10       # shorter
 //! cargo bench --bench soak -- --redis none       # in-memory only
+//! cargo bench --bench soak -- --large            # memory bound: distinct 200 KB entries
 //! ```
+//! `--large`: one in-memory instance with `--capacity-mib` (32) fed distinct
+//! 200 KB entries (max-age=60, so nothing expires) for `--seconds` (10),
+//! far more bytes than the capacity; exits 1 when RSS at the end exceeds
+//! 1.25 × capacity + 64 MiB, the bound the crate documents.
 //! Defaults: 64 connections over P=4 instances, 10,000 keys, max-age=1,
 //! origin 5 ms. Per-key windows are counted per instance in memory (each
 //! instance has its own cache, so each may fill a key once per window) and
@@ -30,7 +35,8 @@ use common::redis::{with_redis, RedisTarget, L1};
 use common::{ms, rss_bytes};
 
 const USAGE: &str = "cargo bench --bench soak -- [--seconds 60] [--connections 64] \
-[--keys 10000] [--instances 4] [--origin-delay-ms 5] [--redis spawn|URL|none]";
+[--keys 10000] [--instances 4] [--origin-delay-ms 5] [--redis spawn|URL|none] \
+[--large [--capacity-mib 32] [--body-bytes 200000]]";
 
 const MAX_AGE: Duration = Duration::from_secs(1);
 /// Scheduling slack: a refill a hair under one max-age after the last one
@@ -54,9 +60,16 @@ async fn main() {
             "instances",
             "origin-delay-ms",
             "redis",
+            "large",
+            "capacity-mib",
+            "body-bytes",
         ],
         USAGE,
     );
+    if args.switch("large") {
+        large(&args).await;
+        return;
+    }
     let seconds = args.get("seconds", 60.0f64).clamp(1.0, 3600.0);
     let connections = args.get("connections", 64usize).clamp(1, 1024);
     let keys = args.get("keys", 10_000u32).clamp(1, 1_000_000);
@@ -219,6 +232,117 @@ async fn main() {
         }
     );
     if errors > 0 || max_in_window > 1 || !rss_flat {
+        std::process::exit(1);
+    }
+}
+
+/// Distinct large entries through one in-memory instance with a small
+/// capacity: RSS against the documented bound.
+async fn large(args: &Args) {
+    let seconds = args.get("seconds", 10.0f64).clamp(1.0, 600.0);
+    let capacity = args.get("capacity-mib", 32u64).clamp(1, 4096) * 1048576;
+    let body = args.get("body-bytes", 200_000usize).clamp(1, 8 << 20);
+    let connections = args.get("connections", 16usize).clamp(1, 1024);
+    // Uniform over 100,000 keys: nearly every request is a new entry.
+    let keys = 100_000u32;
+    let origin = Arc::new(
+        Origin::tracking_keys(
+            Duration::ZERO,
+            "max-age=60",
+            body,
+            1,
+            keys,
+            Duration::from_secs(60),
+            Scope::Instance,
+        )
+        .copying_bodies(),
+    );
+    let layer = match CacheLayer::builder().capacity_bytes(capacity).build() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("layer: {e}");
+            std::process::exit(2);
+        }
+    };
+    let server = match spawn_instance(&origin, 0, Some(layer.clone())).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bind: {e}");
+            std::process::exit(2);
+        }
+    };
+    let bound = capacity + capacity / 4 + 64 * 1048576;
+    println!(
+        "soak --large: {seconds} s, {connections} connections, one in-memory instance, \
+         capacity {}, distinct {} KB entries, bound 1.25 x capacity + 64 MiB = {}",
+        mib(Some(capacity)),
+        body / 1000,
+        mib(Some(bound))
+    );
+    let load = Load {
+        addrs: vec![server.addr],
+        connections,
+        duration: Duration::from_secs_f64(seconds),
+        max_requests: 5_000_000,
+        paths: Paths::Keys {
+            prefix: "/k/".to_owned(),
+            keys,
+        },
+        request_timeout: Duration::from_secs(10),
+    };
+    let rss_start = rss_bytes();
+    let run = tokio::spawn(async move { closed_loop(&load).await });
+    let started = Instant::now();
+    let mut rss_max = rss_start.unwrap_or(0);
+    println!(
+        "{:>7} {:>12} {:>12} {:>14}",
+        "t (s)", "rss", "origin calls", "layer bytes"
+    );
+    while !run.is_finished() {
+        tokio::time::sleep(Duration::from_secs_f64(seconds / 10.0)).await;
+        let rss = rss_bytes();
+        rss_max = rss_max.max(rss.unwrap_or(0));
+        println!(
+            "{:>7.1} {:>12} {:>12} {:>14}",
+            started.elapsed().as_secs_f64(),
+            mib(rss),
+            origin.calls(),
+            mib(Some(layer.memory_bytes()))
+        );
+    }
+    let report = match run.await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("load task failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let rss_end = rss_bytes().unwrap_or(0);
+    rss_max = rss_max.max(rss_end);
+    let fed = origin.calls() * body as u64;
+    let ok = rss_max <= bound && report.errors == 0;
+    println!(
+        "\nrequests        {} ({:.0}/s), errors {}",
+        report.ok + report.errors,
+        report.rps(),
+        report.errors
+    );
+    println!(
+        "fed             {} through a capacity of {}; layer holds {} ({} entries)",
+        mib(Some(fed)),
+        mib(Some(capacity)),
+        mib(Some(layer.memory_bytes())),
+        layer.entry_count()
+    );
+    println!(
+        "rss             start {}, max {}, end {}; bound {}  {}",
+        mib(rss_start),
+        mib(Some(rss_max)),
+        mib(Some(rss_end)),
+        mib(Some(bound)),
+        if ok { "ok" } else { "FAIL" }
+    );
+    if !ok {
         std::process::exit(1);
     }
 }

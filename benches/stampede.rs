@@ -5,7 +5,11 @@
 //! cargo bench --bench stampede
 //! cargo bench --bench stampede -- --instances 4 --requests 1000 --origin-delay-ms 100 \
 //!     --clients 64 --seconds 5
+//! cargo bench --bench stampede -- --only reload
 //! ```
+//! The reload row primes a hot key on every instance, then sends N
+//! concurrent `Cache-Control: max-age=0` requests (a browser reload): they
+//! share one refresh per key (per cluster with Redis).
 //! Each instance has its own `CacheLayer`, as separate processes would; the
 //! Redis row shares one redis-server among them: by default one the bench
 //! starts on a free loopback port (`--redis URL` to use a running one,
@@ -39,7 +43,10 @@ use common::{ms, quantile};
 
 const USAGE: &str = "cargo bench --bench stampede -- [--instances P=4] [--requests N=1000] \
 [--origin-delay-ms 100] [--slow-origin-ms 3000] [--clients C=64] [--seconds T=5] \
-[--body-bytes 512] [--only cold,expired,slow,steady] [--budget-seconds 110] [--redis spawn|URL|none]";
+[--body-bytes 512] [--only cold,expired,grace,slow,steady,reload] [--budget-seconds 110] [--redis spawn|URL|none]";
+
+/// The operator grace of the `grace` scenario (as `reverse_proxy --grace 60s`).
+const GRACE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 struct Config {
@@ -62,6 +69,9 @@ enum Row {
     NoCache,
     Memory,
     Redis,
+    /// Steady load with refresh-ahead turned off: what expiry costs without it.
+    MemoryNoAhead,
+    RedisNoAhead,
 }
 
 impl Row {
@@ -71,6 +81,8 @@ impl Row {
             Row::NoCache => "no cache",
             Row::Memory => "herdguard in-memory",
             Row::Redis => "herdguard + Redis",
+            Row::MemoryNoAhead => "in-memory, no ahead",
+            Row::RedisNoAhead => "+ Redis, no ahead",
         }
     }
 }
@@ -79,24 +91,30 @@ impl Row {
 enum Scenario {
     Cold,
     Expired,
+    Grace,
     Slow,
     Steady,
+    Reload,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 4] = [
+    const ALL: [Scenario; 6] = [
         Scenario::Cold,
         Scenario::Expired,
+        Scenario::Grace,
         Scenario::Slow,
         Scenario::Steady,
+        Scenario::Reload,
     ];
 
     fn id(self) -> &'static str {
         match self {
             Scenario::Cold => "cold",
             Scenario::Expired => "expired",
+            Scenario::Grace => "grace",
             Scenario::Slow => "slow",
             Scenario::Steady => "steady",
+            Scenario::Reload => "reload",
         }
     }
 
@@ -112,6 +130,11 @@ impl Scenario {
                 "expired-key burst with a stale copy: N={}, max-age=1, stale-while-revalidate=30",
                 cfg.requests
             ),
+            Scenario::Grace => format!(
+                "expired-key burst with grace {} s on: N={}, max-age=1, no stale-while-revalidate",
+                GRACE.as_secs(),
+                cfg.requests
+            ),
             Scenario::Slow => format!(
                 "origin slower than the lease: N={}, origin {} ms, lease 1 s (Redis row)",
                 cfg.requests,
@@ -122,14 +145,20 @@ impl Scenario {
                 cfg.clients,
                 cfg.seconds.as_secs_f64()
             ),
+            Scenario::Reload => format!(
+                "reload burst: N={} concurrent max-age=0 requests on a hot key over P={}, origin {} ms",
+                cfg.requests,
+                cfg.instances,
+                cfg.delay.as_millis()
+            ),
         }
     }
 
     fn cache_control(self) -> &'static str {
         match self {
-            Scenario::Cold | Scenario::Slow => "max-age=60",
+            Scenario::Cold | Scenario::Slow | Scenario::Reload => "max-age=60",
             Scenario::Expired => "max-age=1, stale-while-revalidate=30",
-            Scenario::Steady => "max-age=1",
+            Scenario::Grace | Scenario::Steady => "max-age=1",
         }
     }
 }
@@ -144,6 +173,8 @@ struct Sample {
     class: Class,
     /// When the server-side stack had the response ready (`x-bench-ready-us`).
     ready: Option<Instant>,
+    /// Served at an `Age` of at least its max-age (1 s in these scenarios).
+    past_max_age: bool,
 }
 
 /// One line of the table.
@@ -161,6 +192,8 @@ struct Line {
     server_release_p99: Option<Duration>,
     redis_per_request: Option<f64>,
     errors: usize,
+    /// Responses served at an age past their max-age.
+    past_max_age: usize,
     note: String,
 }
 
@@ -178,6 +211,7 @@ impl Cluster {
 }
 
 async fn cluster(
+    scenario: Scenario,
     row: Row,
     cfg: &Config,
     delay: Duration,
@@ -188,12 +222,19 @@ async fn cluster(
     let origin = Arc::new(Origin::new(delay, cache_control, cfg.body_bytes));
     let mut instances = Vec::with_capacity(cfg.instances);
     for i in 0..cfg.instances {
+        let mut builder = CacheLayer::builder();
+        if scenario == Scenario::Grace {
+            builder = builder.grace(GRACE);
+        }
+        if matches!(row, Row::MemoryNoAhead | Row::RedisNoAhead) {
+            builder = builder.refresh_ahead(0.0);
+        }
         let layer = match row {
             Row::Floor | Row::NoCache => None,
-            Row::Memory => Some(CacheLayer::new()),
-            Row::Redis => {
+            Row::Memory | Row::MemoryNoAhead => Some(builder.build().map_err(|e| e.to_string())?),
+            Row::Redis | Row::RedisNoAhead => {
                 let target = redis.ok_or_else(|| "skipped: --redis none".to_owned())?;
-                let builder = with_redis(CacheLayer::builder(), &target.url, L1::Default, lease)?;
+                let builder = with_redis(builder, &target.url, L1::Default, lease)?;
                 Some(builder.build().map_err(|e| e.to_string())?)
             }
         };
@@ -202,7 +243,7 @@ async fn cluster(
             .map_err(|e| format!("bind: {e}"))?;
         instances.push(instance);
     }
-    let scope = if row == Row::Redis {
+    let scope = if matches!(row, Row::Redis | Row::RedisNoAhead) {
         Scope::Cluster
     } else {
         Scope::Instance
@@ -216,7 +257,13 @@ async fn cluster(
 
 /// `n` requests, all in flight at once: every connection is open before the
 /// first request is written.
-async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) -> Vec<Sample> {
+async fn burst(
+    addrs: &[SocketAddr],
+    n: usize,
+    path: &str,
+    headers: &'static str,
+    timeout: Duration,
+) -> Vec<Sample> {
     let barrier = Arc::new(Barrier::new(n + 1));
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
@@ -230,7 +277,9 @@ async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) ->
             barrier.wait().await;
             let start = Instant::now();
             let reply = match conn {
-                Ok(Ok(mut c)) => tokio::time::timeout(timeout, c.get(&path)).await.ok(),
+                Ok(Ok(mut c)) => tokio::time::timeout(timeout, c.get_with(&path, headers))
+                    .await
+                    .ok(),
                 _ => None,
             };
             let end = Instant::now();
@@ -242,6 +291,7 @@ async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) ->
                     ok: r.status == 200,
                     class: r.class,
                     ready: ready_instant(r.ready_us),
+                    past_max_age: r.age.is_some_and(|a| a >= 1),
                 },
                 _ => Sample {
                     instance,
@@ -250,6 +300,7 @@ async fn burst(addrs: &[SocketAddr], n: usize, path: &str, timeout: Duration) ->
                     ok: false,
                     class: Class::Uncached,
                     ready: None,
+                    past_max_age: false,
                 },
             }
         }));
@@ -297,6 +348,7 @@ async fn steady(
                                 ok: false,
                                 class: Class::Uncached,
                                 ready: None,
+                                past_max_age: false,
                             });
                             tokio::time::sleep(Duration::from_millis(10)).await;
                             continue;
@@ -305,11 +357,11 @@ async fn steady(
                 };
                 let reply = tokio::time::timeout(timeout, c.get(&path)).await;
                 let end = Instant::now();
-                let (ok, class, ready) = match reply {
-                    Ok(Ok(r)) => (r.status == 200, r.class, ready_instant(r.ready_us)),
+                let (ok, class, ready, age) = match reply {
+                    Ok(Ok(r)) => (r.status == 200, r.class, ready_instant(r.ready_us), r.age),
                     _ => {
                         conn = None;
-                        (false, Class::Uncached, None)
+                        (false, Class::Uncached, None, None)
                     }
                 };
                 samples.push(Sample {
@@ -319,6 +371,7 @@ async fn steady(
                     ok,
                     class,
                     ready,
+                    past_max_age: age.is_some_and(|a| a >= 1),
                 });
             }
             samples
@@ -382,6 +435,7 @@ fn summarize(row: Row, samples: &[Sample], fills: &[(usize, Instant)], scope: Sc
         server_release_p50: quantile(&mut server_release, 0.50),
         server_release_p99: quantile(&mut server_release, 0.99),
         errors: samples.iter().filter(|s| !s.ok).count(),
+        past_max_age: samples.iter().filter(|s| s.ok && s.past_max_age).count(),
         ..Line::default()
     }
 }
@@ -399,7 +453,17 @@ async fn run(
         _ => cfg.delay,
     };
     let lease = (scenario == Scenario::Slow).then_some(Duration::from_secs(1));
-    let cluster = match cluster(row, cfg, delay, scenario.cache_control(), redis, lease).await {
+    let cluster = match cluster(
+        scenario,
+        row,
+        cfg,
+        delay,
+        scenario.cache_control(),
+        redis,
+        lease,
+    )
+    .await
+    {
         Ok(c) => c,
         Err(note) => {
             return Line {
@@ -413,28 +477,39 @@ async fn run(
     let path = format!("/k/{}-{}-{nonce}", scenario.id(), row as u8);
     let timeout = delay + Duration::from_secs(10);
 
-    if scenario == Scenario::Expired {
+    if matches!(
+        scenario,
+        Scenario::Expired | Scenario::Grace | Scenario::Steady | Scenario::Reload
+    ) {
+        // Every instance holds the key (steady: the run measures expiry, not
+        // the cold fill; reload: the key is hot).
         for addr in &addrs {
             if let Ok(mut c) = Conn::connect(*addr).await {
                 let _ = tokio::time::timeout(timeout, c.get(&path)).await;
             }
         }
+    }
+    if matches!(scenario, Scenario::Expired | Scenario::Grace) {
         // Past max-age=1 (fresh_for is max-age minus the fill's response delay).
         tokio::time::sleep(Duration::from_millis(1200)).await;
     }
 
     let redis_before = match (row, redis) {
-        (Row::Redis, Some(r)) => r.commands().await.ok(),
+        (Row::Redis | Row::RedisNoAhead, Some(r)) => r.commands().await.ok(),
         _ => None,
     };
     let calls_before = cluster.origin.calls();
     let samples = match scenario {
-        Scenario::Cold | Scenario::Expired | Scenario::Slow => {
-            burst(&addrs, cfg.requests, &path, timeout).await
+        Scenario::Cold | Scenario::Expired | Scenario::Grace | Scenario::Slow => {
+            burst(&addrs, cfg.requests, &path, "", timeout).await
+        }
+        Scenario::Reload => {
+            let reload = "cache-control: max-age=0\r\n";
+            burst(&addrs, cfg.requests, &path, reload, timeout).await
         }
         Scenario::Steady => steady(&addrs, cfg.clients, &path, cfg.seconds, timeout).await,
     };
-    if scenario == Scenario::Expired {
+    if matches!(scenario, Scenario::Expired | Scenario::Grace) {
         // Let the background refreshes land so they are counted.
         tokio::time::sleep(delay + Duration::from_millis(100)).await;
     }
@@ -446,20 +521,29 @@ async fn run(
             line.redis_per_request = Some((after - before) as f64 / line.requests.max(1) as f64);
         }
     }
-    if row == Row::Memory {
+    if row != Row::NoCache && row != Row::Floor {
         let stats: Vec<String> = cluster
             .instances
             .iter()
             .filter_map(|i| i.layer.as_ref())
             .map(|l| {
                 let s = l.stats();
-                format!("{}h/{}s/{}m/{}c", s.hits, s.stale, s.misses, s.coalesced)
+                format!(
+                    "{}h/{}s/{}m/{}c/{}b",
+                    s.hits, s.stale, s.misses, s.coalesced, s.bypasses
+                )
             })
             .collect();
-        line.note = format!("hit/stale/miss/coalesced per instance: {}", stats.join(" "));
-        if scenario == Scenario::Slow {
+        line.note = format!(
+            "hit/stale/miss/coalesced/bypass per instance: {}",
+            stats.join(" ")
+        );
+        if scenario == Scenario::Slow && row == Row::Memory {
             line.note = format!("no lease in memory; {}", line.note);
         }
+    }
+    if scenario == Scenario::Steady {
+        line.note = format!("past max-age {}; {}", line.past_max_age, line.note);
     }
     line
 }
@@ -574,10 +658,18 @@ async fn main() {
         println!("\n== {}", scenario.title(&cfg));
         print_header();
         // The floor is the same for every burst; once is enough.
-        let rows: &[Row] = if scenario == Scenario::Cold {
-            &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis]
-        } else {
-            &[Row::NoCache, Row::Memory, Row::Redis]
+        let rows: &[Row] = match scenario {
+            Scenario::Cold => &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis],
+            // The floor shows what a burst of N costs this machine alone.
+            Scenario::Grace => &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis],
+            Scenario::Steady => &[
+                Row::NoCache,
+                Row::MemoryNoAhead,
+                Row::Memory,
+                Row::RedisNoAhead,
+                Row::Redis,
+            ],
+            _ => &[Row::NoCache, Row::Memory, Row::Redis],
         };
         for &row in rows {
             let left = cfg.budget.saturating_sub(started.elapsed());

@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example reverse_proxy -- \
 //!     --listen 127.0.0.1:8082 --upstream http://127.0.0.1:8000 \
-//!     [--purge-token SECRET] [--redis redis://127.0.0.1:6379]
+//!     [--purge-token SECRET] [--redis redis://127.0.0.1:6379] [--grace 60s]
 //!     [--redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001,...]
 //! ```
 //!
@@ -27,7 +27,8 @@
 //!   - `POST /.herdguard/purge/tag/{tag}` removes every entry whose response
 //!     carried `tag` in `Surrogate-Key` (space separated).
 //!
-//!   `Surrogate-Key` is stripped from responses to clients.
+//!   The layer strips `Surrogate-Key` from responses to clients (after
+//!   indexing the tags), as it does by default.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -209,9 +210,7 @@ async fn forward(
 
 /// The last touches on every response to a client.
 fn to_client(mut response: Response<Body>) -> Response<Body> {
-    let headers = response.headers_mut();
-    headers.remove("surrogate-key");
-    append_list(headers, "via", VIA);
+    append_list(response.headers_mut(), "via", VIA);
     response
 }
 
@@ -328,6 +327,17 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+fn duration_arg(s: &str) -> Option<Duration> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "" | "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
 fn arg_value(args: &[String], flag: &str) -> Option<String> {
     args.iter()
         .position(|a| a == flag)
@@ -351,6 +361,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let purge_token = arg_value(&args, "--purge-token");
     let mut builder = CacheLayer::builder();
+    if let Some(grace) = arg_value(&args, "--grace") {
+        // Stale-while-updating on the operator's say-so (`60s`, `500ms`, `2m`).
+        builder = builder.grace(duration_arg(&grace).ok_or("--grace takes 60s, 500ms or 2m")?);
+    }
     if let Some(redis) = arg_value(&args, "--redis") {
         // Every proxy on this Redis shares entries and the single flight.
         builder = builder.redis(herdguard::RedisOptions::new(redis).namespace("proxy"));

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::entry::{decode_entry, encode_entry, EntryMeta, Value};
@@ -54,6 +54,10 @@ pub(crate) enum Fill<V> {
     /// others go to the origin on their own, and what is stored stays. No
     /// pass marker: one request must not switch caching off for everyone.
     Private(V),
+    /// Not buffered (the fill buffer budget was spent): the initiating caller
+    /// got the response streamed, everyone else goes to the origin on their
+    /// own. Unlike `Pass` nothing is marked: the next caller tries again.
+    Unbuffered,
 }
 
 pub(crate) type ComputeFuture<V> = BoxFuture<'static, Result<Fill<V>, BoxError>>;
@@ -84,8 +88,12 @@ pub(crate) enum Resolved<V> {
     /// Not shareable: `Some` only for the caller that led the computation.
     Pass(Option<V>),
     Failed(Error),
-    /// The bounded wait ran out; the caller may go to the origin uncached.
-    WaitTimedOut,
+    /// The bounded wait ran out; the caller may go to the origin uncached,
+    /// under the fallback permit it was given.
+    WaitTimedOut(OwnedSemaphorePermit),
+    /// No flight runs for the key and the leader cap is full: the caller goes
+    /// to the origin uncached, under the fallback cap.
+    Overloaded,
 }
 
 /// How long a value stays fresh, and how long after that it may be served
@@ -129,29 +137,53 @@ pub struct Lookup<V> {
 #[derive(Debug, Clone)]
 pub(crate) struct EngineConfig {
     pub(crate) capacity_bytes: u64,
-    pub(crate) max_wait: Duration,
+    /// `None`: follow the origin timeout (see [`EngineConfig::max_wait`]).
+    pub(crate) max_wait: Option<Duration>,
     pub(crate) origin_timeout: Duration,
     pub(crate) pass_ttl: Duration,
     pub(crate) fallback_limit: usize,
+    pub(crate) max_leaders: usize,
+    pub(crate) max_fill_bytes: usize,
+    /// Refresh-ahead: the last fraction of an entry's freshness in which a
+    /// hit starts one background refresh (0 turns it off).
+    pub(crate) refresh_ahead: f64,
     pub(crate) redis: Option<RedisOptions>,
     pub(crate) redlock: Option<Arc<Redlock>>,
 }
+
+/// How much longer than the origin timeout a waiter waits by default: room
+/// for the leader's Redis round trips and the fill notification, so a slow
+/// but healthy origin never releases the waiters to call it themselves.
+pub(crate) const WAIT_MARGIN: Duration = Duration::from_secs(5);
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             capacity_bytes: 256 * 1024 * 1024,
-            // Well above typical origin times (nginx gives up after 5 s); the
-            // origin timeout below bounds the leader anyway.
-            max_wait: Duration::from_secs(30),
+            max_wait: None,
+            // Well above typical origin times (nginx gives up after 5 s).
             origin_timeout: Duration::from_secs(60),
             pass_ttl: Duration::from_secs(5),
             fallback_limit: 64,
+            max_leaders: 1024,
+            max_fill_bytes: 64 * 1024 * 1024,
+            refresh_ahead: DEFAULT_REFRESH_AHEAD,
             redis: None,
             redlock: None,
         }
     }
 }
+
+impl EngineConfig {
+    /// A waiter's longest wait: as set, else the origin timeout plus
+    /// [`WAIT_MARGIN`], so it outlasts the call it waits for.
+    pub(crate) fn max_wait(&self) -> Duration {
+        self.max_wait
+            .unwrap_or(self.origin_timeout.saturating_add(WAIT_MARGIN))
+    }
+}
+/// The default refresh-ahead fraction: the last quarter of the freshness.
+pub(crate) const DEFAULT_REFRESH_AHEAD: f64 = 0.25;
 
 /// State shared by every clone of a cache (and every route of a layer).
 #[derive(Debug)]
@@ -159,9 +191,16 @@ pub(crate) struct Shared<V: Value> {
     pub(crate) memory: MemoryStore<V>,
     pub(crate) flights: Arc<Flights<V>>,
     pub(crate) config: EngineConfig,
-    /// Caps origin calls by callers whose wait ran out, so a stuck leader
-    /// cannot turn into an unbounded herd.
-    fallback: Semaphore,
+    /// Caps origin calls outside any flight (waits that ran out, answers
+    /// that could not be shared, requests past the leader cap), so nothing
+    /// reaches the origin uncapped.
+    fallback: Arc<Semaphore>,
+    /// Caps running flights (leader tasks): each holds one permit for its
+    /// whole life, also after its caller went away.
+    leaders: Arc<Semaphore>,
+    /// Bytes of response bodies buffered for fills right now, in permits of
+    /// one byte: past it a fill streams to its own request and stores nothing.
+    pub(crate) fill_bytes: Arc<Semaphore>,
     pub(crate) counters: Counters,
     /// The shared store; `None` runs on memory alone (the embedded default).
     pub(crate) remote: Option<Arc<RedisStore>>,
@@ -199,7 +238,11 @@ impl<V: Value> Shared<V> {
         Ok(Self {
             memory,
             flights: Arc::new(Flights::new()),
-            fallback: Semaphore::new(config.fallback_limit.max(1)),
+            fallback: Arc::new(Semaphore::new(config.fallback_limit.max(1))),
+            leaders: Arc::new(Semaphore::new(config.max_leaders.max(1))),
+            fill_bytes: Arc::new(Semaphore::new(
+                config.max_fill_bytes.min(Semaphore::MAX_PERMITS),
+            )),
             config,
             counters: Counters::default(),
             remote,
@@ -228,14 +271,71 @@ impl<V: Value> Shared<V> {
         self.memory.probe(key)
     }
 
-    /// Start one background refresh of `key` unless a flight already runs.
+    /// Start one background refresh of `key` unless a flight already runs
+    /// (or the leader cap is full: the stale copy keeps being served).
     pub(crate) fn refresh_in_background(self: &Arc<Self>, key: CacheKey, compute: impl Compute<V>) {
         if self.flights.is_running(&key) {
             return;
         }
-        if let Role::Leader(handle) = self.flights.join_or_lead(key) {
+        if let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) {
             self.spawn_drive(handle, compute.start());
         }
+    }
+
+    /// Refresh `current` ahead of its expiry, in the background, unless a
+    /// flight for `key` already runs. With Redis, the lease makes it one
+    /// refresh for the whole cluster: an instance that finds the lease taken
+    /// (or a newer entry already written) computes nothing.
+    pub(crate) fn refresh_ahead(
+        self: &Arc<Self>,
+        key: CacheKey,
+        current: &Arc<Stored<V>>,
+        compute: impl Compute<V>,
+    ) {
+        let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) else {
+            return;
+        };
+        // Requests that need a fresh copy meanwhile (their L1 bound ran out)
+        // take this one while it is fresh, instead of waiting for the origin.
+        handle.publish_fresh(Arc::clone(current));
+        let shared = Arc::clone(self);
+        let current = Arc::clone(current);
+        let fut = compute.start();
+        let span = tracing::Span::current();
+        spawn_detached(
+            "refresh-ahead",
+            tracing::Instrument::instrument(
+                async move {
+                    let key = handle.key();
+                    let outcome = match &shared.remote {
+                        Some(remote) if remote.available() => {
+                            shared
+                                .drive_remote(remote, &handle, fut, Some(&current))
+                                .await
+                        }
+                        _ => shared.compute_locally(key, fut).await,
+                    };
+                    handle.complete(outcome);
+                },
+                span,
+            ),
+        );
+    }
+
+    /// The age at which a hit on an entry fresh for `fresh_for` starts its
+    /// refresh ahead: the last `refresh_ahead` fraction of the freshness, or
+    /// twice the origin time measured here for it if that is longer.
+    fn refresh_age(&self, fresh_for: Duration, origin_time: Duration) -> Duration {
+        let fraction = self.config.refresh_ahead;
+        // NaN and negative fractions turn it off, like zero.
+        if fraction.is_nan() || fraction <= 0.0 || fresh_for.is_zero() {
+            return Duration::MAX;
+        }
+        let lead = fresh_for
+            .mul_f64(fraction.min(1.0))
+            .max(origin_time.saturating_mul(2))
+            .min(fresh_for);
+        fresh_for - lead
     }
 
     /// The miss path: lead a new flight or follow the running one.
@@ -247,41 +347,86 @@ impl<V: Value> Shared<V> {
         key: CacheKey,
         compute: &mut Option<C>,
     ) -> Resolved<V> {
-        match self.flights.join_or_lead(key) {
-            Role::Follower(rx) => self.wait(rx, false).await,
-            Role::Leader(handle) => {
-                // The previous flight fills memory before it leaves the map, so
-                // a fill may have landed between our probe and our election.
-                match self.memory.probe(&key) {
-                    Probe::Fresh(entry) => {
-                        handle.complete(Outcome::Value {
-                            entry: Arc::clone(&entry),
-                            source: Source::Hit,
-                        });
-                        return Resolved::Value {
-                            entry,
-                            source: Source::Hit,
-                        };
+        match self.flights.join_or_lead(key, &self.leaders, false) {
+            (Role::Follower(rx), _) => self.wait(rx, false, true).await,
+            (Role::Leader(handle), _) => self.lead(handle, compute).await,
+            (Role::Overloaded, _) => Resolved::Overloaded,
+        }
+    }
+
+    /// The path of a caller that refuses the stored entry (a client's
+    /// `no-cache`, or a `max-age` the entry is too old for): join the flight
+    /// running for `key`, or lead a forced refresh that never takes the
+    /// stored entry back. An ordinary flight that ends with the stored entry
+    /// (found fresh in Redis, or stale) is not an answer for this caller: it
+    /// goes round once more, so it then shares or starts a refresh.
+    pub(crate) async fn resolve_refresh<C: Compute<V>>(
+        self: &Arc<Self>,
+        key: CacheKey,
+        compute: &mut Option<C>,
+    ) -> Resolved<V> {
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            match self.flights.join_or_lead(key, &self.leaders, true) {
+                (Role::Follower(rx), forced) => {
+                    let resolved = self.wait(rx, false, false).await;
+                    let stored = matches!(
+                        resolved,
+                        Resolved::Value {
+                            source: Source::Hit | Source::Stale,
+                            ..
+                        }
+                    );
+                    if forced || !stored || rounds > 1 {
+                        return resolved;
                     }
-                    Probe::Pass => {
-                        handle.complete(Outcome::Pass(None));
-                        return Resolved::Pass(None);
-                    }
-                    Probe::Stale(_) | Probe::Miss => {}
                 }
-                let Some(compute) = compute.take() else {
-                    // Unreachable by construction (the caller passes Some);
-                    // fail this flight rather than panic.
-                    handle.complete(Outcome::Failed(Error::Aborted));
-                    return Resolved::Failed(Error::Aborted);
-                };
-                let Some(rx) = handle.subscribe() else {
-                    return Resolved::Failed(Error::Aborted);
-                };
-                self.spawn_drive(handle, compute.start());
-                self.wait(rx, true).await
+                (Role::Leader(handle), _) => return self.lead(handle, compute).await,
+                (Role::Overloaded, _) => return Resolved::Overloaded,
             }
         }
+    }
+
+    /// Lead the flight `handle` stands for and wait for its outcome.
+    async fn lead<C: Compute<V>>(
+        self: &Arc<Self>,
+        handle: FlightHandle<V>,
+        compute: &mut Option<C>,
+    ) -> Resolved<V> {
+        let key = handle.key();
+        let refresh = handle.is_refresh();
+        // The previous flight fills memory before it leaves the map, so
+        // a fill may have landed between our probe and our election. A
+        // forced refresh was started to replace that very entry.
+        match self.memory.probe(&key) {
+            Probe::Fresh(entry) if !refresh => {
+                handle.complete(Outcome::Value {
+                    entry: Arc::clone(&entry),
+                    source: Source::Hit,
+                });
+                return Resolved::Value {
+                    entry,
+                    source: Source::Hit,
+                };
+            }
+            Probe::Pass => {
+                handle.complete(Outcome::Pass(None));
+                return Resolved::Pass(None);
+            }
+            Probe::Fresh(_) | Probe::Stale(_) | Probe::Miss => {}
+        }
+        let Some(compute) = compute.take() else {
+            // Unreachable by construction (the caller passes Some);
+            // fail this flight rather than panic.
+            handle.complete(Outcome::Failed(Error::Aborted));
+            return Resolved::Failed(Error::Aborted);
+        };
+        let Some(rx) = handle.subscribe() else {
+            return Resolved::Failed(Error::Aborted);
+        };
+        self.spawn_drive(handle, compute.start());
+        self.wait(rx, true, !refresh).await
     }
 
     fn spawn_drive(self: &Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
@@ -303,7 +448,9 @@ impl<V: Value> Shared<V> {
     async fn drive(self: Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
         let key = handle.key();
         let outcome = match &self.remote {
-            Some(remote) if remote.available() => self.drive_remote(remote, &handle, fut).await,
+            Some(remote) if remote.available() => {
+                self.drive_remote(remote, &handle, fut, None).await
+            }
             _ => self.compute_locally(key, fut).await,
         };
         handle.complete(outcome);
@@ -313,28 +460,52 @@ impl<V: Value> Shared<V> {
     /// is down (memory then keeps entries for their whole lifetime).
     async fn compute_locally(&self, key: CacheKey, fut: ComputeFuture<V>) -> Outcome<V> {
         self.counters.origin_call();
+        let started = Instant::now();
         match self.run_compute(fut).await {
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
             }
-            Ok(fill) => self.fill_memory(key, fill, 0),
+            Ok(fill) => self.fill_memory(key, fill, 0, started.elapsed()),
         }
     }
 
+    /// `ahead`: the copy a refresh-ahead started from. The first lookup then
+    /// takes the lease while the entry is still fresh (near its end), and a
+    /// copy of that same write found instead starts no further refresh.
     async fn drive_remote(
         &self,
         remote: &Arc<RedisStore>,
         handle: &FlightHandle<V>,
         fut: ComputeFuture<V>,
+        ahead: Option<&Arc<Stored<V>>>,
     ) -> Outcome<V> {
         let key = handle.key();
-        let deadline = Instant::now() + self.config.max_wait;
+        let deadline = Instant::now() + self.config.max_wait();
         let mut skip_entry = false;
         let mut subscription: Option<FillSubscription> = None;
+        // A forced refresh refuses the entry Redis holds when it first looks
+        // (by its fence) and any entry no newer; it then looks past it for the
+        // lease, and after each wait reads again to pick up a newer fill.
+        let refresh = handle.is_refresh();
+        let mut looked = false;
+        let mut refused: Option<u64> = None;
+        let mut read_entry = true;
+        let mut ahead = ahead;
         loop {
             let token = LeaseToken::random();
-            let found = match remote.lookup_or_lease(&key, &token, skip_entry).await {
+            let first = !looked;
+            looked = true;
+            let skip = skip_entry || !read_entry;
+            // Only the first lookup: a later one follows an ordinary path.
+            let current = ahead.take();
+            // Lease a fresh entry if it has at most the refresh-ahead lead
+            // left (plus slack for the clocks): the hit that started this
+            // saw it within that lead by its own clock.
+            let lead = current.map_or(Duration::ZERO, |c| {
+                c.meta.fresh_for.saturating_sub(c.age()) + Duration::from_millis(50)
+            });
+            let found = match remote.lookup_or_lease_ahead(&key, &token, skip, lead).await {
                 Ok(found) => found,
                 Err(e) => {
                     tracing::debug!(key = %key.short(), error = %e, "redis lookup failed; computing locally");
@@ -347,12 +518,28 @@ impl<V: Value> Shared<V> {
                     fresh_left,
                     hard_left,
                 } => match decode_entry::<V>(bytes) {
+                    Ok((meta, _))
+                        if refresh && (first || refused.is_some_and(|r| meta.fence <= r)) =>
+                    {
+                        refused = Some(refused.map_or(meta.fence, |r| r.max(meta.fence)));
+                        read_entry = false;
+                    }
                     Ok((meta, value)) => {
-                        let entry = self.fill_l1(key, value, meta, fresh_left, hard_left);
-                        return Outcome::Value {
-                            entry,
-                            source: Source::Hit,
+                        let entry =
+                            self.fill_l1(key, value, meta, fresh_left, hard_left, Duration::ZERO);
+                        if current.is_some_and(|c| c.same_write(&meta)) {
+                            // Someone else holds the refresh: this copy of the
+                            // same write must not start another one.
+                            entry.mark_refresh_claimed();
+                        }
+                        // A refresh found a newer fill: another instance's
+                        // refresh, which this one shares.
+                        let source = if refresh {
+                            Source::Coalesced
+                        } else {
+                            Source::Hit
                         };
+                        return Outcome::Value { entry, source };
                     }
                     Err(e) => {
                         tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
@@ -368,38 +555,76 @@ impl<V: Value> Shared<V> {
                     if let Err(e) = &decoded {
                         tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
                     }
+                    // An entry stored without a stale window is never handed
+                    // out stale: Redis reports one so only in the last
+                    // millisecond of its freshness (PTTL rounds down to 0
+                    // while the key still exists). Handing it out sent every
+                    // request that then refused it to the origin on its own.
+                    let decoded = decoded.map(|(meta, value)| {
+                        let servable = !meta.stale_for.is_zero();
+                        (meta, value, servable)
+                    });
                     match (decoded, fence) {
-                        (Ok((meta, value)), Some(fence)) => {
-                            let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
-                            handle.publish_stale(entry);
+                        (Ok((meta, value, servable)), Some(fence)) => {
+                            if servable {
+                                let entry = self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                );
+                                handle.publish_stale(entry);
+                            }
                             let lease = HeldLease::Single(token);
                             return self.lead_remote(remote, key, lease, fence, fut).await;
                         }
-                        (Ok((meta, value)), None) => {
-                            let entry = self.fill_l1(key, value, meta, Duration::ZERO, hard_left);
+                        (Ok((meta, value, servable)), None) => {
+                            let entry = servable.then(|| {
+                                self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                )
+                            });
                             // With Redlock the lookup never leases: try for the
                             // refresh lease there, serve stale either way.
                             if let RedlockTry::Won(lease, fence) =
-                                self.redlock_lease(remote, key).await
+                                self.redlock_lease(remote, key, None).await
                             {
-                                handle.publish_stale(entry);
+                                if let Some(entry) = entry {
+                                    handle.publish_stale(entry);
+                                }
                                 return self.lead_remote(remote, key, lease, fence, fut).await;
                             }
                             // Someone else refreshes it. Everyone waiting here
                             // takes the stale copy now; this flight stays open
                             // until the fill lands (bounded), so stale answers
                             // meanwhile do not each look Redis up again.
-                            handle.publish_stale(Arc::clone(&entry));
+                            if let Some(entry) = &entry {
+                                handle.publish_stale(Arc::clone(entry));
+                            }
                             let poll = remote.options.poll_interval;
                             if self
                                 .wait_for_fill(remote, key, &mut subscription, poll, deadline)
                                 .await
                             {
-                                return Outcome::Value {
-                                    entry,
-                                    source: Source::Stale,
-                                };
+                                match entry {
+                                    Some(entry) if !refresh => {
+                                        return Outcome::Value {
+                                            entry,
+                                            source: Source::Stale,
+                                        }
+                                    }
+                                    // Waited as long as allowed for a fill.
+                                    _ => return self.compute_unshared(fut).await,
+                                }
                             }
+                            read_entry = true;
                         }
                         (Err(_), Some(fence)) => {
                             let lease = HeldLease::Single(token);
@@ -413,13 +638,18 @@ impl<V: Value> Shared<V> {
                     return self.lead_remote(remote, key, lease, fence, fut).await;
                 }
                 RemoteLookup::Miss => {
-                    match self.redlock_lease(remote, key).await {
+                    let newer_than = if refresh { refused } else { None };
+                    match self.redlock_lease(remote, key, newer_than).await {
                         RedlockTry::Won(lease, fence) => {
                             return self.lead_remote(remote, key, lease, fence, fut).await
                         }
-                        RedlockTry::FilledMeanwhile => continue,
+                        RedlockTry::FilledMeanwhile => {
+                            read_entry = true;
+                            continue;
+                        }
                         RedlockTry::Contended => {}
                     }
+                    read_entry = true;
                     if self.redlock.is_none() {
                         // Only a Redlock lookup says Miss; be safe if not.
                         return self.compute_locally(key, fut).await;
@@ -445,6 +675,7 @@ impl<V: Value> Shared<V> {
                 }
                 RemoteLookup::Held { lease_left } => {
                     lock::record_acquire("contended");
+                    read_entry = true;
                     if self
                         .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
                         .await
@@ -493,7 +724,15 @@ impl<V: Value> Shared<V> {
 
     /// With a Redlock backend: one acquisition attempt (no retries: others
     /// wait for the fill instead), then a fence from the main store.
-    async fn redlock_lease(&self, remote: &Arc<RedisStore>, key: CacheKey) -> RedlockTry {
+    ///
+    /// `newer_than`: a refresh's refused fence; only a newer entry counts as
+    /// filled meanwhile.
+    async fn redlock_lease(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        newer_than: Option<u64>,
+    ) -> RedlockTry {
         let Some(redlock) = self.redlock.as_ref() else {
             return RedlockTry::Contended;
         };
@@ -503,9 +742,15 @@ impl<V: Value> Shared<V> {
         // Lookup and lease are two steps here: the previous holder may have
         // filled the entry just before we won. Look again before computing.
         let unused = LeaseToken::random();
-        if let Ok(RemoteLookup::Fresh { .. }) = remote.lookup_or_lease(&key, &unused, false).await {
-            redlock.release(lease).await;
-            return RedlockTry::FilledMeanwhile;
+        if let Ok(RemoteLookup::Fresh { bytes, .. }) =
+            remote.lookup_or_lease(&key, &unused, false).await
+        {
+            let newer = newer_than
+                .is_none_or(|r| decode_entry::<V>(bytes).is_ok_and(|(meta, _)| meta.fence > r));
+            if newer {
+                redlock.release(lease).await;
+                return RedlockTry::FilledMeanwhile;
+            }
         }
         match remote.next_fence(&key).await {
             Ok(fence) => RedlockTry::Won(HeldLease::Redlock(Arc::clone(redlock), lease), fence),
@@ -540,7 +785,9 @@ impl<V: Value> Shared<V> {
         span.record("lease", token.prefix());
         span.record("fence", fence.0);
         self.counters.origin_call();
+        let started = Instant::now();
         let result = self.run_compute(fut).await;
+        let took = started.elapsed();
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
         metrics::record_lease_remaining(stopped.remaining.as_secs_f64());
@@ -583,7 +830,7 @@ impl<V: Value> Shared<V> {
                     .await
                     .map(|w| (w, Some(meta)))
             }
-            Fill::Share(_) | Fill::Private(_) => remote
+            Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered => remote
                 .write_and_release(&key, &token, fence, WriteMode::Release)
                 .await
                 .map(|w| (w, None)),
@@ -607,13 +854,15 @@ impl<V: Value> Shared<V> {
             Err(e) => {
                 // Redis went away mid-flight: memory carries the entry.
                 tracing::debug!(key = %key.short(), error = %e, "fenced write failed; keeping the value in memory");
-                self.fill_memory(key, fill, fence.0)
+                self.fill_memory(key, fill, fence.0, took)
             }
             Ok((w, meta)) => {
                 if single && !w.released && !lost {
                     lock::record_acquire("expired_mid_work");
                 }
-                if !w.accepted && !matches!(fill, Fill::Share(_) | Fill::Private(_)) {
+                if !w.accepted
+                    && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
+                {
                     self.counters.fenced_rejection();
                     tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
                 }
@@ -622,7 +871,17 @@ impl<V: Value> Shared<V> {
                         metrics::record_entry_bytes(value.weight());
                         let hard = meta.fresh_for.saturating_add(meta.stale_for);
                         self.index_in_background(remote, key, &value, hard);
-                        let entry = self.fill_l1(key, value, meta, meta.fresh_for, hard);
+                        // Measured from the store, not from now: the write's
+                        // round trip is part of the entry's age.
+                        let since = meta.elapsed();
+                        let entry = self.fill_l1(
+                            key,
+                            value,
+                            meta,
+                            meta.fresh_for.saturating_sub(since),
+                            hard.saturating_sub(since),
+                            took,
+                        );
                         Outcome::Value {
                             entry,
                             source: Source::Miss,
@@ -639,6 +898,7 @@ impl<V: Value> Shared<V> {
                         Outcome::Pass(value)
                     }
                     (Fill::Private(value), _) => Outcome::Pass(Some(value)),
+                    (Fill::Unbuffered, _) => Outcome::Pass(None),
                 }
             }
         }
@@ -672,6 +932,7 @@ impl<V: Value> Shared<V> {
             },
             Ok(Fill::Pass(v)) => Outcome::Pass(v),
             Ok(Fill::Private(v)) => Outcome::Pass(Some(v)),
+            Ok(Fill::Unbuffered) => Outcome::Pass(None),
         }
     }
 
@@ -685,6 +946,7 @@ impl<V: Value> Shared<V> {
         meta: EntryMeta,
         fresh_left: Duration,
         hard_left: Duration,
+        origin_time: Duration,
     ) -> Arc<Stored<V>> {
         let l1 = self.remote.as_ref().map_or(hard_left, |r| r.options.l1_ttl);
         // Fresh here for at most the L1 lifetime: after that, a request that
@@ -697,13 +959,10 @@ impl<V: Value> Shared<V> {
         } else {
             hard_left
         };
-        let entry = Arc::new(Stored::new(
-            value,
-            meta,
-            fresh_left.min(l1),
-            usable,
-            meta.elapsed(),
-        ));
+        let entry = Arc::new(
+            Stored::new(value, meta, fresh_left.min(l1), usable, meta.elapsed())
+                .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
+        );
         if !usable.is_zero() {
             self.memory.insert(key, Arc::clone(&entry));
         }
@@ -726,7 +985,13 @@ impl<V: Value> Shared<V> {
     }
 
     /// Put a fill into memory for its whole lifetime and say what waiters get.
-    fn fill_memory(&self, key: CacheKey, fill: Fill<V>, fence: u64) -> Outcome<V> {
+    fn fill_memory(
+        &self,
+        key: CacheKey,
+        fill: Fill<V>,
+        fence: u64,
+        origin_time: Duration,
+    ) -> Outcome<V> {
         match fill {
             Fill::Store {
                 value,
@@ -736,7 +1001,10 @@ impl<V: Value> Shared<V> {
                 let usable = fresh_for.saturating_add(stale_for);
                 metrics::record_entry_bytes(value.weight());
                 let meta = EntryMeta::now(fresh_for, stale_for, fence);
-                let entry = Arc::new(Stored::new(value, meta, fresh_for, usable, Duration::ZERO));
+                let entry = Arc::new(
+                    Stored::new(value, meta, fresh_for, usable, Duration::ZERO)
+                        .refresh_after(self.refresh_age(fresh_for, origin_time)),
+                );
                 if !usable.is_zero() {
                     self.memory.insert(key, Arc::clone(&entry));
                 }
@@ -749,6 +1017,7 @@ impl<V: Value> Shared<V> {
                 entry: unstored(value),
                 source: Source::Miss,
             },
+            Fill::Unbuffered => Outcome::Pass(None),
             Fill::Pass(value) => {
                 self.memory.insert_pass(key, self.config.pass_ttl);
                 Outcome::Pass(value)
@@ -757,28 +1026,39 @@ impl<V: Value> Shared<V> {
         }
     }
 
-    async fn wait(&self, mut rx: watch::Receiver<FlightState<V>>, initiator: bool) -> Resolved<V> {
+    /// Wait for the flight behind `rx`. `take_stale`: a stale copy the
+    /// leader publishes is an answer (not for a caller that refuses it).
+    async fn wait(
+        &self,
+        mut rx: watch::Receiver<FlightState<V>>,
+        initiator: bool,
+        take_stale: bool,
+    ) -> Resolved<V> {
         let started = Instant::now();
         // The leader's own caller always gets an outcome: its task waits for
         // another instance's fill at most `max_wait`, then computes within the
         // origin timeout (Redis calls have their own bounds, well below the
         // margin). Followers give up after `max_wait`.
+        let max_wait = self.config.max_wait();
         let bound = if initiator {
-            self.config.max_wait + self.config.origin_timeout + Duration::from_secs(5)
+            max_wait + self.config.origin_timeout + WAIT_MARGIN
         } else {
-            self.config.max_wait
+            max_wait
         };
-        let waited = tokio::time::timeout(bound, async {
-            match rx.wait_for(|s| !matches!(s, FlightState::Running)).await {
-                Ok(state) => match &*state {
-                    FlightState::Stale(entry) => Ok(Err(Arc::clone(entry))),
-                    FlightState::Done(outcome) => Ok(Ok(outcome.clone())),
-                    FlightState::Running => Err(Error::Aborted),
-                },
-                Err(_closed) => Err(Error::Aborted),
+        let mut waited = tokio::time::timeout(bound, settle(&mut rx, take_stale)).await;
+        let mut permit = None;
+        if waited.is_err() && !initiator {
+            permit = self.try_fallback_permit();
+            if permit.is_none() {
+                // Past the fallback cap, calling the origin would mean
+                // queueing for a permit; the flight's own call ends within
+                // the origin timeout, so wait for it instead of making up an
+                // error.
+                waited =
+                    tokio::time::timeout(self.config.origin_timeout, settle(&mut rx, take_stale))
+                        .await;
             }
-        })
-        .await;
+        }
         if !initiator {
             metrics::record_wait(started.elapsed().as_secs_f64());
         }
@@ -789,7 +1069,10 @@ impl<V: Value> Shared<V> {
             Source::Coalesced
         };
         match waited {
-            Err(_elapsed) => Resolved::WaitTimedOut,
+            Err(_elapsed) => match permit {
+                Some(permit) => Resolved::WaitTimedOut(permit),
+                None => Resolved::Failed(Error::OriginTimeout),
+            },
             Ok(Err(error)) => Resolved::Failed(error),
             Ok(Ok(Err(stale))) => Resolved::Value {
                 entry: stale,
@@ -808,12 +1091,21 @@ impl<V: Value> Shared<V> {
         }
     }
 
-    /// A permit for a fallback origin call, waiting at most `max_wait`.
-    pub(crate) async fn fallback_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        tokio::time::timeout(self.config.max_wait, self.fallback.acquire())
-            .await
-            .ok()
-            .and_then(Result::ok)
+    /// A permit for an origin call outside any flight, waiting at most
+    /// `max_wait`. The permit lives as long as the call (drop it to give it back).
+    pub(crate) async fn fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(
+            self.config.max_wait(),
+            Arc::clone(&self.fallback).acquire_owned(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+    }
+
+    /// A fallback permit if one is free right now.
+    pub(crate) fn try_fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.fallback).try_acquire_owned().ok()
     }
 
     // ---- Hooks for the HTTP layer (http-semantics branch). Memory only for
@@ -835,7 +1127,7 @@ impl<V: Value> Shared<V> {
             fresh_for: freshness.fresh_for,
             stale_for: freshness.stale_for,
         };
-        match self.fill_memory(key, fill, 0) {
+        match self.fill_memory(key, fill, 0, Duration::ZERO) {
             Outcome::Value { entry, .. } => Some(entry),
             Outcome::Pass(_) | Outcome::Failed(_) => None,
         }
@@ -911,6 +1203,34 @@ where
             rt.spawn(fut);
         }
         Err(_) => tracing::warn!(what, "no tokio runtime here: background work skipped"),
+    }
+}
+
+/// The flight's state once it has settled: its outcome, or a stale copy
+/// (`Err`) when `take_stale`.
+async fn settle<V: Value>(
+    rx: &mut watch::Receiver<FlightState<V>>,
+    take_stale: bool,
+) -> Result<Result<Outcome<V>, Arc<Stored<V>>>, Error> {
+    // A copy still fresh while refresh-ahead runs answers those who take a
+    // stored copy; a caller that refuses stored copies waits for the refresh.
+    let settled = |s: &FlightState<V>| match s {
+        FlightState::Running => false,
+        FlightState::Fresh(e) => take_stale && e.fresh_by_meta(),
+        FlightState::Stale(_) => take_stale,
+        FlightState::Done(_) => true,
+    };
+    match rx.wait_for(settled).await {
+        Ok(state) => match &*state {
+            FlightState::Stale(entry) => Ok(Err(Arc::clone(entry))),
+            FlightState::Fresh(entry) => Ok(Ok(Outcome::Value {
+                entry: Arc::clone(entry),
+                source: Source::Hit,
+            })),
+            FlightState::Done(outcome) => Ok(Ok(outcome.clone())),
+            FlightState::Running => Err(Error::Aborted),
+        },
+        Err(_closed) => Err(Error::Aborted),
     }
 }
 
@@ -997,7 +1317,9 @@ impl<V: Value> Cache<V> {
     /// Return the cached value for `key`, or compute it once for all
     /// concurrent callers.
     ///
-    /// - Fresh: returned at once ([`Source::Hit`]).
+    /// - Fresh: returned at once ([`Source::Hit`]). The first hit in the last
+    ///   quarter of the freshness also starts one background computation
+    ///   (refresh-ahead, see [`CacheBuilder::refresh_ahead`]).
     /// - Stale within the grace: returned at once ([`Source::Stale`]) while
     ///   exactly one refresh runs in the background.
     /// - Otherwise one caller per process leads ([`Source::Miss`]) and the rest
@@ -1043,7 +1365,12 @@ impl<V: Value> Cache<V> {
             age: entry.age(),
         };
         let result = match shared.probe(key) {
-            Probe::Fresh(entry) => Ok(lookup(&entry, Source::Hit)),
+            Probe::Fresh(entry) => {
+                if entry.claim_refresh(entry.age()) {
+                    shared.refresh_ahead(*key, &entry, as_fill);
+                }
+                Ok(lookup(&entry, Source::Hit))
+            }
             // Past its L1 lifetime but still fresh: ask Redis, as for a miss.
             Probe::Stale(entry) if !entry.fresh_by_meta() => {
                 shared.refresh_in_background(*key, as_fill);
@@ -1054,8 +1381,12 @@ impl<V: Value> Cache<V> {
                 match shared.resolve(*key, &mut compute).await {
                     Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
                     Resolved::Failed(e) => Err(e),
-                    Resolved::Pass(_) | Resolved::WaitTimedOut => match compute.take() {
-                        Some(compute) => self.fallback(compute).await,
+                    Resolved::WaitTimedOut(permit) => match compute.take() {
+                        Some(compute) => self.fallback(compute, Some(permit)).await,
+                        None => Err(Error::Aborted),
+                    },
+                    Resolved::Pass(_) | Resolved::Overloaded => match compute.take() {
+                        Some(compute) => self.fallback(compute, None).await,
                         None => Err(Error::Aborted),
                     },
                 }
@@ -1068,8 +1399,16 @@ impl<V: Value> Cache<V> {
         result
     }
 
-    async fn fallback(&self, compute: impl Compute<V>) -> Result<Lookup<V>, Error> {
-        let Some(_permit) = self.shared.fallback_permit().await else {
+    async fn fallback(
+        &self,
+        compute: impl Compute<V>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Lookup<V>, Error> {
+        let permit = match permit {
+            Some(p) => Some(p),
+            None => self.shared.fallback_permit().await,
+        };
+        let Some(_permit) = permit else {
             return Err(Error::Overloaded);
         };
         self.shared.counters.origin_call();
@@ -1078,7 +1417,7 @@ impl<V: Value> Cache<V> {
             | Fill::Share(value)
             | Fill::Pass(Some(value))
             | Fill::Private(value) => value,
-            Fill::Pass(None) => return Err(Error::Aborted),
+            Fill::Pass(None) | Fill::Unbuffered => return Err(Error::Aborted),
         };
         Ok(Lookup {
             value,
@@ -1123,10 +1462,14 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// Longest a caller waits for another caller's computation (default 30 s).
+    /// Longest a caller waits for another caller's computation (default: the
+    /// origin timeout plus 5 s, so a slow but healthy computation never
+    /// releases its waiters). After that it computes on its own, uncached,
+    /// under the fallback cap; with the cap full it keeps waiting on the
+    /// flight, at most one more origin timeout.
     #[must_use]
     pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.config.max_wait = wait;
+        self.config.max_wait = Some(wait);
         self
     }
 
@@ -1137,6 +1480,15 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// Most computations (flights) running at once (default 1024). Past it a
+    /// caller with no flight to join computes on its own, uncached, under
+    /// the fallback cap; a background refresh is skipped.
+    #[must_use]
+    pub fn leader_limit(mut self, limit: usize) -> Self {
+        self.config.max_leaders = limit;
+        self
+    }
+
     /// How long a "do not cache" verdict stops callers from queueing (default 5 s).
     #[must_use]
     pub fn pass_ttl(mut self, ttl: Duration) -> Self {
@@ -1144,10 +1496,21 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// Most concurrent origin calls by callers whose wait ran out (default 64).
+    /// Most concurrent computations outside any flight: callers whose wait
+    /// ran out, or past the leader limit (default 64).
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.config.fallback_limit = limit;
+        self
+    }
+
+    /// Refresh-ahead (default 0.25; 0 turns it off): a hit in the last
+    /// `fraction` of a value's freshness starts one background computation,
+    /// so a hot value is replaced before it expires. See
+    /// [`CacheLayerBuilder::refresh_ahead`](crate::CacheLayerBuilder::refresh_ahead).
+    #[must_use]
+    pub fn refresh_ahead(mut self, fraction: f64) -> Self {
+        self.config.refresh_ahead = fraction;
         self
     }
 

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::Error;
 use crate::key::CacheKey;
@@ -28,6 +28,9 @@ pub(crate) enum FlightState<V> {
     Running,
     /// A stale copy may be served while the leader keeps refreshing.
     Stale(Arc<Stored<V>>),
+    /// A refresh ahead of expiry runs; its copy answers waiters while it is
+    /// still fresh by its own freshness. Past that they wait for the outcome.
+    Fresh(Arc<Stored<V>>),
     Done(Outcome<V>),
 }
 
@@ -69,15 +72,18 @@ pub(crate) struct Flights<V> {
     next_id: AtomicU64,
 }
 
-/// A running flight's id (so a finished leader never removes its successor)
-/// and the receiver new waiters clone.
-type Running<V> = (u64, watch::Receiver<FlightState<V>>);
+/// A running flight's id (so a finished leader never removes its successor),
+/// the receiver new waiters clone, and whether it is a forced refresh (its
+/// outcome is always a new origin answer, never the stored entry).
+type Running<V> = (u64, watch::Receiver<FlightState<V>>, bool);
 
 /// Whether the caller leads a new flight or follows a running one.
 #[derive(Debug)]
 pub(crate) enum Role<V> {
     Leader(FlightHandle<V>),
     Follower(watch::Receiver<FlightState<V>>),
+    /// No flight runs for the key and the leader cap is full.
+    Overloaded,
 }
 
 impl<V> Flights<V> {
@@ -88,23 +94,39 @@ impl<V> Flights<V> {
         }
     }
 
-    pub(crate) fn join_or_lead(self: &Arc<Self>, key: CacheKey) -> Role<V> {
+    /// Follow the flight running for `key`, or lead a new one if a leader
+    /// permit is free. `refresh` marks a new flight as a forced refresh.
+    /// Returns whether a followed flight is one.
+    pub(crate) fn join_or_lead(
+        self: &Arc<Self>,
+        key: CacheKey,
+        leaders: &Arc<Semaphore>,
+        refresh: bool,
+    ) -> (Role<V>, bool) {
         // A poisoned map only means a panic elsewhere mid-insert; the map
         // itself is still consistent, so keep using it.
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, rx)) = map.get(&key) {
-            return Role::Follower(rx.clone());
+        if let Some((_, rx, forced)) = map.get(&key) {
+            return (Role::Follower(rx.clone()), *forced);
         }
+        // Taken under the map lock (never waits), so a key never has a
+        // flight that lost its permit race.
+        let Ok(permit) = Arc::clone(leaders).try_acquire_owned() else {
+            return (Role::Overloaded, false);
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(FlightState::Running);
-        map.insert(key, (id, rx));
+        map.insert(key, (id, rx, refresh));
         drop(map);
-        Role::Leader(FlightHandle {
+        let handle = FlightHandle {
             flights: Arc::clone(self),
             key,
             id,
             tx: Some(tx),
-        })
+            refresh,
+            _permit: permit,
+        };
+        (Role::Leader(handle), refresh)
     }
 
     /// Whether a flight for `key` is running.
@@ -124,7 +146,7 @@ impl<V> Flights<V> {
 
     fn remove(&self, key: &CacheKey, id: u64) {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.get(key).is_some_and(|(current, _)| *current == id) {
+        if map.get(key).is_some_and(|(current, _, _)| *current == id) {
             map.remove(key);
         }
     }
@@ -137,9 +159,18 @@ pub(crate) struct FlightHandle<V> {
     key: CacheKey,
     id: u64,
     tx: Option<watch::Sender<FlightState<V>>>,
+    /// A forced refresh: the stored entry must not be taken back as fresh.
+    refresh: bool,
+    /// One of the leader cap's permits, held for the flight's whole life
+    /// (also when its caller went away).
+    _permit: OwnedSemaphorePermit,
 }
 
 impl<V> FlightHandle<V> {
+    pub(crate) fn is_refresh(&self) -> bool {
+        self.refresh
+    }
+
     pub(crate) fn subscribe(&self) -> Option<watch::Receiver<FlightState<V>>> {
         self.tx.as_ref().map(watch::Sender::subscribe)
     }
@@ -152,6 +183,13 @@ impl<V> FlightHandle<V> {
     pub(crate) fn publish_stale(&self, entry: Arc<Stored<V>>) {
         if let Some(tx) = &self.tx {
             tx.send_replace(FlightState::Stale(entry));
+        }
+    }
+
+    /// Let waiters take a still-fresh copy while a refresh ahead of expiry runs.
+    pub(crate) fn publish_fresh(&self, entry: Arc<Stored<V>>) {
+        if let Some(tx) = &self.tx {
+            tx.send_replace(FlightState::Fresh(entry));
         }
     }
 

@@ -13,11 +13,14 @@ use crate::body::CacheBody;
 use crate::purge::Invalidation;
 use crate::service::CACHE_STATUS;
 
+const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
+
 pin_project! {
     /// Response future of [`CacheService`](crate::CacheService).
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         kind: Kind<F, B, E>,
+        strip_surrogate_key: bool,
         // A header meant for this cache alone, removed on the way out.
         strip: Option<HeaderName>,
     }
@@ -56,6 +59,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             kind: Kind::Ready {
                 response: Some(response),
             },
+            strip_surrogate_key: false,
             strip: None,
         }
     }
@@ -71,6 +75,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
                 cache_status: Some(cache_status),
                 invalidate,
             },
+            strip_surrogate_key: false,
             strip: None,
         }
     }
@@ -78,13 +83,19 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn boxed(fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>) -> Self {
         Self {
             kind: Kind::Boxed { fut },
+            strip_surrogate_key: false,
             strip: None,
         }
     }
-}
 
-impl<F, B, E> ResponseFuture<F, B, E> {
-    /// Remove `name` from the response headers before it is returned.
+    /// Remove `Surrogate-Key` from the response: tags are for the cache,
+    /// indexed when it stores, not for clients.
+    pub(crate) fn strip_surrogate_key(mut self, on: bool) -> Self {
+        self.strip_surrogate_key = on;
+        self
+    }
+
+    /// Remove `name` (the user's own targeted cache-control header) too.
     pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
         self.strip = name;
         self
@@ -99,42 +110,47 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut out = ready!(poll_kind(this.kind, cx));
-        if let (Some(name), Ok(response)) = (this.strip.as_ref(), out.as_mut()) {
+        let mut response = ready!(Self::poll_kind(this.kind, cx))?;
+        if *this.strip_surrogate_key {
+            response.headers_mut().remove(SURROGATE_KEY);
+        }
+        if let Some(name) = this.strip.as_ref() {
             response.headers_mut().remove(name);
         }
-        Poll::Ready(out)
+        Poll::Ready(Ok(response))
     }
 }
 
-fn poll_kind<F, B, E>(
-    kind: Pin<&mut Kind<F, B, E>>,
-    cx: &mut Context<'_>,
-) -> Poll<Result<Response<CacheBody<B>>, E>>
+impl<F, B, E> ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    match kind.project() {
-        KindProj::Ready { response } => match response.take() {
-            Some(r) => Poll::Ready(Ok(r)),
-            // Polled after completion: a contract violation by the caller.
-            None => Poll::Pending,
-        },
-        KindProj::Bypass {
-            fut,
-            cache_status,
-            invalidate,
-        } => {
-            let response = ready!(fut.poll(cx))?;
-            let (mut parts, body) = response.into_parts();
-            if let Some(v) = cache_status.take() {
-                parts.headers.insert(CACHE_STATUS, v);
+    fn poll_kind(
+        kind: Pin<&mut Kind<F, B, E>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<CacheBody<B>>, E>> {
+        match kind.project() {
+            KindProj::Ready { response } => match response.take() {
+                Some(r) => Poll::Ready(Ok(r)),
+                // Polled after completion: a contract violation by the caller.
+                None => Poll::Pending,
+            },
+            KindProj::Bypass {
+                fut,
+                cache_status,
+                invalidate,
+            } => {
+                let response = ready!(fut.poll(cx))?;
+                let (mut parts, body) = response.into_parts();
+                if let Some(v) = cache_status.take() {
+                    parts.headers.insert(CACHE_STATUS, v);
+                }
+                if let Some(invalidation) = invalidate.take() {
+                    invalidation.apply(parts.status, &parts.headers);
+                }
+                Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
             }
-            if let Some(invalidation) = invalidate.take() {
-                invalidation.apply(parts.status, &parts.headers);
-            }
-            Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
+            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
         }
-        KindProj::Boxed { fut } => fut.as_mut().poll(cx),
     }
 }

@@ -28,6 +28,7 @@ pub(crate) struct HttpConfig {
     /// How long a stored response is kept past its stale grace: to be
     /// revalidated with a conditional request, or served to `max-stale`.
     pub(crate) keep: Duration,
+    pub(crate) reload: ReloadMode,
     /// Hand responses that may not be stored to every request waiting on
     /// the same key (opt-in: only for origins that answer everyone alike).
     pub(crate) share_uncacheable: bool,
@@ -37,6 +38,36 @@ pub(crate) struct HttpConfig {
     pub(crate) route_key: Option<RouteKey>,
     /// A route's say on what is stored.
     pub(crate) predicate: Option<RoutePredicate>,
+    /// Remove `Surrogate-Key` from every response to a client.
+    pub(crate) strip_surrogate_key: bool,
+}
+
+/// What a request that refuses the stored response does: `Cache-Control:
+/// no-cache`, `Pragma: no-cache`, `max-age=0`, a `max-age` below the entry's
+/// age, or a `min-fresh` the entry cannot meet (what browsers send on reload).
+///
+/// Whatever the mode, such requests never multiply origin calls without
+/// bound: [`Honor`](Self::Honor) is capped by the fallback limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReloadMode {
+    /// Join the single flight (the default): the request shares the refresh
+    /// already running for its key, or starts one that goes to the origin
+    /// (with the stored validators) and replaces the entry. One such refresh
+    /// runs per key at a time, cluster-wide with Redis, so a thousand reloads
+    /// cost one origin call. A reload may thus share a refresh that started
+    /// a moment before it arrived, never the entry it refused.
+    #[default]
+    Coalesce,
+    /// Each request makes its own origin call and stores the result (RFC
+    /// 9111 to the letter), while fewer than
+    /// [`fallback_limit`](CacheLayerBuilder::fallback_limit) such calls run;
+    /// beyond that, requests share a refresh as with `Coalesce`.
+    Honor,
+    /// The directives above are ignored and the stored response is served
+    /// while it is fresh (what nginx and Varnish do by default). `max-stale`,
+    /// `only-if-cached` and `no-store` still apply.
+    Ignore,
 }
 
 impl Default for HttpConfig {
@@ -47,10 +78,43 @@ impl Default for HttpConfig {
             cache_name: "herdguard".to_owned(),
             key_headers: Vec::new(),
             keep: Duration::from_secs(600),
+            reload: ReloadMode::Coalesce,
             share_uncacheable: false,
             strip_own_cache_control: true,
             route_key: None,
             predicate: None,
+            strip_surrogate_key: true,
+        }
+    }
+}
+
+/// What one Vary index entry (a URL's key and its header names) costs in
+/// memory, moka's bookkeeping included: an estimate, generous for the usual
+/// one or two names.
+const VARY_URL_BYTES: u64 = 256;
+
+/// `capacity_bytes` carved into the stores that hold memory for long: every
+/// stored byte counts against exactly one of them, so together they never
+/// exceed the capacity (a body shared by L1 and a retained copy counts
+/// twice, so the real total is lower still).
+#[derive(Debug, Clone, Copy)]
+struct MemoryBudget {
+    /// Entries (fresh and stale) in the engine's store.
+    l1: u64,
+    /// Responses kept past their stale window for revalidation.
+    retained: u64,
+    /// The Vary index.
+    vary: u64,
+}
+
+impl MemoryBudget {
+    fn of(capacity: u64) -> Self {
+        let retained = capacity / 4;
+        let vary = (capacity / 64).max(VARY_URL_BYTES * 64);
+        Self {
+            l1: capacity.saturating_sub(retained + vary),
+            retained,
+            vary,
         }
     }
 }
@@ -81,7 +145,7 @@ pub struct CacheLayer {
 
 impl CacheLayer {
     /// A layer with the documented defaults: in-memory store of 256 MiB,
-    /// 8 MiB body limit, no default TTL, 30 s maximum wait.
+    /// 8 MiB body limit, no default TTL, 60 s origin timeout, 65 s maximum wait.
     pub fn new() -> Self {
         Self::builder()
             .build()
@@ -210,6 +274,18 @@ impl CacheLayer {
         }
     }
 
+    /// Bytes the layer holds in memory, as counted against
+    /// [`capacity_bytes`](CacheLayerBuilder::capacity_bytes): entries,
+    /// retained copies and the Vary index (after pending evictions run).
+    /// Never above the capacity; a body held both as an entry and as a
+    /// retained copy is counted twice, so the real use is at most this.
+    pub fn memory_bytes(&self) -> u64 {
+        let state = &self.state;
+        state.engine.memory.weighted_bytes()
+            + state.retained.weighted_bytes()
+            + state.vary.len() * VARY_URL_BYTES
+    }
+
     /// The cache key this layer derives for `request` (the `{H}` of the Redis
     /// keys is its hex form).
     pub fn key_for<B>(&self, request: &http::Request<B>) -> CacheKey {
@@ -286,6 +362,32 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// Grace: serve a stored response up to `grace` past its freshness, at
+    /// once, while one refresh runs (Varnish's grace, nginx's
+    /// `proxy_cache_use_stale updating`), even when the origin sent no
+    /// `stale-while-revalidate`. Off by default, as RFC 9111 §4.2.4 asks.
+    ///
+    /// Never for responses with `must-revalidate`, `proxy-revalidate`,
+    /// `s-maxage` (which implies proxy-revalidate for a shared cache) or
+    /// `no-cache`. Such answers say `Cache-Status: …; detail=grace`. Entries
+    /// are kept (in memory and in Redis) for freshness plus grace, so a long
+    /// grace holds more entries at once within the same
+    /// [`capacity_bytes`](Self::capacity_bytes).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .grace(Duration::from_secs(60))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = cache;
+    /// ```
+    #[must_use]
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.http.rules.grace = grace;
+        self
+    }
+
     /// How long a stored response is kept after it stops being servable
     /// (default 10 min): a response with a validator (ETag, Last-Modified)
     /// is then revalidated with a conditional request instead of fetched
@@ -355,27 +457,73 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Total bytes the in-process store may hold (default 256 MiB).
+    /// Total bytes the layer keeps in memory (default 256 MiB), carved up
+    /// so the parts never add up to more:
+    ///
+    /// | part | share | holds |
+    /// |---|---|---|
+    /// | entries (L1) | the rest, ~73 % | fresh and stale entries; with Redis, the L1 copies |
+    /// | retained copies | 25 % | responses past their stale window, kept for revalidation (304s), `stale-if-error` and `max-stale` |
+    /// | Vary index | 1/64 (≥ 16 KiB) | the header names each URL varies on |
+    ///
+    /// Each part evicts its least useful items when full. Not in this
+    /// budget: fill buffers (bodies being received, at most
+    /// [`max_body_bytes`](Self::max_body_bytes) each, bounded by the caps on
+    /// leader tasks and fill bytes) and the process itself. Size a container
+    /// at about 1.25 × capacity + 64 MiB (measured by `cargo bench --bench
+    /// soak -- --large`).
     #[must_use]
     pub fn capacity_bytes(mut self, bytes: u64) -> Self {
         self.engine.capacity_bytes = bytes;
         self
     }
 
-    /// Longest a request waits for another request's origin call (default
-    /// 30 s). After that it goes to the origin itself, uncached, under the
-    /// fallback cap.
+    /// Longest a request waits for another request's origin call (default:
+    /// [`origin_timeout`](Self::origin_timeout) plus 5 s, so a slow but
+    /// healthy origin never releases the waiters). After that it goes to the
+    /// origin itself, uncached, under the fallback cap; with the cap full it
+    /// keeps waiting on the flight, at most one more origin timeout.
     #[must_use]
     pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.engine.max_wait = wait;
+        self.engine.max_wait = Some(wait);
         self
     }
 
-    /// Longest an origin call (response and body) may take before waiters are
-    /// answered with 504 (default 60 s).
+    /// Longest an origin call may take (default 60 s): a flight's call
+    /// (response and body), after which its waiters get 504, and every call
+    /// outside a flight (until the response head arrives).
     #[must_use]
     pub fn origin_timeout(mut self, timeout: Duration) -> Self {
         self.engine.origin_timeout = timeout;
+        self
+    }
+
+    /// Most flights (leader tasks) running at once (default 1024). A leader
+    /// task runs on when its client goes away, so this bounds abandoned work
+    /// too. Past it, a miss with no flight to join goes to the origin
+    /// uncached, under the fallback cap (`Cache-Status: …; detail=overloaded`).
+    #[must_use]
+    pub fn leader_limit(mut self, limit: usize) -> Self {
+        self.engine.max_leaders = limit;
+        self
+    }
+
+    /// Most response bytes buffered for fills at once, over all flights
+    /// (default 64 MiB). A fill that would pass it streams to the request
+    /// that started it, is not stored, and its waiters go to the origin
+    /// themselves under the fallback cap.
+    #[must_use]
+    pub fn fill_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.engine.max_fill_bytes = bytes;
+        self
+    }
+
+    /// What a request's own refusal of the stored response (`no-cache`,
+    /// `Pragma: no-cache`, `max-age=0`, a `max-age` below the entry's age,
+    /// `min-fresh`) does; default [`ReloadMode::Coalesce`].
+    #[must_use]
+    pub fn reload(mut self, mode: ReloadMode) -> Self {
+        self.http.reload = mode;
         self
     }
 
@@ -387,10 +535,23 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Most concurrent origin calls by requests whose wait ran out (default 64).
+    /// Most concurrent origin calls outside any flight (default 64): waiters
+    /// whose wait ran out, waiters of an answer they may not share, misses
+    /// past the leader limit, and [`ReloadMode::Honor`] reloads.
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.engine.fallback_limit = limit;
+        self
+    }
+
+    /// Refresh-ahead (default 0.25; 0 turns it off): a hit in the last
+    /// `fraction` of an entry's freshness starts one background refresh, so
+    /// a hot entry is replaced before it expires and no request waits for the
+    /// origin. The lead is at least twice the origin time this instance last
+    /// measured for the entry. See the crate docs, "Refresh-ahead".
+    #[must_use]
+    pub fn refresh_ahead(mut self, fraction: f64) -> Self {
+        self.engine.refresh_ahead = fraction;
         self
     }
 
@@ -409,6 +570,17 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn redlock(mut self, redlock: crate::Redlock) -> Self {
         self.engine.redlock = Some(Arc::new(redlock));
+        self
+    }
+
+    /// Whether `Surrogate-Key` is removed from responses to clients (default
+    /// `true`). Either way the layer reads the tags of every response it
+    /// stores, for [`CacheLayer::purge_tag`]: the header is addressed to the
+    /// cache, and tags often name internal things (tables, tenants). Turn it
+    /// off when a cache downstream purges by the same tags.
+    #[must_use]
+    pub fn strip_surrogate_key(mut self, strip: bool) -> Self {
+        self.http.strip_surrogate_key = strip;
         self
     }
 
@@ -432,10 +604,13 @@ impl CacheLayerBuilder {
                 "cache name {name:?} is not a token"
             )));
         }
+        let budget = MemoryBudget::of(self.engine.capacity_bytes);
+        let mut engine = self.engine;
+        engine.capacity_bytes = budget.l1;
         let state = Arc::new(LayerState {
-            vary: VaryIndex::new(1_000_000),
-            retained: RetainedStore::new(self.engine.capacity_bytes),
-            engine: Arc::new(Shared::new(self.engine)?),
+            vary: VaryIndex::new(budget.vary / VARY_URL_BYTES),
+            retained: RetainedStore::new(budget.retained),
+            engine: Arc::new(Shared::new(engine)?),
             http: self.http,
             root: None,
         });

@@ -81,8 +81,11 @@
 //!   request elects a new leader.
 //! - **The leading request is cancelled** (client disconnect): the origin call
 //!   runs in its own task and still completes for the waiters.
-//! - **A wait runs out** (`max_wait`, 30 s by default): the waiter calls the
-//!   origin itself, uncached, under a concurrency cap (`fallback_limit`).
+//! - **A wait runs out** (`max_wait`, by default the origin timeout + 5 s,
+//!   so only a leader stuck past its own timeout gets there): the waiter
+//!   calls the origin itself, uncached, under a concurrency cap
+//!   (`fallback_limit`); with the cap full it keeps waiting on the flight
+//!   instead, at most one more origin timeout. See *Bounds and timeouts*.
 //! - **Uncacheable response:** waiters go to the origin on their own (see
 //!   [who may receive an answer](#who-may-receive-an-answer)).
 //! - **Response without freshness information:** not stored and not handed
@@ -110,13 +113,19 @@
 //!   `s-maxage` forbid serving stale beyond what the origin granted
 //!   explicitly: `stale-while-revalidate` and `stale-if-error` still hold
 //!   with `s-maxage`, not with the other two.
-//! - **Request directives:** `no-cache` (and `max-age=0`, `Pragma: no-cache`)
-//!   goes forward (with the stored response's validators, so the origin may
-//!   answer 304) and stores the fresh result; `no-store` goes forward and
-//!   stores nothing; `max-age`, `min-fresh` and `max-stale` decide whether a
-//!   stored response may answer this request (`max-stale` never overrides
-//!   `must-revalidate`); `only-if-cached` is a 504 when nothing usable is
-//!   stored.
+//! - **Request directives:** a request that refuses the stored response
+//!   (`no-cache`, `max-age=0`, `Pragma: no-cache`, a `max-age` below the
+//!   entry's age, a `min-fresh` it cannot meet) never costs an origin call of
+//!   its own by default: it joins the refresh running for its key, or starts
+//!   one, which goes to the origin with the stored validators (so the origin
+//!   may answer 304) and replaces the entry; with Redis one such refresh runs
+//!   per key across the cluster. So a reload may share a refresh that
+//!   started a moment before it, never the entry it refused.
+//!   [`ReloadMode`] picks `Honor` (each its own call, under the fallback
+//!   cap) or `Ignore` (served from the cache) instead. `no-store` goes
+//!   forward and stores nothing; `max-stale` may accept a stale response
+//!   (never over `must-revalidate`); `only-if-cached` is a 504 when nothing
+//!   usable is stored.
 //! - **Revalidation:** a stored response is kept past its stale grace
 //!   ([`keep_for_revalidation`](CacheLayerBuilder::keep_for_revalidation),
 //!   10 min). Once stale, one request per key sends `If-None-Match` /
@@ -135,7 +144,10 @@
 //!   removed from responses by default; `CDN-Cache-Control` is passed on.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
 //!   each combination of the request's values has its own key, so variants
-//!   coexist. A stored variant is still compared header by header before use.
+//!   coexist. A stored variant is still compared header by header before use;
+//!   a request that finds another variant under its key (this instance had
+//!   not learned the names yet) leads or joins the flight of its own
+//!   variant, so variant misses coalesce like any other miss.
 //!   Values are compared in a normal form: field lines combined, whitespace
 //!   around commas dropped; `Accept`, `Accept-Language` and `Accept-Charset`
 //!   also lowercased and ordered by q-value (equal preferences in any
@@ -153,13 +165,61 @@
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
 //!   that clears every instance's memory. An instance that misses the notice
 //!   stops answering fresh from its copy when its L1 lifetime (1 s) ends; a
-//!   stale answer from it starts a refresh that finds the entry gone.
+//!   stale answer from it starts a refresh that finds the entry gone. Each
+//!   purge returns a [`PurgeHandle`]: drop it to purge in the background, or
+//!   await it to learn whether Redis was reached. `Surrogate-Key` is read
+//!   when a response is stored and stripped from every response to a client
+//!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
-//!   `detail=stale` / `max-stale` when served stale), `fwd=uri-miss |
+//!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
-//!   too-large, stale-if-error, only-if-cached and errors.
+//!   too-large, stale-if-error, only-if-cached, wait-timeout, overloaded,
+//!   origin-timeout and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
+//!
+//! ## Grace and refresh-ahead
+//!
+//! - **Grace** ([`CacheLayerBuilder::grace`], off by default): an expired
+//!   entry is served at once for up to the grace past its freshness while one
+//!   refresh runs, even without the origin's `stale-while-revalidate`
+//!   (`Cache-Status: …; detail=grace`). Never for `must-revalidate`,
+//!   `proxy-revalidate`, `s-maxage` or `no-cache` responses. Entries are
+//!   kept in memory and in Redis for freshness + grace.
+//! - **Refresh-ahead** ([`CacheLayerBuilder::refresh_ahead`], on by default:
+//!   the last 25 % of the freshness, or twice the origin time this instance
+//!   last measured for the entry if that is longer): the first hit on a copy
+//!   in that part starts one background refresh. With Redis the lookup
+//!   script takes the entry's lease while the entry is still fresh, so the
+//!   cluster makes one call and every other instance keeps its copy. Under
+//!   steady load no request waits for the origin and none is answered past
+//!   max-age. It costs at most one origin call per key per freshness window
+//!   (each refresh starts a new window; a key nobody hits near its end is
+//!   never refreshed), which is why it is on by default. A failed refresh is
+//!   not retried ahead: the entry then expires as usual. With a Redlock lease
+//!   backend entries are not refreshed ahead.
+//!
+//!   A fixed fraction rather than XFetch (probabilistic early expiration,
+//!   Vattani et al. 2015): XFetch spreads independent recomputations so that
+//!   uncoordinated callers rarely collide. Here the lease already makes the
+//!   refresh single, so randomness only adds variance: at thousands of hits
+//!   per second XFetch fires almost as soon as an entry is stored, which
+//!   would cost a call per origin time rather than per window. A fixed
+//!   point is deterministic, bounded and testable under paused time; the
+//!   measured origin time gives it XFetch's one advantage, a lead that
+//!   grows with a slow origin.
+//!
+//! ## Memory
+//!
+//! [`capacity_bytes`](CacheLayerBuilder::capacity_bytes) bounds what the
+//! layer keeps: entries (L1) get about 73 %, retained copies (kept past their
+//! stale window for 304 revalidation and `stale-if-error`) 25 %, and the Vary
+//! index 1/64; each evicts on its own. [`CacheLayer::memory_bytes`] reports
+//! the total. Bodies being received are bounded by
+//! [`max_body_bytes`](CacheLayerBuilder::max_body_bytes) each (and the
+//! leader cap), not by the capacity. Measured: one instance at a 32 MiB
+//! capacity fed distinct 200 KB entries stays below 1.25 × capacity + 64 MiB
+//! RSS (`cargo bench --bench soak -- --large`).
 //!
 //! ## Who may receive an answer
 //!
@@ -204,6 +264,42 @@
 //!   cache untouched (`Cache-Status: …; fwd=request; detail=request-body`).
 //!   A proxy in front should drop hop-by-hop headers before this layer, as
 //!   the `reverse_proxy` example does.
+//!
+//! ## Bounds and timeouts
+//!
+//! Every wait, call and buffer has a limit. The timeouts form a ladder, each
+//! longer than what it waits for, so a slow but healthy origin never turns
+//! the waiters into a herd:
+//!
+//! ```text
+//! Redis reply 250 ms  <  lease 5 s (extended every lease/3 while the call runs)
+//!                     <  origin_timeout 60 s   a flight's call, head and body;
+//!                                              then its waiters get 504
+//!                     <  max_wait = origin_timeout + 5 s   a waiter's wait
+//! ```
+//!
+//! - **Waiters** wait for the flight up to `max_wait`. Only then does one go
+//!   to the origin itself, uncached, holding one of `fallback_limit` (64)
+//!   permits; if none is free it keeps waiting on the flight, at most one
+//!   more `origin_timeout`, and gets the flight's answer (or its 504).
+//! - **Calls outside a flight** (waits that ran out, answers a waiter may not
+//!   share, misses past the leader cap, [`ReloadMode::Honor`]) each hold a
+//!   fallback permit until the response head arrives, and are bounded by
+//!   `origin_timeout` (then 504, `detail=origin-timeout`). One that finds the
+//!   cap full for a whole `max_wait` is answered 503 with `Retry-After: 1`
+//!   (`detail=overloaded`): the one answer the layer makes up itself, when
+//!   the origin is already `fallback_limit` calls behind.
+//! - **Leader tasks:** at most [`leader_limit`](CacheLayerBuilder::leader_limit)
+//!   (1024) flights run at once. A leader whose client went away runs on
+//!   (its waiters need it), holding its permit, for at most `origin_timeout`.
+//!   A miss with no flight to join past the cap goes to the origin uncached,
+//!   under the fallback cap (`detail=overloaded`); it never queues.
+//! - **Fill buffers:** at most
+//!   [`fill_buffer_bytes`](CacheLayerBuilder::fill_buffer_bytes) (64 MiB)
+//!   of bodies are buffered for fills at once, and each at most
+//!   `max_body_bytes` (8 MiB). A fill past either streams to the request that
+//!   started it and stores nothing; its waiters go to the origin themselves,
+//!   under the fallback cap.
 //!
 //! ## Work that must not run twice
 //!
@@ -262,6 +358,9 @@
 //! [`Cache`] is the same engine for any value: see
 //! [`Cache::get_or_compute`].
 
+// docs.rs: mark feature-gated items with the feature they need.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod body;
 mod conditional;
 mod engine;
@@ -290,17 +389,15 @@ pub use entry::{CachedResponse, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use future::ResponseFuture;
 pub use key::CacheKey;
-pub use layer::{CacheLayer, CacheLayerBuilder};
+pub use layer::{CacheLayer, CacheLayerBuilder, ReloadMode};
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
 pub use metrics::{describe_metrics, Source, Stats};
+pub use purge::{PurgeError, PurgeHandle, Purged};
 pub use route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;
-
-/// The `redis` crate this one uses, so you can stay on one version.
-pub use deadpool_redis::redis;
 
 /// The README's examples, compiled as doctests.
 #[cfg(doctest)]

@@ -248,13 +248,23 @@ pub(crate) enum Usable {
     Fresh,
     /// Stale, inside `stale-while-revalidate`: serve now, refresh in the background.
     StaleWhileRevalidate,
+    /// Stale past any `stale-while-revalidate`, inside the operator's grace:
+    /// serve now, refresh in the background.
+    Grace,
     /// Stale, but the client's `max-stale` accepts it.
     StaleAccepted,
     /// Must be validated with the origin first.
     Revalidate,
 }
 
-pub(crate) fn usability(rd: &RequestDirectives, rules: StoredRules, age: Duration) -> Usable {
+/// `grace` is the operator's stale-while-updating allowance
+/// ([`CacheLayerBuilder::grace`](crate::CacheLayerBuilder::grace)); zero when off.
+pub(crate) fn usability(
+    rd: &RequestDirectives,
+    rules: StoredRules,
+    age: Duration,
+    grace: Duration,
+) -> Usable {
     if rd.no_cache || rules.has(StoredRules::NO_CACHE) {
         return Usable::Revalidate;
     }
@@ -276,8 +286,16 @@ pub(crate) fn usability(rd: &RequestDirectives, rules: StoredRules, age: Duratio
         return Usable::StaleAccepted;
     }
     // `swr` is already zero when the origin forbade stale.
-    if staleness < Duration::from_secs(u64::from(rules.swr)) && rd.min_fresh.is_none() {
+    if rd.min_fresh.is_some() {
+        return Usable::Revalidate;
+    }
+    if staleness < Duration::from_secs(u64::from(rules.swr)) {
         return Usable::StaleWhileRevalidate;
+    }
+    // no-cache returned above; must-revalidate, proxy-revalidate and
+    // s-maxage are NO_STALE: the operator's grace never overrides the origin.
+    if staleness < grace && !rules.has(StoredRules::NO_STALE) {
+        return Usable::Grace;
     }
     Usable::Revalidate
 }
@@ -316,6 +334,10 @@ pub(crate) struct ResponseRules {
     /// Heuristic freshness from Last-Modified: 10 % of its age, at most this
     /// (off by default).
     pub(crate) heuristic_max: Option<Duration>,
+    /// Operator grace: how long past its freshness a response may be served
+    /// while one refresh runs, without the origin's stale-while-revalidate
+    /// (zero: off, the default).
+    pub(crate) grace: Duration,
     /// A targeted field of the user's own, obeyed above `CDN-Cache-Control`.
     pub(crate) own_cache_control: Option<HeaderName>,
     /// No freshness lifetime is longer than this (a route's cap).
@@ -444,8 +466,18 @@ pub(crate) fn classify_response(
     } else {
         lifetime.saturating_sub(initial_age)
     };
+    // The operator's grace keeps the entry servable (and stored, in memory
+    // and in Redis) that long past its freshness; never where the origin
+    // forbade stale answers.
+    let grace = if no_stale || cc.no_cache {
+        Duration::ZERO
+    } else {
+        rules.grace
+    };
     // Stale grace counts from the end of freshness, even if that has passed.
-    let stale_for = Duration::from_secs(swr).saturating_sub(initial_age.saturating_sub(lifetime));
+    let stale_for = Duration::from_secs(swr)
+        .max(grace)
+        .saturating_sub(initial_age.saturating_sub(lifetime));
     if fresh_for.is_zero() && stale_for.is_zero() && !validators && sie == 0 {
         return ResponseVerdict::Share;
     }

@@ -6,15 +6,20 @@
 //! store extends it to delete its copies and publish the purge to every
 //! instance, which then runs the same [`PurgeTarget`] on its own memory.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::Uri;
+use tokio::sync::oneshot;
 
 use crate::entry::CachedResponse;
 use crate::key::CacheKey;
 use crate::layer::{CacheLayer, LayerState};
-use crate::store::redis::{RedisStore, StoreError};
+use crate::store::redis::{redact_error, RedisStore, StoreError};
 
 /// What a purge removes. Plain data, so it can travel over pub/sub.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,30 +57,134 @@ impl PurgeTarget {
     }
 }
 
-impl LayerState {
-    /// Remove what `target` names from this process and, with Redis, from
-    /// Redis and (through a published notice) from every other instance.
-    pub(crate) fn purge(&self, target: PurgeTarget) {
-        if let Some(remote) = &self.engine.remote {
-            let remote = Arc::clone(remote);
-            let t = target.clone();
-            crate::engine::spawn_detached("purge", async move {
-                if let Err(e) = purge_remote(&remote, &t).await {
-                    tracing::warn!(error = %e, "purge in redis failed");
-                }
-            });
+/// How far a purge reached, once its [`PurgeHandle`] resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Purged {
+    /// This process only: the layer has no Redis.
+    Local,
+    /// This process and Redis: the entries are deleted there and the purge
+    /// notice is published, so every instance that hears it drops its
+    /// copies (one that misses it stops answering fresh from its copy when
+    /// its L1 lifetime ends).
+    Redis,
+}
+
+/// A purge that did not fully reach Redis. Memory copies were still dropped,
+/// and the notice was still published when only the deletion failed.
+#[derive(Debug, Clone)]
+pub struct PurgeError {
+    reason: String,
+}
+
+impl fmt::Display for PurgeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "purge did not reach redis: {}", self.reason)
+    }
+}
+
+impl std::error::Error for PurgeError {}
+
+/// A purge in progress, returned by [`CacheLayer::purge_url`],
+/// [`purge_key`](CacheLayer::purge_key) and
+/// [`purge_tag`](CacheLayer::purge_tag).
+///
+/// This process's memory is purged before the call returns. The Redis part
+/// runs in a spawned task whether or not the handle is awaited: drop it to
+/// purge in the background (a failure is then logged), or await it for the
+/// outcome. Each Redis call in it is bounded by the
+/// [`RedisOptions`](crate::RedisOptions) timeouts.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use herdguard::{CacheLayer, Purged};
+///
+/// let cache = CacheLayer::new();
+/// // Without Redis only this process holds entries.
+/// assert_eq!(cache.purge_tag("product-7").await.unwrap(), Purged::Local);
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct PurgeHandle {
+    state: HandleState,
+}
+
+#[derive(Debug)]
+enum HandleState {
+    Ready(Option<Result<Purged, PurgeError>>),
+    Waiting(oneshot::Receiver<Result<(), PurgeError>>),
+}
+
+impl PurgeHandle {
+    fn ready(outcome: Result<Purged, PurgeError>) -> Self {
+        Self {
+            state: HandleState::Ready(Some(outcome)),
         }
+    }
+}
+
+impl Future for PurgeHandle {
+    type Output = Result<Purged, PurgeError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().state {
+            HandleState::Ready(outcome) => match outcome.take() {
+                Some(o) => Poll::Ready(o),
+                // Polled after completion: a contract violation by the caller.
+                None => Poll::Pending,
+            },
+            HandleState::Waiting(rx) => Pin::new(rx).poll(cx).map(|r| match r {
+                Ok(result) => result.map(|()| Purged::Redis),
+                Err(_) => Err(PurgeError {
+                    reason: "the purge task ended early (runtime shut down)".to_owned(),
+                }),
+            }),
+        }
+    }
+}
+
+impl LayerState {
+    /// Remove what `target` names from this process now and, with Redis,
+    /// from Redis and (through a published notice) from every other
+    /// instance, in a spawned task the handle reports on.
+    pub(crate) fn purge(&self, target: PurgeTarget) -> PurgeHandle {
+        let Some(remote) = &self.engine.remote else {
+            self.purge_local(target);
+            return PurgeHandle::ready(Ok(Purged::Local));
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("purge outside a tokio runtime: redis and other instances not purged");
+            self.purge_local(target);
+            return PurgeHandle::ready(Err(PurgeError {
+                reason: "no tokio runtime to run it on".to_owned(),
+            }));
+        };
+        let remote = Arc::clone(remote);
+        let (tx, rx) = oneshot::channel();
+        let t = target.clone();
+        runtime.spawn(async move {
+            let result = purge_remote(&remote, &t).await.map_err(|e| PurgeError {
+                reason: redact_error(&e),
+            });
+            // Nobody awaits the handle: the log is the only place left to say it.
+            if let Err(Err(e)) = tx.send(result) {
+                tracing::warn!(error = %e, "purge in redis failed");
+            }
+        });
         self.purge_local(target);
+        PurgeHandle {
+            state: HandleState::Waiting(rx),
+        }
     }
 
-    /// Like [`purge`](Self::purge), but waits for Redis and reports its
-    /// failure instead of logging it (for the diagnostics CLI). `Ok(false)`:
-    /// the layer has no Redis, so only this process was purged.
-    pub(crate) async fn purge_and_wait(&self, target: PurgeTarget) -> Result<bool, StoreError> {
-        self.purge_local(target.clone());
-        match &self.engine.remote {
-            Some(remote) => purge_remote(remote, &target).await.map(|()| true),
-            None => Ok(false),
+    /// [`purge`](Self::purge), awaited (for the diagnostics CLI). `Ok(false)`:
+    /// the layer has no Redis, so only this process was purged. The error is
+    /// the bare reason: the CLI words the rest.
+    pub(crate) async fn purge_and_wait(&self, target: PurgeTarget) -> Result<bool, String> {
+        match self.purge(target).await {
+            Ok(p) => Ok(p == Purged::Redis),
+            Err(e) => Err(e.reason),
         }
     }
 
@@ -139,6 +248,7 @@ impl Invalidation {
         }
         let authority = self.authority.as_deref().map(str::as_bytes);
         let (path, query) = split_query(&self.path);
+        // Handles dropped: the response does not wait for Redis.
         self.state
             .purge(PurgeTarget::Key(url_key(authority, path.as_bytes(), query)));
         for name in [header::LOCATION, header::CONTENT_LOCATION] {
@@ -238,20 +348,21 @@ impl CacheLayer {
     }
 
     /// Remove every stored variant of `url` (with and without Authorization,
-    /// every Vary variant) from this process.
-    pub fn purge_url(&self, url: &Uri) {
-        self.purge_key(&self.url_key(url));
+    /// every Vary variant): from this process at once, and from Redis and
+    /// every instance through the returned [`PurgeHandle`].
+    pub fn purge_url(&self, url: &Uri) -> PurgeHandle {
+        self.purge_key(&self.url_key(url))
     }
 
     /// Remove the entry with `key`, or every entry of the URL whose
-    /// [`url_key`](Self::url_key) it is.
-    pub fn purge_key(&self, key: &CacheKey) {
-        self.state.purge(PurgeTarget::Key(*key));
+    /// [`url_key`](Self::url_key) it is. See [`PurgeHandle`].
+    pub fn purge_key(&self, key: &CacheKey) -> PurgeHandle {
+        self.state.purge(PurgeTarget::Key(*key))
     }
 
     /// Remove every entry whose response carried `tag` in its space-separated
-    /// `Surrogate-Key` header.
-    pub fn purge_tag(&self, tag: &str) {
-        self.state.purge(PurgeTarget::Tag(Box::from(tag)));
+    /// `Surrogate-Key` header. See [`PurgeHandle`].
+    pub fn purge_tag(&self, tag: &str) -> PurgeHandle {
+        self.state.purge(PurgeTarget::Tag(Box::from(tag)))
     }
 }

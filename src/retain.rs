@@ -100,6 +100,12 @@ impl RetainedStore {
         (Instant::now() < r.until).then_some(r.entry)
     }
 
+    /// Weighted bytes held, after pending evictions run.
+    pub(crate) fn weighted_bytes(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.weighted_size()
+    }
+
     pub(crate) fn remove(&self, key: &CacheKey) {
         self.cache.invalidate(key);
     }

@@ -27,7 +27,7 @@ use futures_util::future::BoxFuture;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tower_service::Service;
 
 use crate::body::CacheBody;
@@ -37,9 +37,11 @@ use crate::entry::CachedResponse;
 use crate::error::{BoxError, Error};
 use crate::future::ResponseFuture;
 use crate::key::{CacheKey, KeyHasher};
-use crate::layer::LayerState;
+use crate::layer::{LayerState, ReloadMode};
 use crate::metrics::Source;
-use crate::policy::{self, Forward, RequestVerdict, ResponseVerdict, StoredRules, Usable};
+use crate::policy::{
+    self, Forward, RequestDirectives, RequestVerdict, ResponseVerdict, StoredRules, Usable,
+};
 use crate::purge::{key_authority, url_key, Invalidation};
 use crate::store::memory::{Probe, Stored};
 use crate::vary::{stored_values, variant_key};
@@ -83,6 +85,21 @@ impl<S> CacheService<S> {
     pub(crate) fn new(inner: S, state: Arc<LayerState>) -> Self {
         Self { inner, state }
     }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service; the cache it used lives on in the layer.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 /// Where a request's entry lives.
@@ -114,16 +131,16 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let strip = self.state.stripped_header();
-        self.respond_to(req).stripping(strip)
+        // At the one exit every answer passes, whatever path made it.
+        let strip = self.state.http.strip_surrogate_key;
+        let own = self.state.stripped_header();
+        self.route(req).strip_surrogate_key(strip).stripping(own)
     }
 }
 
 impl<S> CacheService<S> {
-    fn respond_to<ReqB, ResB>(
-        &mut self,
-        req: Request<ReqB>,
-    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    /// `call` but for the final header touch.
+    fn route<ReqB, ResB>(&mut self, req: Request<ReqB>) -> ResponseFuture<S::Future, ResB, S::Error>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -138,6 +155,16 @@ impl<S> CacheService<S> {
         let state = &self.state;
 
         let rd = match policy::classify_request(req.method(), req.headers()) {
+            // Refusals of the stored response are dropped here, so the
+            // request is served like any other.
+            RequestVerdict::Cacheable(rd) if state.http.reload == ReloadMode::Ignore => {
+                RequestDirectives {
+                    no_cache: false,
+                    max_age: None,
+                    min_fresh: None,
+                    ..rd
+                }
+            }
             RequestVerdict::Cacheable(rd) => rd,
             RequestVerdict::Bypass(fwd) => {
                 let invalidate =
@@ -174,15 +201,27 @@ impl<S> CacheService<S> {
             ResponseFuture::boxed(Box::pin(tracing::Instrument::instrument(fut, span.clone())))
         };
         if rd.no_cache && !rd.only_if_cached {
-            // Forward, but with the stored response's validators when there is
+            // Refresh, with the stored response's validators when there is
             // one: the origin may then answer 304 and the entry is freshened.
             let stored = match state.engine.probe(&target.key) {
                 Probe::Fresh(e) | Probe::Stale(e) => Some(e),
                 Probe::Pass | Probe::Miss => state.retained.get(&target.key),
-            }
-            .filter(|e| e.value.vary_matches(req.headers()))
-            .map(|e| e.value.clone());
-            let fut = forward(Arc::clone(state), target, head, inner, req, stored);
+            };
+            // Stored for other header values: refresh this request's own variant.
+            let (target, stored) = match stored {
+                Some(e) if !e.value.vary_matches(req.headers()) => {
+                    let t = state
+                        .variant_for(&target, &e, req.headers())
+                        .unwrap_or(target);
+                    let v = match state.engine.probe(&t.key) {
+                        Probe::Fresh(v) | Probe::Stale(v) => Some(v),
+                        Probe::Pass | Probe::Miss => state.retained.get(&t.key),
+                    };
+                    (t, v.filter(|v| v.value.vary_matches(req.headers())))
+                }
+                other => (target, other),
+            };
+            let fut = reload(Arc::clone(state), target, head, inner, req, stored);
             return boxed(Box::pin(fut));
         }
 
@@ -191,9 +230,39 @@ impl<S> CacheService<S> {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
                 }
-                state.engine.counters.record(Source::Bypass);
-                let status = state.status_fwd(Forward::VaryMiss, None);
-                return ResponseFuture::bypass(inner.call(req), status, None);
+                // Another variant is stored here (this instance did not know
+                // the URL varies): the request's own variant gets a flight
+                // of its own, keyed by the names the stored one varies on.
+                let target = state
+                    .variant_for(&target, &e, req.headers())
+                    .unwrap_or(target);
+                let stale = match state.engine.probe(&target.key) {
+                    Probe::Fresh(v) | Probe::Stale(v) if v.value.vary_matches(req.headers()) => {
+                        let age = v.value.current_age(v.age());
+                        let fresh = v.fresh_by_meta()
+                            && policy::usability(&rd, v.value.rules, age, state.http.rules.grace)
+                                == Usable::Fresh;
+                        if fresh {
+                            state.engine.counters.record(Source::Hit);
+                            let view = View::of(&req, head);
+                            return ResponseFuture::ready(state.respond(&v, &view, Served::Hit));
+                        }
+                        Some(v)
+                    }
+                    _ => None,
+                };
+                let spare = spare_call(&inner, &req);
+                let fut = miss(
+                    Arc::clone(state),
+                    target,
+                    head,
+                    inner,
+                    req,
+                    stale,
+                    spare,
+                    false,
+                );
+                return boxed(Box::pin(fut));
             }
             Probe::Fresh(e) => Some((e, true)),
             Probe::Stale(e) => Some((e, false)),
@@ -217,19 +286,43 @@ impl<S> CacheService<S> {
                 return ResponseFuture::ready(state.only_if_cached());
             }
             let spare = spare_call(&inner, &req);
-            let fut = miss(Arc::clone(state), target, head, inner, req, None, spare);
+            let fut = miss(
+                Arc::clone(state),
+                target,
+                head,
+                inner,
+                req,
+                None,
+                spare,
+                false,
+            );
             return boxed(Box::pin(fut));
         };
-        let age = entry.value.current_age(entry.age());
+        let stored_age = entry.age();
+        let age = entry.value.current_age(stored_age);
         let view = View::of(&req, head);
-        match policy::usability(&rd, entry.value.rules, age) {
+        match policy::usability(&rd, entry.value.rules, age, state.http.rules.grace) {
             // The engine's own clock may end freshness earlier (an L1 bound
             // in front of a shared store): then ask the flight.
             Usable::Fresh if engine_fresh => {
                 state.engine.counters.record(Source::Hit);
+                // Refresh-ahead: the one hit that finds this copy in the last
+                // part of its freshness starts the background refresh.
+                if entry.claim_refresh(stored_age) {
+                    let stale = Some(entry.value.clone());
+                    let refresh = OriginCall::new(
+                        inner,
+                        refresh_request(&req),
+                        Arc::clone(state),
+                        None,
+                        target,
+                        stale,
+                    );
+                    state.engine.refresh_ahead(target.key, &entry, refresh);
+                }
                 ResponseFuture::ready(state.respond(&entry, &view, Served::Hit))
             }
-            Usable::StaleWhileRevalidate => {
+            usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
                 state.engine.counters.record(Source::Stale);
                 let refresh = OriginCall::new(
                     inner,
@@ -240,7 +333,7 @@ impl<S> CacheService<S> {
                     Some(entry.value.clone()),
                 );
                 state.engine.refresh_in_background(target.key, refresh);
-                let served = Served::Stale("stale");
+                let served = Served::Stale(stale_detail(usable));
                 ResponseFuture::ready(state.respond(&entry, &view, served))
             }
             Usable::StaleAccepted => {
@@ -250,10 +343,9 @@ impl<S> CacheService<S> {
             }
             _ if rd.only_if_cached => ResponseFuture::ready(state.only_if_cached()),
             // Fresh for everyone else, but this request's directives refuse
-            // it: the flight would hand it back, so forward on our own.
+            // it (max-age, min-fresh): refresh it, as for no-cache.
             Usable::Revalidate if engine_fresh => {
-                let stored = Some(entry.value.clone());
-                let fut = forward(Arc::clone(state), target, head, inner, req, stored);
+                let fut = reload(Arc::clone(state), target, head, inner, req, Some(entry));
                 boxed(Box::pin(fut))
             }
             Usable::Fresh | Usable::Revalidate => {
@@ -266,6 +358,7 @@ impl<S> CacheService<S> {
                     req,
                     Some(entry),
                     spare,
+                    false,
                 );
                 boxed(Box::pin(fut))
             }
@@ -307,12 +400,17 @@ pub(crate) enum Served {
 }
 
 /// Lead or follow the flight for `key`, then answer from its outcome.
-/// `stale` is the stored response to revalidate, if there is one.
+/// `stale` is the stored response to revalidate, if there is one; `reload`:
+/// the request refuses it, so only a refresh answers it.
 ///
 /// A waiter gets the flight's answer only if the cache could have stored it
 /// and served it to this very request (storable, its Vary values and
 /// credentials match, its directives accept it); otherwise it is released
 /// to call the origin itself under the fallback cap.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the request's parts, moved in once; a struct would only rename them"
+)]
 async fn miss<S, ReqB, ResB>(
     state: Arc<LayerState>,
     mut target: Target,
@@ -321,6 +419,7 @@ async fn miss<S, ReqB, ResB>(
     req: Request<ReqB>,
     stale: Option<Arc<Stored<CachedResponse>>>,
     mut spare: Option<(S, Request<ReqB>)>,
+    reload: bool,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -335,7 +434,9 @@ where
         head,
         headers: &request_headers,
     };
-    let mut fwd = if stale.is_some() {
+    let mut fwd = if reload {
+        Forward::Request
+    } else if stale.is_some() {
         Forward::Stale
     } else {
         target.miss
@@ -344,7 +445,11 @@ where
     let (leader, mut passthrough_rx, mut error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let mut compute = Some(leader);
-    let mut resolved = state.engine.resolve(target.key, &mut compute).await;
+    let mut resolved = if reload {
+        state.engine.resolve_refresh(target.key, &mut compute).await
+    } else {
+        state.engine.resolve(target.key, &mut compute).await
+    };
     // An entry made for other Vary values (or other credentials) names the
     // variant this request needs: follow it once, as a flight of its own.
     if let Resolved::Value { entry, .. } = &resolved {
@@ -366,6 +471,7 @@ where
                 }),
             };
             resolved = match compute {
+                Some(_) if reload => state.engine.resolve_refresh(target.key, &mut compute).await,
                 Some(_) => state.engine.resolve(target.key, &mut compute).await,
                 None => Resolved::Pass(None),
             };
@@ -400,9 +506,16 @@ where
             }
             // A stored copy shared by the flight may still be refused by this
             // request's own directives (max-age, min-fresh): such a request
-            // goes to the origin itself. The leader's own answer is for it.
-            if source != Source::Miss && is_stored(&entry) && !acceptable(&request_headers, &entry)
-            {
+            // goes to the origin itself. The leader's own answer is for it,
+            // and so is a refresh to a request that refused the stored one
+            // (a refresh's answer is never the entry it refused).
+            let grace = state.http.rules.grace;
+            let refused = !reload
+                && state.http.reload != ReloadMode::Ignore
+                && source != Source::Miss
+                && is_stored(&entry)
+                && !acceptable(&request_headers, &entry, grace);
+            if refused {
                 let call = own_call(compute, spare);
                 return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
             }
@@ -414,7 +527,12 @@ where
             counters.record(source);
             let served = match source {
                 Source::Hit => Served::Hit,
-                Source::Stale => Served::Stale("stale"),
+                Source::Stale => Served::Stale(stale_detail(policy::usability(
+                    &policy::RequestDirectives::default(),
+                    entry.value.rules,
+                    entry.value.current_age(entry.age()),
+                    grace,
+                ))),
                 Source::Coalesced => Served::Forwarded {
                     fwd,
                     collapsed: true,
@@ -462,15 +580,50 @@ where
             counters.record_error();
             Ok(state.error_response(&error))
         }
-        Resolved::WaitTimedOut => {
+        Resolved::WaitTimedOut(permit) => {
             let status = state.status_fwd(fwd, Some("wait-timeout"));
+            direct_with(&state, own_call(compute, spare), status, Some(permit)).await
+        }
+        Resolved::Overloaded => {
+            let status = state.status_fwd(fwd, Some("overloaded"));
             released(&state, own_call(compute, spare), status, fallback).await
         }
     }
 }
 
+/// A request that refuses the stored response (`no-cache`, `max-age` …):
+/// by default it shares one refresh per key ([`ReloadMode::Coalesce`]); in
+/// [`ReloadMode::Honor`] it calls the origin on its own while a fallback
+/// permit is free, and shares a refresh beyond that.
+async fn reload<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    inner: S,
+    req: Request<ReqB>,
+    stored: Option<Arc<Stored<CachedResponse>>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    if state.http.reload == ReloadMode::Honor {
+        if let Some(permit) = state.engine.try_fallback_permit() {
+            let stored = stored.map(|e| e.value.clone());
+            return forward(state, target, head, inner, req, stored, permit).await;
+        }
+    }
+    let spare = spare_call(&inner, &req);
+    miss(state, target, head, inner, req, stored, spare, true).await
+}
+
 /// A request released from a flight calls the origin itself, under the
-/// fallback cap; past the cap it gets stale-if-error or a 503.
+/// fallback cap (waiting at most `max_wait` for a permit); past the cap it
+/// gets stale-if-error or a 503.
 async fn released<S, ReqB, ResB>(
     state: &LayerState,
     call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
@@ -480,18 +633,19 @@ async fn released<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let Some(_permit) = state.engine.fallback_permit().await else {
+    let Some(permit) = state.engine.fallback_permit().await else {
         if let Some(r) = fallback(None) {
             return Ok(r);
         }
         state.engine.counters.record_error();
-        return Ok(state.error_response(&Error::Overloaded));
+        return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
     };
-    direct(state, call, status).await
+    direct_with(state, call, status, Some(permit)).await
 }
 
-/// A request that asked for a fresh answer (`no-cache`): call the origin for
-/// it alone, and store what comes back for everyone else.
+/// A request that asked for a fresh answer, in [`ReloadMode::Honor`]: call
+/// the origin for it alone (holding a fallback permit), and store what comes
+/// back for everyone else.
 async fn forward<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
@@ -499,6 +653,7 @@ async fn forward<S, ReqB, ResB>(
     inner: S,
     req: Request<ReqB>,
     stored: Option<CachedResponse>,
+    _permit: OwnedSemaphorePermit,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -544,7 +699,7 @@ where
             counters.record(Source::Bypass);
             Ok(state.respond_uncached(value, &view, Forward::Request))
         }
-        Ok(Fill::Pass(None)) => match passthrough_rx.try_recv() {
+        Ok(Fill::Pass(None) | Fill::Unbuffered) => match passthrough_rx.try_recv() {
             Ok(mut response) => {
                 counters.record(Source::Bypass);
                 let status = state.status_fwd(Forward::Request, Some("too-large"));
@@ -579,6 +734,15 @@ fn spare_call<S: Clone, B: Default>(inner: &S, req: &Request<B>) -> Option<(S, R
     Some((inner.clone(), refresh_request(req)))
 }
 
+/// `Cache-Status` detail of a stale answer: the origin's
+/// stale-while-revalidate, or the operator's grace.
+fn stale_detail(usable: Usable) -> &'static str {
+    match usable {
+        Usable::Grace => "grace",
+        _ => "stale",
+    }
+}
+
 /// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a
 /// Content-Length other than 0).
 fn has_body(headers: &HeaderMap) -> bool {
@@ -590,23 +754,42 @@ fn has_body(headers: &HeaderMap) -> bool {
 }
 
 /// Whether a request with these headers accepts `entry` served as it is now.
-fn acceptable(request_headers: &HeaderMap, entry: &Stored<CachedResponse>) -> bool {
+fn acceptable(
+    request_headers: &HeaderMap,
+    entry: &Stored<CachedResponse>,
+    grace: Duration,
+) -> bool {
     let RequestVerdict::Cacheable(rd) = policy::classify_request(&Method::GET, request_headers)
     else {
         return false;
     };
     let age = entry.value.current_age(entry.age());
     matches!(
-        policy::usability(&rd, entry.value.rules, age),
-        Usable::StaleWhileRevalidate | Usable::StaleAccepted | Usable::Fresh
+        policy::usability(&rd, entry.value.rules, age, grace),
+        Usable::StaleWhileRevalidate | Usable::Grace | Usable::StaleAccepted | Usable::Fresh
     )
 }
 
-/// Call the origin for this request alone, streaming, storing nothing.
+/// Call the origin for this request alone, streaming, storing nothing:
+/// under a fallback permit (held until the response head arrives), and
+/// bounded by the origin timeout.
 async fn direct<S, ReqB, ResB>(
     state: &LayerState,
     call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
     status: HeaderValue,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    direct_with(state, call, status, None).await
+}
+
+/// [`direct`] with a fallback permit already taken (`None`: take one).
+async fn direct_with<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    permit: Option<OwnedSemaphorePermit>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -616,11 +799,28 @@ where
         state.engine.counters.record_error();
         return Ok(state.error_response(&Error::Aborted));
     };
-    state.engine.counters.record(Source::Bypass);
-    state.engine.counters.origin_call();
-    poll_fn(|cx| inner.poll_ready(cx)).await?;
-    let response = inner.call(req).await?;
-    let (mut parts, body) = response.into_parts();
+    let counters = &state.engine.counters;
+    let permit = match permit {
+        Some(p) => Some(p),
+        None => state.engine.fallback_permit().await,
+    };
+    let Some(_permit) = permit else {
+        // The cap stayed full for a whole max_wait: shed this request
+        // rather than add to an origin that is already this far behind.
+        counters.record_error();
+        return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
+    };
+    counters.record(Source::Bypass);
+    counters.origin_call();
+    let call = async {
+        poll_fn(|cx| inner.poll_ready(cx)).await?;
+        inner.call(req).await
+    };
+    let Ok(response) = tokio::time::timeout(state.engine.config.origin_timeout, call).await else {
+        counters.record_error();
+        return Ok(state.own_answer(StatusCode::GATEWAY_TIMEOUT, &status, "origin-timeout"));
+    };
+    let (mut parts, body) = response?.into_parts();
     parts.headers.insert(CACHE_STATUS, status);
     Ok(Response::from_parts(parts, CacheBody::inner(body)))
 }
@@ -854,6 +1054,9 @@ where
         let mut body = Box::pin(body);
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
         let mut total = 0usize;
+        // This fill's share of the layer-wide fill buffer budget, given
+        // back once the body is joined (the store accounts for it then).
+        let mut buffered: Option<OwnedSemaphorePermit> = None;
         while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             let frame = frame.map_err(Into::into)?;
             // Trailers are not stored; the data is.
@@ -861,7 +1064,25 @@ where
                 continue;
             };
             total += data.len();
+            let share = u32::try_from(data.len()).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
             chunks.push_back(data);
+            let Some(share) = share else {
+                // Over budget: stream on to this request alone, store nothing,
+                // and mark nothing (the next request may buffer again).
+                if let Some(tx) = passthrough {
+                    let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
+                    let _ = tx.send(response);
+                }
+                return Ok(Fill::Unbuffered);
+            };
+            match &mut buffered {
+                Some(held) => held.merge(share),
+                None => buffered = Some(share),
+            }
             if total > limit {
                 if let Some(tx) = passthrough {
                     let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
@@ -871,6 +1092,7 @@ where
             }
         }
         let body = join(chunks, total);
+        drop(buffered);
 
         let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
         // Credentials vary the answer unless the origin says it is the same
@@ -1218,6 +1440,29 @@ impl LayerState {
             headers.insert(header::AGE, HeaderValue::from(age));
         }
         headers.insert(CACHE_STATUS, status);
+        response
+    }
+
+    /// An answer of the layer's own for a call outside any flight: the
+    /// `Cache-Status` it would have had, with `detail` in place of its own.
+    fn own_answer<B>(
+        &self,
+        code: StatusCode,
+        status: &HeaderValue,
+        detail: &str,
+    ) -> Response<CacheBody<B>> {
+        let text = status.to_str().unwrap_or("");
+        let kept = text.split("; detail=").next().unwrap_or(text);
+        let mut response = Response::new(CacheBody::empty());
+        *response.status_mut() = code;
+        if code == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        let value = HeaderValue::from_maybe_shared(Bytes::from(format!("{kept}; detail={detail}")))
+            .unwrap_or_else(|_| HeaderValue::from_static("herdguard"));
+        response.headers_mut().insert(CACHE_STATUS, value);
         response
     }
 

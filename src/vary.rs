@@ -44,6 +44,12 @@ impl VaryIndex {
         }
     }
 
+    /// URLs held, after pending evictions run.
+    pub(crate) fn len(&self) -> u64 {
+        self.names.run_pending_tasks();
+        self.names.entry_count()
+    }
+
     pub(crate) fn names(&self, base: &CacheKey) -> Option<Arc<[HeaderName]>> {
         if !self.any.load(Ordering::Acquire) {
             return None;

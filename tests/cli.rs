@@ -9,7 +9,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use herdguard::{redis, CacheKey, CacheLayer, RedisOptions, Redlock};
+use deadpool_redis::redis;
+use herdguard::{CacheKey, CacheLayer, RedisOptions, Redlock};
 use serde_json::Value as Json;
 use support::origin::{get_req, send, Origin};
 use support::RedisServer;
@@ -543,4 +544,122 @@ async fn purge_with_redis_down_is_exit_2() {
     .await;
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("cannot connect"), "{}", run.stderr);
+}
+
+// ---------------------------------------------------------------- raw keys
+
+/// The lock key of the redis-cli recipes, made by other clients.
+const FOREIGN_LOCK: &str = "lock:rebuild:{42}";
+
+/// A foreign lock key held with two tokens on two of three nodes is read as given and reported split, with each node's token and PTTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_reads_a_foreign_lock_key_as_given() {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    set(&servers[0], FOREIGN_LOCK, b"token-a").await;
+    set(&servers[1], FOREIGN_LOCK, b"token-b").await;
+    let all = nodes(&servers);
+    let run = cli(&["--json", "locks", FOREIGN_LOCK, "--nodes", &all]).await;
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let j = run.json();
+    assert_eq!(
+        (&j["key"], &j["key_form"]),
+        (&FOREIGN_LOCK.into(), &"as_given".into())
+    );
+    assert_eq!(j["state"], "split");
+    let n = &j["nodes"];
+    assert_eq!(
+        (&n[0]["token"], &n[1]["token"]),
+        (&"token-a".into(), &"token-b".into())
+    );
+    for held in [&n[0], &n[1]] {
+        let pttl = held["pttl_ms"].as_i64().unwrap();
+        assert!(pttl > 50_000 && pttl <= 60_000, "pttl {pttl}");
+    }
+    assert_eq!(n[2]["token"], Json::Null);
+    let text = cli(&["locks", FOREIGN_LOCK, "--nodes", &all]).await;
+    assert!(text.stdout.contains("SPLIT"), "{}", text.stdout);
+    assert!(text.stdout.contains("token-a"), "{}", text.stdout);
+}
+
+/// `--raw` reads the name verbatim where a Redlock resource lock of the same name also exists (which alone is ambiguous, exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_raw_takes_the_key_verbatim() {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    for s in &servers[..2] {
+        set(s, "job", b"theirs").await;
+        set(s, &lock_name("job"), b"ours").await;
+    }
+    let all = nodes(&servers);
+    let args = [
+        "--json",
+        "locks",
+        "job",
+        "--nodes",
+        &all,
+        "--namespace",
+        "rl",
+    ];
+    let ambiguous = cli(&args).await;
+    assert_eq!(ambiguous.code, 2, "{}", ambiguous.stdout);
+    assert!(
+        ambiguous.stderr.contains("ambiguous"),
+        "{}",
+        ambiguous.stderr
+    );
+    let run = cli(&[&args[..], &["--raw"]].concat()).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!((&j["key"], &j["state"]), (&"job".into(), &"held".into()));
+    assert_eq!(j["holders"]["theirs"], 2);
+}
+
+/// A key that is no string is flagged as not a lock: exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_flags_a_key_that_is_not_a_lock() {
+    let server = RedisServer::start();
+    let mut c = server.connection().await;
+    let _: () = redis::cmd("HSET")
+        .arg(FOREIGN_LOCK)
+        .arg("f")
+        .arg("v")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let run = cli(&["--json", "locks", FOREIGN_LOCK, "--nodes", &server.url()]).await;
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["nodes"][0]["type"], "hash");
+}
+
+/// inspect reads an existing foreign key as given: type, token and PTTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reads_a_foreign_key_as_given() {
+    let server = RedisServer::start();
+    set(&server, FOREIGN_LOCK, b"token-a").await;
+    let url = server.url();
+    let run = cli(&["--json", "inspect", FOREIGN_LOCK, "--redis", &url]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let j = run.json();
+    assert_eq!(
+        (&j["type"], &j["value"]),
+        (&"string".into(), &"token-a".into())
+    );
+    assert!(j["pttl_ms"].as_i64().unwrap() > 50_000);
+    let text = cli(&["inspect", FOREIGN_LOCK, "--redis", &url]).await;
+    assert!(text.stdout.contains("token-a"), "{}", text.stdout);
+}
+
+/// A name that is no key yet is a usage error, unless `--raw` asks for it: then it is reported missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_raw_reports_a_missing_key() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let guessed = cli(&["inspect", "lock:none", "--redis", &url]).await;
+    assert_eq!(guessed.code, 2);
+    assert!(guessed.stderr.contains("--raw"), "{}", guessed.stderr);
+    let run = cli(&["--json", "inspect", "lock:none", "--raw", "--redis", &url]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        (&run.json()["status"], &run.json()["type"]),
+        (&"missing".into(), &"none".into())
+    );
 }

@@ -458,7 +458,7 @@ async fn with_the_opt_in_waiters_share_one_uncacheable_answer() {
 
 async fn redis_exists(redis: &RedisServer, key: &str) -> bool {
     let mut conn = redis.connection().await;
-    let n: i64 = herdguard::redis::cmd("EXISTS")
+    let n: i64 = deadpool_redis::redis::cmd("EXISTS")
         .arg(key)
         .query_async(&mut conn)
         .await

@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use herdguard::{redis, CacheLayer, RedisOptions};
+use deadpool_redis::redis;
+use herdguard::{CacheLayer, RedisOptions};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;

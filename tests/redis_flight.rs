@@ -11,7 +11,8 @@ use std::time::Duration;
 use axum::http::Method;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{redis, CacheLayer, RedisOptions};
+use deadpool_redis::redis;
+use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::{Monitor, RedisServer};
 

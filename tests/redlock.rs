@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use herdguard::{redis, CacheLayer, FencedStore, LockError, RedisOptions, Redlock};
+use deadpool_redis::redis;
+use herdguard::{CacheLayer, FencedStore, LockError, RedisOptions, Redlock};
 use support::origin::{get_req, send, Origin};
 use support::RedisServer;
 use tokio::time::Instant;

@@ -36,6 +36,8 @@ pub(crate) struct Reply {
     /// `x-bench-ready-us`: when the server-side stack had the response ready,
     /// in µs since [`super::origin::epoch`] (stampede stamps it; others don't).
     pub(crate) ready_us: Option<u64>,
+    /// The `Age` header, seconds.
+    pub(crate) age: Option<u64>,
 }
 
 /// A keep-alive HTTP/1.1 connection to a loopback server.
@@ -66,11 +68,18 @@ impl Conn {
     /// `GET path` and read the whole response (Content-Length bodies only:
     /// axum and herdguard always know the length of what these benches serve).
     pub(crate) async fn get(&mut self, path: &str) -> io::Result<Reply> {
+        self.get_with(path, "").await
+    }
+
+    /// `GET path` with extra header lines (each ending in `\r\n`).
+    pub(crate) async fn get_with(&mut self, path: &str, headers: &str) -> io::Result<Reply> {
         self.req.clear();
         self.req.extend_from_slice(b"GET ");
         self.req.extend_from_slice(path.as_bytes());
         self.req
-            .extend_from_slice(b" HTTP/1.1\r\nhost: bench.local\r\n\r\n");
+            .extend_from_slice(b" HTTP/1.1\r\nhost: bench.local\r\n");
+        self.req.extend_from_slice(headers.as_bytes());
+        self.req.extend_from_slice(b"\r\n");
         self.stream.write_all(&self.req).await?;
         loop {
             if let Some((head_len, mut reply, close)) = parse_head(&self.buf)? {
@@ -117,6 +126,7 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Reply, bool)>> {
         body_len: 0,
         class: Class::Uncached,
         ready_us: None,
+        age: None,
     };
     let mut close = false;
     let mut have_length = false;
@@ -133,6 +143,10 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Reply, bool)>> {
             reply.ready_us = std::str::from_utf8(h.value)
                 .ok()
                 .and_then(|v| v.parse().ok());
+        } else if h.name.eq_ignore_ascii_case("age") {
+            reply.age = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok());
         } else if h.name.eq_ignore_ascii_case("connection") {
             close = h.value.eq_ignore_ascii_case(b"close");
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -147,7 +161,7 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(usize, Reply, bool)>> {
 
 fn classify(v: &[u8]) -> Class {
     let has = |needle: &[u8]| v.windows(needle.len()).any(|w| w == needle);
-    if has(b"detail=stale") {
+    if has(b"detail=stale") || has(b"detail=grace") {
         Class::Stale
     } else if has(b"fwd=") {
         Class::Forwarded

@@ -50,6 +50,9 @@ pub(crate) struct Origin {
     delay: Duration,
     cache_control: HeaderValue,
     body: Bytes,
+    /// Every response gets its own copy of the body, as from a real upstream
+    /// (a shared `Bytes` would make every stored entry one allocation).
+    copy_body: bool,
     /// `(instance, when the handler returned)`: the fill instant waiters are
     /// measured against. `None` for long runs, where it would grow without bound.
     fills: Option<Mutex<Vec<(usize, Instant)>>>,
@@ -64,6 +67,7 @@ impl Origin {
             delay,
             cache_control: HeaderValue::from_static(cache_control),
             body: Bytes::from(vec![b'x'; body_bytes]),
+            copy_body: false,
             fills: Some(Mutex::new(Vec::with_capacity(1024))),
             windows: None,
         }
@@ -85,6 +89,12 @@ impl Origin {
             windows: Some(KeyWindows::new(instances, keys, window, scope)),
             ..Self::new(delay, cache_control, body_bytes)
         }
+    }
+
+    /// Serve each response from a body of its own (memory measurements).
+    pub(crate) fn copying_bodies(mut self) -> Self {
+        self.copy_body = true;
+        self
     }
 
     /// Origin calls so far.
@@ -213,7 +223,12 @@ async fn handle(State(h): State<Handler>, Path(key): Path<String>) -> Response<B
     if !o.delay.is_zero() {
         tokio::time::sleep(o.delay).await;
     }
-    let mut r = Response::new(Body::from(o.body.clone()));
+    let body = if o.copy_body {
+        Bytes::copy_from_slice(&o.body)
+    } else {
+        o.body.clone()
+    };
+    let mut r = Response::new(Body::from(body));
     r.headers_mut()
         .insert(header::CACHE_CONTROL, o.cache_control.clone());
     if let Some(fills) = &o.fills {

@@ -1,8 +1,8 @@
 //! `herdguard`: diagnostics for the Redis side of a herdguard deployment.
 //!
 //! ```text
-//! herdguard inspect <url-or-key> --redis URL [--namespace NS]
-//! herdguard locks <lock-key-or-resource> --nodes URL,URL,... [--namespace NS]
+//! herdguard inspect <url-or-key> [--raw] --redis URL [--namespace NS]
+//! herdguard locks <lock-key-or-resource> [--raw] --nodes URL,URL,... [--namespace NS]
 //! herdguard clock-skew --nodes URL,URL,... [--samples N] [--budget-ms MS]
 //! herdguard purge <url-or-key | --tag TAG> --redis URL [--namespace NS]
 //! ```
@@ -17,9 +17,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Parser, Subcommand};
+use deadpool_redis::redis::{self, aio::MultiplexedConnection, AsyncConnectionConfig};
 use futures_util::future::join_all;
 use herdguard::inspect::{self, Purge};
-use herdguard::redis::{self, aio::MultiplexedConnection, AsyncConnectionConfig};
 use herdguard::{CacheKey, CacheLayer, RedisOptions};
 use serde_json::{json, Value as Json};
 
@@ -47,10 +47,15 @@ enum Command {
     ///
     /// TARGET is a 32-hex cache key, or an absolute URL turned into the key
     /// the layer derives for a plain GET of it (host and port, path,
-    /// query; no Authorization, no key headers, no Vary variant).
+    /// query; no Authorization, no key headers, no Vary variant). Anything
+    /// else that exists as a Redis key, or any TARGET with `--raw`, is read
+    /// as that key: its type, value and PTTL.
     Inspect {
-        /// A 32-hex cache key or an http(s) URL.
+        /// A 32-hex cache key, an http(s) URL, or a Redis key.
         target: String,
+        /// Read TARGET as a Redis key, verbatim.
+        #[arg(long)]
+        raw: bool,
         /// The Redis the layer uses (redis://[user:pass@]host:port[/db]).
         #[arg(long)]
         redis: String,
@@ -62,10 +67,15 @@ enum Command {
     /// on fewer than a quorum.
     ///
     /// LOCK is a full key (`ns:{H}:lock`), a 32-hex cache key, or a
-    /// resource name as given to `Redlock::acquire` (H = its CacheKey).
+    /// resource name as given to `Redlock::acquire` (H = its CacheKey). A
+    /// name that exists as a key on some node, such as a lock other clients
+    /// made (`lock:rebuild:{42}`), is read as that key; `--raw` always does.
     Locks {
-        /// Lock key, cache key, or resource name.
+        /// Lock key, cache key, resource name, or any Redis key.
         lock: String,
+        /// Read LOCK as a Redis key, verbatim.
+        #[arg(long)]
+        raw: bool,
         /// Every Redlock node, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         nodes: Vec<String>,
@@ -154,14 +164,25 @@ async fn run(command: Command, timeout: Duration) -> Result<Report, Failure> {
     match command {
         Command::Inspect {
             target,
+            raw,
             redis,
             namespace,
-        } => inspect_entry(&target, &redis, &namespace, timeout).await,
+        } => {
+            let names_entry = inspect::parse_key(&target).is_some() || parse_url(&target).is_ok();
+            if raw {
+                inspect_raw(&target, &redis, timeout).await
+            } else if names_entry {
+                inspect_entry(&target, &redis, &namespace, timeout).await
+            } else {
+                inspect_as_given(&target, &redis, timeout).await
+            }
+        }
         Command::Locks {
             lock,
+            raw,
             nodes,
             namespace,
-        } => locks(&lock, &nodes, &namespace, timeout).await,
+        } => locks(&lock, raw, &nodes, &namespace, timeout).await,
         Command::ClockSkew {
             nodes,
             samples,
@@ -384,13 +405,127 @@ async fn inspect_entry(
     })
 }
 
+// ---------------------------------------------------------------- raw keys
+
+/// A TARGET that is neither a cache key nor a URL: read it as a key if one
+/// of that name exists, else it is a usage error.
+async fn inspect_as_given(target: &str, url: &str, timeout: Duration) -> Result<Report, Failure> {
+    let neither = format!("{target:?} is neither a 32-hex cache key nor an absolute http(s) URL");
+    let mut conn = connect(url, timeout).await.map_err(|Failure(e)| {
+        Failure(format!(
+            "{neither}, and whether it names a key is unknown: {e}"
+        ))
+    })?;
+    let kind: String = bounded(
+        url,
+        timeout,
+        redis::cmd("TYPE").arg(target).query_async(&mut conn),
+    )
+    .await?;
+    if kind == "none" {
+        return Err(Failure(format!(
+            "{neither}, nor a key in {} (--raw reads a key that does not exist yet)",
+            redact(url)
+        )));
+    }
+    inspect_raw(target, url, timeout).await
+}
+
+/// Longest value printed as text, in characters.
+const SHOWN_VALUE_CHARS: usize = 256;
+
+/// Any key, verbatim: its type, PTTL and, for a string, its value (a lock's
+/// token) and, when it is one, the entry envelope in it.
+async fn inspect_raw(key: &str, url: &str, timeout: Duration) -> Result<Report, Failure> {
+    let mut conn = connect(url, timeout).await?;
+    let mut pipe = redis::pipe();
+    pipe.cmd("TYPE").arg(key).cmd("PTTL").arg(key);
+    let (kind, pttl): (String, i64) = bounded(url, timeout, pipe.query_async(&mut conn)).await?;
+    let value: Option<Vec<u8>> = if kind == "string" {
+        bounded(
+            url,
+            timeout,
+            redis::cmd("GET").arg(key).query_async(&mut conn),
+        )
+        .await?
+    } else {
+        None
+    };
+    let text_value = value
+        .as_deref()
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .filter(|v| !v.chars().any(char::is_control));
+    let shown = text_value.map(|v| match v.char_indices().nth(SHOWN_VALUE_CHARS) {
+        Some((cut, _)) => format!("{}…", &v[..cut]),
+        None => v.to_owned(),
+    });
+    let envelope = value
+        .as_deref()
+        .and_then(|v| inspect::decode_envelope(v).ok());
+    let status = if kind == "none" { "missing" } else { "present" };
+    let json = json!({
+        "key": key,
+        "raw": true,
+        "redis": redact(url),
+        "status": status,
+        "type": kind,
+        "pttl_ms": pttl_json(pttl),
+        "bytes": value.as_ref().map(Vec::len),
+        "value": shown,
+        "entry": envelope.as_ref().map(|e| json!({
+            "fence": e.fence, "http_status": e.http_status,
+            "payload_bytes": e.payload_bytes, "tags": e.tags,
+        })),
+        "problems": [],
+    });
+    let mut text = String::new();
+    let mut line = |k: &str, v: String| text.push_str(&format!("{k:<12}{v}\n"));
+    line("key", format!("{key} (as given)"));
+    line("redis", redact(url));
+    line("type", kind.clone());
+    if let Some(v) = &value {
+        let what = match (&shown, &envelope) {
+            (_, Some(e)) => format!(
+                "herdguard entry: fence {}, {} payload bytes{}",
+                e.fence,
+                e.payload_bytes,
+                e.http_status
+                    .map_or_else(String::new, |s| format!(", HTTP {s}"))
+            ),
+            (Some(t), None) => t.clone(),
+            (None, None) => format!("{} binary bytes", v.len()),
+        };
+        line("value", what);
+    }
+    line("TTL", pttl_text(pttl));
+    Ok(Report {
+        verdict: Verdict::Healthy,
+        json,
+        text,
+    })
+}
+
 // ---------------------------------------------------------------- locks
 
 /// What one node says about the lock.
 enum NodeLock {
-    Held { token: String, pttl: i64 },
+    Held {
+        token: String,
+        pttl: i64,
+    },
     Free,
+    /// The key exists but is no string, so it holds no token.
+    NotALock {
+        kind: String,
+        pttl: i64,
+    },
     Unreachable(String),
+}
+
+impl NodeLock {
+    fn exists(&self) -> bool {
+        matches!(self, NodeLock::Held { .. } | NodeLock::NotALock { .. })
+    }
 }
 
 fn lock_key(arg: &str, namespace: &str) -> String {
@@ -401,44 +536,116 @@ fn lock_key(arg: &str, namespace: &str) -> String {
     inspect::entry_keys(namespace, &key).lock
 }
 
+/// Which key names the lock, and how it was chosen.
+enum LockArg {
+    /// This key exactly: a full lock key, a cache key's lock, or `--raw`.
+    Exact(String),
+    /// A resource name: its Redlock key, unless the name is itself a key
+    /// that exists on some node (a lock another client made).
+    Resource { derived: String, as_given: String },
+}
+
+fn lock_arg(arg: &str, namespace: &str, raw: bool) -> LockArg {
+    let own_form =
+        inspect::parse_key(arg).is_some() || (arg.contains('{') && arg.ends_with(":lock"));
+    if raw {
+        LockArg::Exact(arg.to_owned())
+    } else if own_form {
+        LockArg::Exact(lock_key(arg, namespace))
+    } else {
+        LockArg::Resource {
+            derived: lock_key(arg, namespace),
+            as_given: arg.to_owned(),
+        }
+    }
+}
+
+/// Token and PTTL of `keys` on one node: one round trip, plus a GET per string.
+async fn probe_locks(url: &str, keys: &[&str], timeout: Duration) -> Vec<NodeLock> {
+    let probe = async {
+        let mut conn = connect(url, timeout).await?;
+        // TYPE first: GET on a key of another type fails the whole pipeline.
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("TYPE").arg(*key).cmd("PTTL").arg(*key);
+        }
+        let heads: Vec<(String, i64)> = bounded(url, timeout, pipe.query_async(&mut conn)).await?;
+        let mut states = Vec::with_capacity(keys.len());
+        for (key, (kind, pttl)) in keys.iter().zip(heads) {
+            states.push(match kind.as_str() {
+                "none" => NodeLock::Free,
+                "string" => {
+                    let cmd = redis::cmd("GET").arg(*key).to_owned();
+                    let token: Option<Vec<u8>> =
+                        bounded(url, timeout, cmd.query_async(&mut conn)).await?;
+                    match token {
+                        Some(t) => NodeLock::Held {
+                            token: String::from_utf8_lossy(&t).into_owned(),
+                            pttl,
+                        },
+                        // Expired between TYPE and GET.
+                        None => NodeLock::Free,
+                    }
+                }
+                _ => NodeLock::NotALock { kind, pttl },
+            });
+        }
+        Ok::<_, Failure>(states)
+    };
+    match probe.await {
+        Ok(states) => states,
+        Err(Failure(e)) => keys
+            .iter()
+            .map(|_| NodeLock::Unreachable(e.clone()))
+            .collect(),
+    }
+}
+
 async fn locks(
     arg: &str,
+    raw: bool,
     nodes: &[String],
     namespace: &str,
     timeout: Duration,
 ) -> Result<Report, Failure> {
     check_namespace(namespace)?;
     check_nodes(nodes)?;
-    let key = lock_key(arg, namespace);
-    let states = join_all(nodes.iter().map(|url| {
-        let key = key.as_str();
-        async move {
-            let probe = async {
-                let mut conn = connect(url, timeout).await?;
-                let mut pipe = redis::pipe();
-                pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
-                let (token, pttl): (Option<Vec<u8>>, i64) =
-                    bounded(url, timeout, pipe.query_async(&mut conn)).await?;
-                Ok::<_, Failure>(match token {
-                    Some(t) => NodeLock::Held {
-                        token: String::from_utf8_lossy(&t).into_owned(),
-                        pttl,
-                    },
-                    None => NodeLock::Free,
-                })
-            };
-            probe
-                .await
-                .unwrap_or_else(|Failure(e)| NodeLock::Unreachable(e))
+    let (key, form, states) = match lock_arg(arg, namespace, raw) {
+        LockArg::Exact(key) => {
+            let keys = [key.as_str()];
+            let states = join_all(nodes.iter().map(|url| probe_locks(url, &keys, timeout))).await;
+            let states: Vec<NodeLock> = states.into_iter().flatten().collect();
+            (key, "exact", states)
         }
-    }))
-    .await;
+        LockArg::Resource { derived, as_given } => {
+            let keys = [as_given.as_str(), derived.as_str()];
+            let both = join_all(nodes.iter().map(|url| probe_locks(url, &keys, timeout))).await;
+            let (mut given, mut ours) = (Vec::new(), Vec::new());
+            for mut pair in both {
+                ours.push(pair.pop().unwrap_or(NodeLock::Free));
+                given.push(pair.pop().unwrap_or(NodeLock::Free));
+            }
+            let given_exists = given.iter().any(NodeLock::exists);
+            let ours_exists = ours.iter().any(NodeLock::exists);
+            match (given_exists, ours_exists) {
+                (true, true) => {
+                    return Err(Failure(format!(
+                        "ambiguous: both the key {as_given:?} and the resource lock {derived} \
+                         exist; pass --raw for the key, or the full lock key"
+                    )));
+                }
+                (true, false) => (as_given, "as_given", given),
+                (false, _) => (derived, "resource", ours),
+            }
+        }
+    };
 
     let n = nodes.len();
     let quorum = n / 2 + 1;
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unreachable = 0;
     let mut no_expiry = 0;
+    let mut not_a_lock = 0;
     for s in &states {
         match s {
             NodeLock::Held { token, pttl } => {
@@ -446,6 +653,7 @@ async fn locks(
                 no_expiry += usize::from(*pttl == -1);
             }
             NodeLock::Free => {}
+            NodeLock::NotALock { .. } => not_a_lock += 1,
             NodeLock::Unreachable(_) => unreachable += 1,
         }
     }
@@ -496,6 +704,12 @@ async fn locks(
         ));
         verdict = Verdict::Problem;
     }
+    if not_a_lock > 0 {
+        problems.push(format!(
+            "the key is no string on {not_a_lock} node(s): not a lock token"
+        ));
+        verdict = Verdict::Problem;
+    }
     if matches!(verdict, Verdict::Healthy) && unreachable > 0 {
         verdict = Verdict::Failure;
     }
@@ -508,6 +722,9 @@ async fn locks(
                 "node": redact(url), "reachable": true, "token": token, "pttl_ms": pttl_json(*pttl),
             }),
             NodeLock::Free => json!({ "node": redact(url), "reachable": true, "token": null }),
+            NodeLock::NotALock { kind, pttl } => json!({
+                "node": redact(url), "reachable": true, "token": null, "type": kind, "pttl_ms": pttl_json(*pttl),
+            }),
             NodeLock::Unreachable(e) => {
                 json!({ "node": redact(url), "reachable": false, "error": e })
             }
@@ -515,6 +732,7 @@ async fn locks(
         .collect();
     let json = json!({
         "key": key,
+        "key_form": form,
         "nodes": node_json,
         "quorum": quorum,
         "state": state,
@@ -522,11 +740,19 @@ async fn locks(
         "unreachable": unreachable,
         "problems": problems,
     });
-    let mut text = format!("lock {key} on {n} node(s), quorum {quorum}\n");
+    let given = if form == "as_given" {
+        " (key as given)"
+    } else {
+        ""
+    };
+    let mut text = format!("lock {key}{given} on {n} node(s), quorum {quorum}\n");
     for (url, s) in nodes.iter().zip(&states) {
         let what = match s {
             NodeLock::Held { token, pttl } => format!("{token}  {} left", pttl_text(*pttl)),
             NodeLock::Free => "free".to_owned(),
+            NodeLock::NotALock { kind, pttl } => {
+                format!("NOT A LOCK (a {kind}), {} left", pttl_text(*pttl))
+            }
             NodeLock::Unreachable(e) => format!("UNREACHABLE ({e})"),
         };
         text.push_str(&format!("  {:<32} {what}\n", redact(url)));
@@ -915,6 +1141,18 @@ mod tests {
         assert_eq!(lock_key("job", "ns"), expect);
         assert_eq!(lock_key(&key.to_hex(), "ns"), expect);
         assert_eq!(lock_key(&expect, "other"), expect);
+    }
+
+    /// `--raw` keeps any name verbatim; without it a foreign name is probed both as given and as a resource.
+    #[test]
+    fn lock_argument_with_raw_and_foreign_names() {
+        let own = lock_key("job", "ns");
+        assert!(matches!(lock_arg("job", "ns", true), LockArg::Exact(k) if k == "job"));
+        assert!(matches!(lock_arg(&own, "ns", false), LockArg::Exact(k) if k == own));
+        assert!(matches!(
+            lock_arg("lock:rebuild:{42}", "ns", false),
+            LockArg::Resource { derived, as_given } if derived == lock_key("lock:rebuild:{42}", "ns") && as_given == "lock:rebuild:{42}"
+        ));
     }
 
     /// Only absolute http(s) URLs with a host are accepted as URLs.

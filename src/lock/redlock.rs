@@ -166,11 +166,11 @@ impl RedlockBuilder {
                     .response_timeout(node_timeout)
                     .pool_wait_timeout(node_timeout)
                     .breaker_backoff(Duration::from_millis(100), Duration::from_secs(2));
-                RedisStore::new(opts).map(Arc::new)
+                RedisStore::new(opts)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Redlock {
-            nodes,
+            nodes: nodes.into(),
             quorum: n / 2 + 1,
             ttl: self.ttl,
             node_timeout,
@@ -211,9 +211,14 @@ impl RedlockBuilder {
 /// println!("accepted: {}", written.accepted);
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
+///
+/// A `Redlock` is a cheap handle (one reference count to clone, like a redis
+/// client): clones share the node connections, so hand one to every task
+/// instead of wrapping it in an `Arc`.
+#[derive(Debug, Clone)]
 pub struct Redlock {
-    nodes: Vec<Arc<RedisStore>>,
+    /// Shared by clones: each node's pool and breaker is per process, not per handle.
+    nodes: Arc<[RedisStore]>,
     quorum: usize,
     ttl: Duration,
     node_timeout: Duration,
@@ -463,6 +468,8 @@ impl Redlock {
 /// resource and accepts a write only if its token is not older than the
 /// newest accepted one. The fence lives here, with the data it protects, not
 /// on the lock nodes.
+///
+/// Cloning is cheap (one reference count): clones share one connection pool.
 #[derive(Debug, Clone)]
 pub struct FencedStore {
     pub(crate) store: Arc<RedisStore>,

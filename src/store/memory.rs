@@ -7,6 +7,7 @@
 //! wall-clock expiry); whether an entry is fresh or stale is decided here from
 //! tokio `Instant`s, so tests can pause time.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +29,11 @@ pub(crate) struct Stored<V> {
     /// The end of use from this tier: the stale grace, cut short by the L1
     /// bound when a shared store is the source of truth.
     pub(crate) usable_until: Instant,
+    /// Age (since the store) from which a hit starts one refresh ahead of
+    /// expiry; `Duration::MAX` for never.
+    refresh_after: Duration,
+    /// Taken by the hit that starts that refresh: one per copy.
+    refresh_claimed: AtomicBool,
 }
 
 impl<V> Stored<V> {
@@ -48,7 +54,36 @@ impl<V> Stored<V> {
             age_at_load,
             fresh_until: (now + fresh_left).min(usable_until),
             usable_until,
+            refresh_after: Duration::MAX,
+            refresh_claimed: AtomicBool::new(false),
         }
+    }
+
+    /// Start refreshing ahead of expiry once the entry is `age` old.
+    #[must_use]
+    pub(crate) fn refresh_after(mut self, age: Duration) -> Self {
+        self.refresh_after = age;
+        self
+    }
+
+    /// Whether this hit, at `age`, is the one that starts the refresh ahead
+    /// of expiry: true at most once per copy. A load before the swap keeps
+    /// the hit path from writing a shared cache line on every request.
+    pub(crate) fn claim_refresh(&self, age: Duration) -> bool {
+        age >= self.refresh_after
+            && !self.refresh_claimed.load(Ordering::Relaxed)
+            && !self.refresh_claimed.swap(true, Ordering::AcqRel)
+    }
+
+    /// Mark the refresh as started elsewhere: this copy starts none.
+    pub(crate) fn mark_refresh_claimed(&self) {
+        self.refresh_claimed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `other` is the same stored write as this (same fence, same
+    /// store time), so a copy of it need not start another refresh.
+    pub(crate) fn same_write(&self, other: &EntryMeta) -> bool {
+        self.meta.fence == other.fence && self.meta.stored_at_ms == other.stored_at_ms
     }
 
     /// Whether the entry is still within its own freshness (whatever this
@@ -194,6 +229,12 @@ impl<V: Value> MemoryStore<V> {
     pub(crate) fn entry_count(&self) -> u64 {
         self.cache.run_pending_tasks();
         self.cache.entry_count()
+    }
+
+    /// Weighted bytes held, after pending evictions run.
+    pub(crate) fn weighted_bytes(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.weighted_size()
     }
 
     /// Drop every entry for which `matches` holds, now. A walk over the

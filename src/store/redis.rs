@@ -387,8 +387,9 @@ static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 -- KEYS: v fresh lock fence pass
--- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only
+-- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only ahead_ms
 -- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
+-- ahead_ms > 0 (refresh-ahead): lease a fresh entry with at most that long left.
 local v = false
 if ARGV[3] ~= '1' then v = redis.call('GET', KEYS[1]) end
 -- An entry this version cannot read is a miss; the leader overwrites it.
@@ -396,7 +397,15 @@ if v and string.sub(v, 1, string.len(ARGV[5])) ~= ARGV[5] then v = false end
 if v then
   local fresh = redis.call('PTTL', KEYS[2])
   local hard = redis.call('PTTL', KEYS[1])
-  if fresh > 0 then return {'fresh', v, fresh, hard, 0, 0} end
+  if fresh > 0 and (fresh > tonumber(ARGV[7]) or ARGV[6] == '1'
+      or not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])) then
+    return {'fresh', v, fresh, hard, 0, 0}
+  end
+  if fresh > 0 then
+    local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
+    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
+    return {'leased', '', 0, 0, f, 0}
+  end
   if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0} end
   if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
@@ -679,6 +688,20 @@ impl RedisStore {
         token: &LeaseToken,
         skip_entry: bool,
     ) -> Result<RemoteLookup, StoreError> {
+        self.lookup_or_lease_ahead(key, token, skip_entry, Duration::ZERO)
+            .await
+    }
+
+    /// [`lookup_or_lease`](Self::lookup_or_lease) that also takes the lease
+    /// of a fresh entry with at most `ahead` left (refresh-ahead): then the
+    /// reply is `Leased`.
+    pub(crate) async fn lookup_or_lease_ahead(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+        skip_entry: bool,
+        ahead: Duration,
+    ) -> Result<RemoteLookup, StoreError> {
         self.ensure_purge_listener();
         let k = self.keys(key);
         let mut inv = LOOKUP_OR_LEASE.prepare_invoke();
@@ -692,7 +715,8 @@ impl RedisStore {
             .arg(if skip_entry { "1" } else { "0" })
             .arg(millis(self.options.fence_retention))
             .arg(&self.entry_prefix[..])
-            .arg(if self.lease_elsewhere { "1" } else { "0" });
+            .arg(if self.lease_elsewhere { "1" } else { "0" })
+            .arg(millis(ahead));
         let reply: RedisValue = self.invoke("lookup_or_lease", &inv).await?;
         parse_lookup(reply).ok_or(StoreError::Protocol)
     }

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use herdguard::redis;
+use deadpool_redis::redis;
 
 /// A `redis-server` we started: no persistence, loopback only.
 pub struct RedisServer {
