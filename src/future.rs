@@ -23,6 +23,8 @@ pin_project! {
         strip_surrogate_key: bool,
         // A header meant for this cache alone, removed on the way out.
         strip: Option<HeaderName>,
+        // Off by default; set once per call, so the hit path pays one branch.
+        hide_cache_status: bool,
     }
 }
 
@@ -61,6 +63,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             },
             strip_surrogate_key: false,
             strip: None,
+            hide_cache_status: false,
         }
     }
 
@@ -77,6 +80,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             },
             strip_surrogate_key: false,
             strip: None,
+            hide_cache_status: false,
         }
     }
 
@@ -85,6 +89,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             kind: Kind::Boxed { fut },
             strip_surrogate_key: false,
             strip: None,
+            hide_cache_status: false,
         }
     }
 
@@ -98,6 +103,12 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     /// Remove `name` (the user's own targeted cache-control header) too.
     pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
         self.strip = name;
+        self
+    }
+
+    /// Take `Cache-Status` off the response (and log it) when `hide`.
+    pub(crate) fn hiding_cache_status(mut self, hide: bool) -> Self {
+        self.hide_cache_status = hide;
         self
     }
 }
@@ -116,6 +127,12 @@ where
         }
         if let Some(name) = this.strip.as_ref() {
             response.headers_mut().remove(name);
+        }
+        if *this.hide_cache_status {
+            if let Some(v) = response.headers_mut().remove(CACHE_STATUS) {
+                let v = String::from_utf8_lossy(v.as_bytes());
+                tracing::info!(target: "herdguard::cache_status", cache_status = %v);
+            }
         }
         Poll::Ready(Ok(response))
     }

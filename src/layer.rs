@@ -28,6 +28,8 @@ pub(crate) struct HttpConfig {
     /// How long a stored response is kept past its stale grace: to be
     /// revalidated with a conditional request, or served to `max-stale`.
     pub(crate) keep: Duration,
+    /// Whether clients see `Cache-Status` (else it is only logged).
+    pub(crate) show_cache_status: bool,
     pub(crate) reload: ReloadMode,
     /// Hand responses that may not be stored to every request waiting on
     /// the same key (opt-in: only for origins that answer everyone alike).
@@ -78,6 +80,7 @@ impl Default for HttpConfig {
             cache_name: "herdguard".to_owned(),
             key_headers: Vec::new(),
             keep: Duration::from_secs(600),
+            show_cache_status: true,
             reload: ReloadMode::Coalesce,
             share_uncacheable: false,
             strip_own_cache_control: true,
@@ -442,10 +445,32 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// The cache's name in `Cache-Status` (default `herdguard`). Must be a token.
+    /// The cache's name in `Cache-Status` (default `herdguard`), and the
+    /// `cache` label on every metric this layer records: give each layer its
+    /// own name to read per-route hit ratios. Must be a token.
     #[must_use]
     pub fn cache_name(mut self, name: impl Into<String>) -> Self {
         self.http.cache_name = name.into();
+        self.engine.metrics_name.clone_from(&self.http.cache_name);
+        self
+    }
+
+    /// Whether responses to clients carry the `Cache-Status` header (default
+    /// on). Off, the header is removed before the response leaves the layer
+    /// and its value is logged instead: an `info` event with target
+    /// `herdguard::cache_status` and field `cache_status`, inside the
+    /// caller's span. For deployments that do not want to show clients
+    /// what was cached.
+    ///
+    /// ```
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .cache_status_header(false)
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn cache_status_header(mut self, on: bool) -> Self {
+        self.http.show_cache_status = on;
         self
     }
 

@@ -133,8 +133,11 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // At the one exit every answer passes, whatever path made it.
         let strip = self.state.http.strip_surrogate_key;
-        let own = self.state.stripped_header();
-        self.route(req).strip_surrogate_key(strip).stripping(own)
+        let hide = !self.state.http.show_cache_status;
+        self.route(req)
+            .strip_surrogate_key(strip)
+            .hiding_cache_status(hide)
+            .stripping(self.state.stripped_header())
     }
 }
 
@@ -1045,6 +1048,7 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > limit as u64) {
+            state.engine.counters.not_stored("too-large");
             if let Some(tx) = passthrough {
                 let _ = tx.send(Response::from_parts(parts, CacheBody::inner(body)));
             }
@@ -1084,6 +1088,7 @@ where
                 None => buffered = Some(share),
             }
             if total > limit {
+                state.engine.counters.not_stored("too-large");
                 if let Some(tx) = passthrough {
                     let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
                     let _ = tx.send(response);
@@ -1140,6 +1145,11 @@ impl LayerState {
         verdict: ResponseVerdict,
         request_headers: &HeaderMap,
     ) -> Fill<CachedResponse> {
+        match &verdict {
+            ResponseVerdict::Share => self.engine.counters.not_stored("no-freshness"),
+            ResponseVerdict::Pass(reason) => self.engine.counters.not_stored(reason),
+            ResponseVerdict::Store { .. } => {}
+        }
         match verdict {
             ResponseVerdict::Store {
                 fresh_for,
