@@ -146,12 +146,25 @@
 //! - **Client conditionals:** `If-None-Match` (weak comparison) and, without
 //!   it, `If-Modified-Since` are answered 304 from the cache. `If-Match`,
 //!   `If-Unmodified-Since` and `Range` go to the origin untouched.
+//! - **Targeted cache control** (RFC 9213): a valid `CDN-Cache-Control`
+//!   (a Structured Fields Dictionary) replaces `Cache-Control` and
+//!   `Expires` for this cache, and a header of your own
+//!   ([`cache_control_header`](CacheLayerBuilder::cache_control_header))
+//!   goes above it; an invalid or empty one is ignored whole. Yours is
+//!   removed from responses by default; `CDN-Cache-Control` is passed on.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
 //!   each combination of the request's values has its own key, so variants
 //!   coexist. A stored variant is still compared header by header before use;
 //!   a request that finds another variant under its key (this instance had
 //!   not learned the names yet) leads or joins the flight of its own
 //!   variant, so variant misses coalesce like any other miss.
+//!   Values are compared in a normal form: field lines combined, whitespace
+//!   around commas dropped; `Accept`, `Accept-Language` and `Accept-Charset`
+//!   also lowercased and ordered by q-value (equal preferences in any
+//!   order). `Accept-Encoding` falls into one of three buckets (`br` if
+//!   acceptable, else `gzip`, else `identity`; `q=0` excludes), and the
+//!   request that fills an entry carries the bucket as its
+//!   `Accept-Encoding`, so every request of a bucket accepts what is stored.
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
@@ -384,6 +397,17 @@
 //! # let _ = app;
 //! ```
 //!
+//! ## Per-route policy
+//!
+//! [`CacheLayer::with_policy`] makes a layer for one route with its own
+//! [`RoutePolicy`] on the same cache (one store, one Redis client, one set
+//! of flights): a key function, a [`Predicate`] on what to store, a TTL for
+//! headerless answers, a maximum TTL, and a mode that ignores the origin's
+//! freshness directives. Routes whose keys agree coalesce into one origin
+//! call; see the example there. A key function only names the resource: the
+//! rules of [who may receive an answer](#who-may-receive-an-answer) still
+//! apply on top of it.
+//!
 //! ## Any request body: a bare hyper server
 //!
 //! [`CacheService`] takes a `Request<B>` with any body, `hyper::body::Incoming`
@@ -438,8 +462,10 @@ mod purge;
 mod purge_log;
 mod request_body;
 mod retain;
+mod route;
 mod service;
 mod store;
+mod targeted;
 mod vary;
 
 pub use body::CacheBody;
@@ -457,6 +483,7 @@ pub use lock::redlock::{
 pub use metrics::{describe_metrics, Source, Stats};
 pub use purge::{PurgeError, PurgeHandle, Purged};
 pub use request_body::RequestBody;
+pub use route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use service::CacheService;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
