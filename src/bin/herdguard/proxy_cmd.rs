@@ -186,8 +186,8 @@ impl ProxyArgs {
         if let Some(mut redis) = redis {
             redis = redis.namespace(self.redis_namespace.as_deref().unwrap_or("proxy"));
             if let Some(ca) = &self.redis_ca {
-                let pem = std::fs::read(ca)
-                    .map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
+                let pem =
+                    std::fs::read(ca).map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
                 redis = redis.tls_root_cert_pem(pem);
             }
             builder = builder.redis(redis);

@@ -99,9 +99,13 @@ pub(crate) struct Peer {
     pub(crate) tls: bool,
 }
 
-/// How long the upstream took, on responses that came from it.
-#[derive(Debug, Clone, Copy)]
-struct UpstreamTime(Duration);
+/// Where the upstream call made for a request notes how long it took: in
+/// the request's extensions, which the cache copies onto the requests it
+/// builds, since a stored response is rebuilt without the upstream's
+/// extensions. Only made when the access log is on. Microseconds + 1; 0 is
+/// "no upstream call" (a hit, or a waiter served by another's call).
+#[derive(Debug, Clone, Default)]
+struct UpstreamClock(Arc<std::sync::atomic::AtomicU64>);
 
 /// The proxy: normalize, purge, cache, upstream. Cheap to clone (Arcs).
 #[derive(Debug, Clone)]
@@ -147,20 +151,24 @@ impl Proxy {
     pub(crate) async fn handle(mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
         let start = Instant::now();
         // Copies for the log line only when it will be written.
-        let logged = tracing::enabled!(target: ACCESS_LOG, tracing::Level::INFO)
-            .then(|| (req.method().clone(), req.uri().clone()));
+        let mut req = req;
+        let logged = tracing::enabled!(target: ACCESS_LOG, tracing::Level::INFO).then(|| {
+            let clock = UpstreamClock::default();
+            req.extensions_mut().insert(clock.clone());
+            (req.method().clone(), req.uri().clone(), clock)
+        });
         let response = self.answer(req).await;
-        if let Some((method, uri)) = logged {
+        if let Some((method, uri, clock)) = logged {
             let status = response.status().as_u16();
             let cache_status = response
                 .headers()
                 .get("cache-status")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("-");
-            let upstream_ms = response
-                .extensions()
-                .get::<UpstreamTime>()
-                .map(|t| t.0.as_secs_f64() * 1000.0);
+            let upstream_ms = match clock.0.load(std::sync::atomic::Ordering::Relaxed) {
+                0 => None,
+                us => Some((us - 1) as f64 / 1000.0),
+            };
             tracing::info!(
                 target: ACCESS_LOG,
                 method = %method,
@@ -280,6 +288,7 @@ impl Origin {
             return status(StatusCode::BAD_REQUEST, "bad request target");
         };
         let peer = parts.extensions.get::<Peer>().copied();
+        let clock = parts.extensions.remove::<UpstreamClock>();
         let original_host = parts.headers.get(header::HOST).cloned();
         let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
         strip_hop_by_hop(&mut parts.headers);
@@ -300,11 +309,15 @@ impl Origin {
         parts.version = http::Version::HTTP_11;
         let start = Instant::now();
         let sent = self.client.request(Request::from_parts(parts, body));
-        match tokio::time::timeout(self.response_timeout, sent).await {
+        let result = tokio::time::timeout(self.response_timeout, sent).await;
+        if let Some(clock) = clock {
+            let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+            clock.0.store(us + 1, std::sync::atomic::Ordering::Relaxed);
+        }
+        match result {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                parts.extensions.insert(UpstreamTime(start.elapsed()));
                 Response::from_parts(parts, ProxyBody::Incoming(body))
             }
             Ok(Err(error)) => {

@@ -158,15 +158,14 @@ pub(crate) async fn run(
             let result = match tls {
                 Some(tls) => {
                     // The handshake counts as reading the request head.
-                    let stream =
-                        match tokio::time::timeout(header_timeout, tls.accept(tcp)).await {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(error)) => {
-                                tracing::debug!(%error, %addr, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => return,
-                        };
+                    let stream = match tokio::time::timeout(header_timeout, tls.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, %addr, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
                     let conn = builder.serve_connection(TokioIo::new(stream), service);
                     watcher.watch(conn.into_owned()).await
                 }
