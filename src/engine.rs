@@ -31,6 +31,7 @@ use crate::lock::redlock::Redlock;
 use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{self, FenceToken, LeaseToken};
 use crate::metrics::{self, Counters, Source, Stats};
+use crate::purge_log::key_name;
 use crate::store::memory::{MemoryStore, Probe, Stored};
 use crate::store::redis::{FillSubscription, RedisOptions, RedisStore, RemoteLookup, WriteMode};
 
@@ -225,19 +226,22 @@ impl<V: Value> Shared<V> {
         };
         let redlock = config.redlock.clone();
         let memory = MemoryStore::new(config.capacity_bytes);
+        let flights = Arc::new(Flights::new());
         if let Some(remote) = &remote {
-            // Other instances' purges clear this process's copy too. (The
-            // HTTP layer installs a richer handler for URL and tag purges.)
-            let mem = memory.clone();
+            // Other instances' purges clear this process's copy too, and beat
+            // this process's fills of the key. (The HTTP layer installs a
+            // richer handler for URL and tag purges.)
+            let (mem, fl) = (memory.clone(), Arc::clone(&flights));
             remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
                 if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
+                    fl.purges.record([key_name(&key)]);
                     mem.remove(&key);
                 }
             }));
         }
         Ok(Self {
             memory,
-            flights: Arc::new(Flights::new()),
+            flights,
             fallback: Arc::new(Semaphore::new(config.fallback_limit.max(1))),
             leaders: Arc::new(Semaphore::new(config.max_leaders.max(1))),
             fill_bytes: Arc::new(Semaphore::new(
@@ -253,6 +257,7 @@ impl<V: Value> Shared<V> {
     /// Drop an entry here and, with Redis, there too (in the background,
     /// bounded by the Redis timeouts).
     pub(crate) fn invalidate(&self, key: &CacheKey) {
+        self.flights.purges.record([key_name(key)]);
         self.memory.remove(key);
         if let Some(remote) = &self.remote {
             let remote = Arc::clone(remote);
@@ -466,7 +471,34 @@ impl<V: Value> Shared<V> {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
             }
-            Ok(fill) => self.fill_memory(key, fill, 0, started.elapsed()),
+            Ok(fill) => self.fill_memory(key, self.unless_purged(key, fill), 0, started.elapsed()),
+        }
+    }
+
+    /// A fill that started before a purge of its key, URL or tag is still
+    /// the answer for the requests waiting on it, but it is not stored.
+    fn unless_purged(&self, key: CacheKey, fill: Fill<V>) -> Fill<V> {
+        match fill {
+            Fill::Store { value, .. }
+                if self.flights.purged_during(&key, || value.purge_groups()) =>
+            {
+                tracing::debug!(key = %key.short(), "purged while filling: shared, not stored");
+                Fill::Share(value)
+            }
+            other => other,
+        }
+    }
+
+    /// Insert into memory, then look at the purge log again: a purge that
+    /// recorded itself between our check and our insert may have removed
+    /// the key before we inserted it.
+    fn insert_checked(&self, key: CacheKey, entry: &Arc<Stored<V>>) {
+        self.memory.insert(key, Arc::clone(entry));
+        if self
+            .flights
+            .purged_during(&key, || entry.value.purge_groups())
+        {
+            self.memory.remove(&key);
         }
     }
 
@@ -542,7 +574,7 @@ impl<V: Value> Shared<V> {
                         return Outcome::Value { entry, source };
                     }
                     Err(e) => {
-                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                        crate::entry::report_corrupt(&key, &e);
                         skip_entry = true;
                     }
                 },
@@ -553,7 +585,7 @@ impl<V: Value> Shared<V> {
                 } => {
                     let decoded = decode_entry::<V>(bytes);
                     if let Err(e) = &decoded {
-                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                        crate::entry::report_corrupt(&key, e);
                     }
                     // An entry stored without a stale window is never handed
                     // out stale: Redis reports one so only in the last
@@ -795,7 +827,7 @@ impl<V: Value> Shared<V> {
         // can take it between our compute and our fill.
         let redlock = stopped.redlock;
         let fill = match result {
-            Ok(fill) => fill,
+            Ok(fill) => self.unless_purged(key, fill),
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 // Release and wake waiters: the next request elects a new leader.
@@ -964,7 +996,7 @@ impl<V: Value> Shared<V> {
                 .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
         );
         if !usable.is_zero() {
-            self.memory.insert(key, Arc::clone(&entry));
+            self.insert_checked(key, &entry);
         }
         entry
     }
@@ -1006,7 +1038,7 @@ impl<V: Value> Shared<V> {
                         .refresh_after(self.refresh_age(fresh_for, origin_time)),
                 );
                 if !usable.is_zero() {
-                    self.memory.insert(key, Arc::clone(&entry));
+                    self.insert_checked(key, &entry);
                 }
                 Outcome::Value {
                     entry,
@@ -1188,6 +1220,12 @@ impl<V: Value> Shared<V> {
         matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
     ) {
         self.memory.purge_where(matches);
+    }
+
+    /// Note a purge of `names` (see [`crate::purge_log`]) before its
+    /// removals, so fills running now do not store over it.
+    pub(crate) fn record_purge(&self, names: impl IntoIterator<Item = String>) {
+        self.flights.purges.record(names);
     }
 }
 

@@ -54,7 +54,12 @@
 //! with a fence token (a per-key counter); the write script stores an entry
 //! only if its token is not older than the newest accepted one, so a leader
 //! whose lease lapsed (GC pause, slow origin) cannot overwrite a newer value.
-//! Rejected writes are counted in [`Stats::fenced_rejections`].
+//! Rejected writes are counted in [`Stats::fenced_rejections`]. The counter
+//! survives its own loss: after a FLUSHALL, an evicted fence hash or a restart
+//! without persistence it starts again from the Redis server's clock in
+//! microseconds, above every token issued before, so an old in-flight leader
+//! is refused and new leases are never stuck below its mark. (This assumes
+//! the server clock does not step back further than the counter's age.)
 //!
 //! Redis Cluster ([`RedisOptions::cluster`]) runs the same scripts unchanged:
 //! entries spread over the slots, and fill notifications are published on
@@ -71,7 +76,12 @@
 //!   through the local leader; it probes Redis again after a doubling back-off
 //!   (250 ms to 5 s) and goes back to it by itself. Redis trouble is never a
 //!   5xx and never a panic.
-//! - **Corrupt or unknown-version entry in Redis:** a miss; logged and overwritten.
+//! - **Corrupt or unknown-version entry in Redis:** every entry carries a
+//!   checksum of its encoding and its payload and body lengths, checked on
+//!   decode; a truncated, bit-flipped, foreign or older-version entry is a
+//!   miss (never served), logged (at most once per 10 s per process, counted
+//!   in `herdguard_corrupt_entries_total`) and overwritten by the next fill.
+//!   No input makes decoding panic or allocate beyond its length.
 //! - **A leader process dies:** its lease expires (5 s by default) and exactly
 //!   one waiter wins the next election.
 //!
@@ -157,6 +167,11 @@
 //!   await it to learn whether Redis was reached. `Surrogate-Key` is read
 //!   when a response is stored and stripped from every response to a client
 //!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
+//!   A purge beats a fill already running: that fill's answer still goes to
+//!   the requests waiting on it, but it is not stored (in memory, every
+//!   instance that heard the purge refuses it; in Redis, the purge raises the
+//!   fence of every entry it deletes, so a refresh of that entry is refused
+//!   even by an instance that missed the notice).
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
@@ -300,8 +315,8 @@
 //!
 //! Metrics go through the `metrics` facade (`herdguard_requests_total
 //! {outcome}`, `herdguard_origin_calls_total`, `herdguard_wait_seconds`,
-//! `herdguard_fenced_writes_rejected_total`, `herdguard_redis_errors_total
-//! {op}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
+//! `herdguard_fenced_writes_rejected_total`, `herdguard_corrupt_entries_total`,
+//! `herdguard_redis_errors_total{op}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
 //! `herdguard_lease_remaining_at_release_seconds`,
 //! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`); install any
 //! recorder (the `metrics` example serves Prometheus). Each request the layer
@@ -352,6 +367,7 @@ mod lock;
 mod metrics;
 mod policy;
 mod purge;
+mod purge_log;
 mod retain;
 mod service;
 mod store;

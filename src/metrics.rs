@@ -44,6 +44,7 @@ pub(crate) mod names {
     pub(crate) const ENTRY_BYTES: &str = "herdguard_entry_bytes";
     pub(crate) const FENCED_REJECTED: &str = "herdguard_fenced_writes_rejected_total";
     pub(crate) const LEASE_REMAINING: &str = "herdguard_lease_remaining_at_release_seconds";
+    pub(crate) const CORRUPT_ENTRIES: &str = "herdguard_corrupt_entries_total";
 }
 
 /// Describe every metric herdguard emits (help text and units) to the
@@ -68,6 +69,10 @@ pub fn describe_metrics() {
     describe_counter!(
         names::FENCED_REJECTED,
         "Writes refused by the fence: a newer write had already landed."
+    );
+    describe_counter!(
+        names::CORRUPT_ENTRIES,
+        "Entries in Redis that failed their checksum or did not decode: each is a miss and is overwritten."
     );
     describe_histogram!(
         names::LEASE_REMAINING,

@@ -6,7 +6,7 @@
 //! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry
 //! {ns}:{H}:fresh  present while fresh, PX = freshness left
 //! {ns}:{H}:lock   lease token, SET NX PX
-//! {ns}:{H}:fence  hash: `next` (INCR per lease) and `hw` (highest accepted write)
+//! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
 //! {ns}:{H}:pass   hit-for-pass marker
 //! ```
 //!
@@ -38,7 +38,7 @@ pub(crate) use super::fills::FillSubscription;
 use super::fills::{run_subscriber, FillSource, Fills};
 use super::tls;
 
-use crate::entry::{MAGIC, VERSION};
+use crate::entry::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::error::BuildError;
 use crate::key::CacheKey;
 use crate::lock::{FenceToken, LeaseToken};
@@ -384,92 +384,24 @@ impl std::fmt::Display for StoreError {
 }
 
 static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
--- KEYS: v fresh lock fence pass
--- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only ahead_ms
--- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
--- ahead_ms > 0 (refresh-ahead): lease a fresh entry with at most that long left.
-local v = false
-if ARGV[3] ~= '1' then v = redis.call('GET', KEYS[1]) end
--- An entry this version cannot read is a miss; the leader overwrites it.
-if v and string.sub(v, 1, string.len(ARGV[5])) ~= ARGV[5] then v = false end
-if v then
-  local fresh = redis.call('PTTL', KEYS[2])
-  local hard = redis.call('PTTL', KEYS[1])
-  if fresh > 0 and (fresh > tonumber(ARGV[7]) or ARGV[6] == '1'
-      or not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])) then
-    return {'fresh', v, fresh, hard, 0, 0}
-  end
-  if fresh > 0 then
-    local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
-    return {'leased', '', 0, 0, f, 0}
-  end
-  if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0} end
-  if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
-    return {'stale_leased', v, 0, hard, f, 0}
-  end
-  return {'stale', v, 0, hard, 0, redis.call('PTTL', KEYS[3])}
-end
-local pass = redis.call('PTTL', KEYS[5])
-if pass > 0 then return {'pass', '', 0, 0, 0, pass} end
-if ARGV[6] == '1' then return {'miss', '', 0, 0, 0, 0} end
-if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-  if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
-  return {'leased', '', 0, 0, f, 0}
-end
-return {'held', '', 0, 0, 0, redis.call('PTTL', KEYS[3])}
-",
-    )
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("lookup_or_lease.lua")
+    ))
 });
 
 static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
--- KEYS: v fresh lock fence pass
--- ARGV: token fence mode value fresh_ms hard_ms channel key_hex fence_retention_ms pass_ms
--- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
-local f = tonumber(ARGV[2])
-local hw = tonumber(redis.call('HGET', KEYS[4], 'hw') or '0')
-local accepted = 0
-if ARGV[3] ~= 'release' then
-  if f >= hw then
-    if ARGV[3] == 'store' then
-      redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
-      if tonumber(ARGV[5]) > 0 then
-        redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
-      else
-        redis.call('DEL', KEYS[2])
-      end
-      redis.call('DEL', KEYS[5])
-    else
-      -- The origin now says uncacheable: the old entry must not be served.
-      redis.call('DEL', KEYS[1], KEYS[2])
-      redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
-    end
-    redis.call('HSET', KEYS[4], 'hw', f)
-    local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
-    if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
-    accepted = 1
-  else
-    redis.call('HINCRBY', KEYS[4], 'rejected', 1)
-  end
-end
-local released = 0
-if redis.call('GET', KEYS[3]) == ARGV[1] then
-  redis.call('DEL', KEYS[3])
-  released = 1
-end
--- Best effort: waiters also poll, and a server without sharded pub/sub
--- (before Redis 7) must not turn a stored entry into a failed write.
-redis.pcall('SPUBLISH', ARGV[7], ARGV[8])
-return {accepted, released}
-",
-    )
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("fenced_write.lua")
+    ))
+});
+
+static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("purge_entry.lua")
+    ))
 });
 
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
@@ -753,7 +685,9 @@ impl RedisStore {
             .arg(self.fills.channel(key))
             .arg(key.to_hex())
             .arg(millis(self.options.fence_retention))
-            .arg(pass);
+            .arg(pass)
+            .arg(&self.entry_prefix[..])
+            .arg(FENCE_OFFSET);
         let (accepted, released): (i64, i64) = self.invoke("write_and_release", &inv).await?;
         Ok(WriteOutcome {
             accepted: accepted == 1,
@@ -792,12 +726,17 @@ impl RedisStore {
         Ok(n == 1)
     }
 
-    /// Remove an entry (not its lease or fence) from Redis.
+    /// Remove an entry (not its lease) from Redis, and raise its fence so no
+    /// fill that leased before the purge can store its answer after it.
     pub(crate) async fn purge(&self, key: &CacheKey) -> Result<(), StoreError> {
         let k = self.keys(key);
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(&k.value).arg(&k.fresh).arg(&k.pass);
-        let _: i64 = self.query("purge", &cmd).await?;
+        let mut inv = PURGE_ENTRY.prepare_invoke();
+        inv.key(&k.value)
+            .key(&k.fresh)
+            .key(&k.pass)
+            .key(&k.fence)
+            .arg(millis(self.options.fence_retention));
+        let _: i64 = self.invoke("purge", &inv).await?;
         Ok(())
     }
 
@@ -1047,13 +986,10 @@ impl RedisStore {
 }
 
 static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local f = redis.call('HINCRBY', KEYS[1], 'next', 1)
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return f
-",
-    )
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("next_fence.lua")
+    ))
 });
 
 fn millis(d: Duration) -> u64 {
