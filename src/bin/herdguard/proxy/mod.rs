@@ -304,7 +304,7 @@ impl Origin {
         if let Some(host) = original_host {
             parts.headers.insert("x-forwarded-host", host);
         }
-        append_list(&mut parts.headers, "via", VIA);
+        append_via(&mut parts.headers);
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
         let start = Instant::now();
@@ -382,7 +382,12 @@ fn normalize(req: Request<ProxyBody>) -> Result<Request<ProxyBody>, &'static str
         },
         (None, None) => None,
     };
-    if let Some(host) = host {
+    let rewrite = match (target, &host) {
+        // The one Host header, already lowercase: keep it (no copy on hits).
+        (None, Some(h)) => h.bytes().any(|b| b.is_ascii_uppercase()),
+        _ => true,
+    };
+    if let Some(host) = host.filter(|_| rewrite) {
         let value = if host.bytes().any(|b| b.is_ascii_uppercase()) {
             HeaderValue::from_str(&host.to_ascii_lowercase())
         } else {
@@ -406,8 +411,16 @@ fn normalize(req: Request<ProxyBody>) -> Result<Request<ProxyBody>, &'static str
 
 /// The last touches on every response to a client.
 fn to_client(mut response: Response<ClientBody>) -> Response<ClientBody> {
-    append_list(response.headers_mut(), "via", VIA);
+    append_via(response.headers_mut());
     response
+}
+
+fn append_via(headers: &mut HeaderMap) {
+    if headers.contains_key(header::VIA) {
+        append_list(headers, "via", VIA);
+    } else {
+        headers.insert(header::VIA, HeaderValue::from_static(VIA));
+    }
 }
 
 fn local(response: Response<ProxyBody>) -> Response<ClientBody> {
