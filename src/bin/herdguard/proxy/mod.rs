@@ -301,9 +301,11 @@ impl Origin {
             );
         }
         forwarded::apply(&mut parts.headers, peer, &self.trusted);
-        if let Some(host) = original_host {
-            parts.headers.insert("x-forwarded-host", host);
-        }
+        match original_host {
+            Some(host) => parts.headers.insert("x-forwarded-host", host),
+            // No host of our own to tell: never pass on a client's claim.
+            None => parts.headers.remove("x-forwarded-host"),
+        };
         append_via(&mut parts.headers);
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
