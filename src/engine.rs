@@ -29,8 +29,8 @@ use crate::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;
 use crate::lock::watchdog::{HeldLease, Watchdog};
-use crate::lock::{self, FenceToken, LeaseToken};
-use crate::metrics::{self, Counters, Source, Stats};
+use crate::lock::{FenceToken, LeaseToken};
+use crate::metrics::{Counters, Source, Stats};
 use crate::purge_log::key_name;
 use crate::store::memory::{MemoryStore, Probe, Stored};
 use crate::store::redis::{FillSubscription, RedisOptions, RedisStore, RemoteLookup, WriteMode};
@@ -150,6 +150,8 @@ pub(crate) struct EngineConfig {
     pub(crate) refresh_ahead: f64,
     pub(crate) redis: Option<RedisOptions>,
     pub(crate) redlock: Option<Arc<Redlock>>,
+    /// The `cache` label on every metric (the layer's `cache_name`).
+    pub(crate) metrics_name: String,
 }
 
 /// How much longer than the origin timeout a waiter waits by default: room
@@ -171,6 +173,7 @@ impl Default for EngineConfig {
             refresh_ahead: DEFAULT_REFRESH_AHEAD,
             redis: None,
             redlock: None,
+            metrics_name: "herdguard".to_owned(),
         }
     }
 }
@@ -213,7 +216,7 @@ impl<V: Value> Shared<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
         let remote = match &config.redis {
             Some(opts) => {
-                let mut store = RedisStore::new(opts.clone())?;
+                let mut store = RedisStore::new(opts.clone().metrics_name(&config.metrics_name))?;
                 if config.redlock.is_some() {
                     store.set_lease_elsewhere();
                 }
@@ -247,8 +250,8 @@ impl<V: Value> Shared<V> {
             fill_bytes: Arc::new(Semaphore::new(
                 config.max_fill_bytes.min(Semaphore::MAX_PERMITS),
             )),
+            counters: Counters::new(&config.metrics_name),
             config,
-            counters: Counters::default(),
             remote,
             redlock,
         })
@@ -706,7 +709,7 @@ impl<V: Value> Shared<V> {
                     return Outcome::Pass(None);
                 }
                 RemoteLookup::Held { lease_left } => {
-                    lock::record_acquire("contended");
+                    self.counters.lock_acquire("contended");
                     read_entry = true;
                     if self
                         .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
@@ -743,7 +746,10 @@ impl<V: Value> Shared<V> {
                 let poll = if remote.notifications_live() {
                     remote.options.poll_interval
                 } else {
-                    remote.options.poll_interval.min(Duration::from_millis(50))
+                    remote
+                        .options
+                        .fallback_poll_interval
+                        .min(remote.options.poll_interval)
                 };
                 let wait = poll
                     .min(lease_left + Duration::from_millis(5))
@@ -806,7 +812,7 @@ impl<V: Value> Shared<V> {
         let single = matches!(lease, HeldLease::Single(_));
         let ttl = match &lease {
             HeldLease::Single(_) => {
-                lock::record_acquire("acquired");
+                self.counters.lock_acquire("acquired");
                 remote.options.lease_ttl
             }
             HeldLease::Redlock(lock, _) => lock.ttl(),
@@ -822,7 +828,8 @@ impl<V: Value> Shared<V> {
         let took = started.elapsed();
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
-        metrics::record_lease_remaining(stopped.remaining.as_secs_f64());
+        self.counters
+            .lease_remaining(stopped.remaining.as_secs_f64());
         // A lease that lives elsewhere is released after the write, so no one
         // can take it between our compute and our fill.
         let redlock = stopped.redlock;
@@ -838,7 +845,7 @@ impl<V: Value> Shared<V> {
                     lock.release(lease).await;
                 }
                 if single {
-                    lock::record_held(held_since.elapsed().as_secs_f64());
+                    self.counters.lock_held(held_since.elapsed().as_secs_f64());
                 }
                 return Outcome::Failed(error);
             }
@@ -880,7 +887,7 @@ impl<V: Value> Shared<V> {
             lock.release(lease).await;
         }
         if single {
-            lock::record_held(held_since.elapsed().as_secs_f64());
+            self.counters.lock_held(held_since.elapsed().as_secs_f64());
         }
         match written {
             Err(e) => {
@@ -890,7 +897,7 @@ impl<V: Value> Shared<V> {
             }
             Ok((w, meta)) => {
                 if single && !w.released && !lost {
-                    lock::record_acquire("expired_mid_work");
+                    self.counters.lock_acquire("expired_mid_work");
                 }
                 if !w.accepted
                     && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
@@ -900,7 +907,7 @@ impl<V: Value> Shared<V> {
                 }
                 match (fill, meta) {
                     (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
-                        metrics::record_entry_bytes(value.weight());
+                        self.counters.entry_bytes(value.weight());
                         let hard = meta.fresh_for.saturating_add(meta.stale_for);
                         self.index_in_background(remote, key, &value, hard);
                         // Measured from the store, not from now: the write's
@@ -1031,7 +1038,7 @@ impl<V: Value> Shared<V> {
                 stale_for,
             } => {
                 let usable = fresh_for.saturating_add(stale_for);
-                metrics::record_entry_bytes(value.weight());
+                self.counters.entry_bytes(value.weight());
                 let meta = EntryMeta::now(fresh_for, stale_for, fence);
                 let entry = Arc::new(
                     Stored::new(value, meta, fresh_for, usable, Duration::ZERO)
@@ -1092,7 +1099,7 @@ impl<V: Value> Shared<V> {
             }
         }
         if !initiator {
-            metrics::record_wait(started.elapsed().as_secs_f64());
+            self.counters.wait(started.elapsed().as_secs_f64());
         }
         tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
         let shared_source = if initiator {

@@ -146,12 +146,25 @@
 //! - **Client conditionals:** `If-None-Match` (weak comparison) and, without
 //!   it, `If-Modified-Since` are answered 304 from the cache. `If-Match`,
 //!   `If-Unmodified-Since` and `Range` go to the origin untouched.
+//! - **Targeted cache control** (RFC 9213): a valid `CDN-Cache-Control`
+//!   (a Structured Fields Dictionary) replaces `Cache-Control` and
+//!   `Expires` for this cache, and a header of your own
+//!   ([`cache_control_header`](CacheLayerBuilder::cache_control_header))
+//!   goes above it; an invalid or empty one is ignored whole. Yours is
+//!   removed from responses by default; `CDN-Cache-Control` is passed on.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
 //!   each combination of the request's values has its own key, so variants
 //!   coexist. A stored variant is still compared header by header before use;
 //!   a request that finds another variant under its key (this instance had
 //!   not learned the names yet) leads or joins the flight of its own
 //!   variant, so variant misses coalesce like any other miss.
+//!   Values are compared in a normal form: field lines combined, whitespace
+//!   around commas dropped; `Accept`, `Accept-Language` and `Accept-Charset`
+//!   also lowercased and ordered by q-value (equal preferences in any
+//!   order). `Accept-Encoding` falls into one of three buckets (`br` if
+//!   acceptable, else `gzip`, else `identity`; `q=0` excludes), and the
+//!   request that fills an entry carries the bucket as its
+//!   `Accept-Encoding`, so every request of a bucket accepts what is stored.
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
@@ -311,15 +324,55 @@
 //! fencing is an efficiency lock, not a correctness guarantee. The layer can
 //! use Redlock as its lease backend ([`CacheLayerBuilder::redlock`]).
 //!
+//! ```rust,no_run
+//! use std::time::Duration;
+//! use herdguard::{FencedStore, RedisOptions, Redlock};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let lock = Redlock::builder([
+//!     "redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3",
+//!     "redis://10.0.0.4", "redis://10.0.0.5",
+//! ])
+//! .ttl(Duration::from_secs(10))
+//! .build()?;
+//! // The fence lives with the data it protects, not on the lock nodes.
+//! let store = FencedStore::new(RedisOptions::new("redis://10.0.0.9"))?;
+//! let done = lock
+//!     .run(&store, "flush:orders", |work| async move {
+//!         // Do the work before work.deadline(); stamp work.fence() on every
+//!         // write to the protected resource, which must refuse older fences.
+//!         Ok::<_, std::io::Error>(bytes::Bytes::from("flushed"))
+//!     })
+//!     .await?;
+//! assert!(done.accepted);
+//! # Ok(()) }
+//! ```
+//!
+//! - Acquisition asks every node in parallel with a per-node timeout far
+//!   below the TTL (TTL/100, clamped to 5–50 ms), needs N/2+1 votes, and
+//!   computes the validity as TTL − elapsed − (TTL × 0.01 + 2 ms). A failed
+//!   or late attempt releases everywhere, then retries after a random delay.
+//! - The deadline is the end of validity: work past it is abandoned (`run`
+//!   drops it and writes nothing). A watchdog extends the lease on a quorum
+//!   every TTL/3 and moves the deadline.
+//! - A paused holder, clock drift or a failover that loses the lock can all
+//!   produce two holders; the fence token from the resource's own counter is
+//!   what keeps the older one from overwriting a newer write.
+//!
 //! ## Observability
 //!
 //! Metrics go through the `metrics` facade (`herdguard_requests_total
 //! {outcome}`, `herdguard_origin_calls_total`, `herdguard_wait_seconds`,
 //! `herdguard_fenced_writes_rejected_total`, `herdguard_corrupt_entries_total`,
-//! `herdguard_redis_errors_total{op}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
+//! `herdguard_redis_errors_total{op, class}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
 //! `herdguard_lease_remaining_at_release_seconds`,
-//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`); install any
-//! recorder (the `metrics` example serves Prometheus). Each request the layer
+//! `herdguard_not_stored_total{reason}`,
+//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`), each
+//! labelled `cache` with the layer's
+//! [`cache_name`](CacheLayerBuilder::cache_name); install any
+//! recorder (the `metrics` example serves Prometheus).
+//! [`cache_status_header(false)`](CacheLayerBuilder::cache_status_header)
+//! logs `Cache-Status` instead of sending it. Each request the layer
 //! handles has a `herdguard` span (debug level) with `key`, `outcome`,
 //! `lease` (token prefix), `fence` and `wait_ms`; the leader's spawned task
 //! carries its request's span. The `herdguard` binary (feature `cli`)
@@ -343,6 +396,17 @@
 //!     .layer(cache.clone());
 //! # let _ = app;
 //! ```
+//!
+//! ## Per-route policy
+//!
+//! [`CacheLayer::with_policy`] makes a layer for one route with its own
+//! [`RoutePolicy`] on the same cache (one store, one Redis client, one set
+//! of flights): a key function, a [`Predicate`] on what to store, a TTL for
+//! headerless answers, a maximum TTL, and a mode that ignores the origin's
+//! freshness directives. Routes whose keys agree coalesce into one origin
+//! call; see the example there. A key function only names the resource: the
+//! rules of [who may receive an answer](#who-may-receive-an-answer) still
+//! apply on top of it.
 //!
 //! ## Without HTTP
 //!
@@ -369,8 +433,10 @@ mod policy;
 mod purge;
 mod purge_log;
 mod retain;
+mod route;
 mod service;
 mod store;
+mod targeted;
 mod vary;
 
 pub use body::CacheBody;
@@ -385,6 +451,7 @@ pub use lock::redlock::{
 };
 pub use metrics::{describe_metrics, Source, Stats};
 pub use purge::{PurgeError, PurgeHandle, Purged};
+pub use route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;
 

@@ -3,7 +3,12 @@
 -- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
 -- ahead_ms > 0 (refresh-ahead): lease a fresh entry with at most that long left.
 local v = false
-if ARGV[3] ~= '1' then v = redis.call('GET', KEYS[1]) end
+if ARGV[3] ~= '1' then
+  -- A value of another type (WRONGTYPE) is foreign: a miss, and the fill's
+  -- SET overwrites it, instead of an error on every request.
+  v = redis.pcall('GET', KEYS[1])
+  if type(v) == 'table' then v = false end
+end
 -- An entry this version cannot read is a miss; the leader overwrites it.
 if v and string.sub(v, 1, string.len(ARGV[5])) ~= ARGV[5] then v = false end
 if v then
