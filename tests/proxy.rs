@@ -1,6 +1,7 @@
 //! `herdguard proxy`, the binary, over real loopback: an axum origin (or an
 //! https one with a private CA) on 127.0.0.1:0, the proxy process on
 //! 127.0.0.1:0, and hyper clients or raw sockets.
+#![cfg(feature = "cli")]
 
 mod support;
 
