@@ -118,6 +118,8 @@ pub(crate) struct LayerState {
     pub(crate) vary: VaryIndex,
     /// Responses kept past their stale grace for revalidation and stale-if-error.
     pub(crate) retained: RetainedStore,
+    /// Fills whose body is streaming, offered to their flight's waiters.
+    pub(crate) streams: Arc<crate::stream::Streams>,
 }
 
 /// A Tower layer that caches GET and HEAD responses and lets exactly one
@@ -452,6 +454,7 @@ impl CacheLayerBuilder {
             retained: RetainedStore::new(budget.retained),
             engine: Arc::new(Shared::new(engine)?),
             http: self.http,
+            streams: Arc::new(crate::stream::Streams::new()),
         });
         if let Some(remote) = &state.engine.remote {
             // Weak: the store lives inside the state, so a strong handle

@@ -355,6 +355,7 @@ mod purge;
 mod retain;
 mod service;
 mod store;
+mod stream;
 mod vary;
 
 pub use body::CacheBody;
