@@ -88,9 +88,9 @@ where
                 Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
                 None => rest.as_mut().poll_frame(cx).map_err(Into::into),
             },
-            KindProj::Shared { reader } => reader
-                .poll_chunk(cx)
-                .map(|c| c.map(|r| r.map(Frame::data))),
+            KindProj::Shared { reader } => {
+                reader.poll_chunk(cx).map(|c| c.map(|r| r.map(Frame::data)))
+            }
         }
     }
 

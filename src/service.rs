@@ -1266,7 +1266,8 @@ where
                 return Ok(Fill::Pass(None));
             }
             if let Some(tx) = passthrough {
-                let response = Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
+                let response =
+                    Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
                 let _ = tx.send(Handoff::TooLarge(response));
             }
             return Ok(Fill::Pass(None));

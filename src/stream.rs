@@ -24,7 +24,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 use tokio::sync::watch;
 
 use crate::entry::CachedResponse;
@@ -138,8 +138,10 @@ impl SharedBody {
             let mut buf = self.lock();
             buf.held += chunk.len();
             buf.chunks.push_back(chunk);
-            evict(&mut buf);
-            std::mem::take(&mut buf.wakers)
+            // Every parked reader has a new chunk (or was evicted past).
+            let mut wake = evict(&mut buf);
+            wake.extend(std::mem::take(&mut buf.wakers));
+            wake
         };
         wake_all(wake);
     }
@@ -445,7 +447,7 @@ mod tests {
         let key = CacheKey::new("k");
         let value = CachedResponse {
             status: StatusCode::OK,
-            headers: HeaderMap::new(),
+            headers: http::HeaderMap::new(),
             body: Bytes::new(),
             vary: Vec::new(),
             initial_age: 0,
