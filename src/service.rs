@@ -953,8 +953,9 @@ type Passthrough<ResB> = oneshot::Receiver<Handoff<ResB>>;
 enum Handoff<ResB> {
     /// Too large to store and not shared: streamed to it alone.
     TooLarge(Response<CacheBody<ResB>>),
-    /// Its own reader of a fill streamed to every waiter.
-    Streaming(Arc<Stream>, StreamReader),
+    /// Its own reader of a fill streamed to every waiter, and the
+    /// `Cache-Status` detail (`too-large` when it will not be stored).
+    Streaming(Arc<Stream>, StreamReader, &'static str),
 }
 
 /// The frames a fill had read when it began to stream.
@@ -1042,19 +1043,26 @@ where
     // The initiator's reader first: it starts at byte 0 whatever happens.
     if let Some(tx) = leader {
         if let Some(reader) = shared.reader(None) {
-            let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader));
+            let detail = if storing { "streamed" } else { "too-large" };
+            let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
         }
     }
     let writer = Writer {
         body: Arc::clone(&shared),
         _offer: Some(state.streams.register(key, stream)),
     };
-    while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+    loop {
+        // Not `while let`, and the error boxed at once: the inner error
+        // type need not be `Send`, and must not live across an `.await`.
+        let next = poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        let Some(frame) = next.map(|f| f.map_err(Into::<BoxError>::into)) else {
+            break;
+        };
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
                 shared.fail("origin body failed");
-                return Err(e.into());
+                return Err(e);
             }
         };
         let Ok(data) = frame.into_data() else {
@@ -1084,6 +1092,9 @@ where
                 }
             }
         }
+        // Past the limit the fastest reader paces the origin; slower ones
+        // fall out of the window and are cut off.
+        poll_fn(|cx| shared.poll_room(cx)).await;
         shared.push(data);
         if !storing && shared.abandoned() {
             // Nobody reads and nobody can join: drop the origin call.
@@ -1635,9 +1646,9 @@ impl LayerState {
                 response.headers_mut().insert(CACHE_STATUS, status);
                 response
             }
-            Handoff::Streaming(stream, reader) => {
+            Handoff::Streaming(stream, reader, detail) => {
                 let status = self.status(format_args!(
-                    "fwd={}; fwd-status={}; detail=streamed",
+                    "fwd={}; fwd-status={}; detail={detail}",
                     fwd.as_str(),
                     stream.status().as_u16()
                 ));

@@ -62,6 +62,12 @@ struct Buf {
     wakers: HashMap<u64, Waker>,
     readers: usize,
     next_reader: u64,
+    /// The furthest any reader has read (absolute chunk index): the window
+    /// is measured from it, so the fastest reader paces the fill and only
+    /// readers further behind than the window are cut off.
+    furthest: u64,
+    /// The writer, parked while the fastest reader is a window behind.
+    writer: Option<Waker>,
 }
 
 /// A body error a reader receives.
@@ -90,6 +96,8 @@ impl SharedBody {
                 wakers: HashMap::new(),
                 readers: 0,
                 next_reader: 0,
+                furthest: 0,
+                writer: None,
             }),
         })
     }
@@ -166,6 +174,25 @@ impl SharedBody {
         wake_all(wake);
     }
 
+    /// Ready once the fastest reader is less than a window behind the
+    /// newest chunk (always, while the body may be stored or nobody reads).
+    pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut buf = self.lock();
+        let Some(window) = buf.window else {
+            return Poll::Ready(());
+        };
+        if buf.readers == 0 {
+            return Poll::Ready(());
+        }
+        let from = buf.furthest.saturating_sub(buf.first) as usize;
+        let unread: usize = buf.chunks.iter().skip(from).map(Bytes::len).sum();
+        if unread < window.max(1) {
+            return Poll::Ready(());
+        }
+        buf.writer = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
     /// Nobody reads and nobody can attach any more: the fill serves no one.
     pub(crate) fn abandoned(&self) -> bool {
         let buf = self.lock();
@@ -236,8 +263,17 @@ impl StreamReader {
         let at = (self.next - buf.first) as usize;
         if let Some(chunk) = buf.chunks.get(at) {
             let chunk = chunk.clone();
-            drop(buf);
             self.next += 1;
+            let writer = if self.next > buf.furthest {
+                buf.furthest = self.next;
+                buf.writer.take()
+            } else {
+                None
+            };
+            drop(buf);
+            if let Some(w) = writer {
+                w.wake();
+            }
             if let Some(since) = self.ttfb_since.take() {
                 crate::metrics::record_waiter_ttfb(since.elapsed());
             }
@@ -268,9 +304,16 @@ impl StreamReader {
 
 impl Drop for StreamReader {
     fn drop(&mut self) {
-        let mut buf = self.body.lock();
-        buf.readers = buf.readers.saturating_sub(1);
-        buf.wakers.remove(&self.id);
+        let writer = {
+            let mut buf = self.body.lock();
+            buf.readers = buf.readers.saturating_sub(1);
+            buf.wakers.remove(&self.id);
+            // The pace may have been this reader's: let the writer re-check.
+            buf.writer.take()
+        };
+        if let Some(w) = writer {
+            w.wake();
+        }
     }
 }
 
