@@ -514,6 +514,16 @@ async fn run(
         tokio::time::sleep(delay + Duration::from_millis(100)).await;
     }
     let origin_calls = cluster.origin.calls() - calls_before;
+    let ok = samples.iter().filter(|s| s.ok).map(|s| s.end - s.start);
+    let title = scenario.title(cfg);
+    common::chart::record(
+        scenario.id(),
+        &title,
+        row.name(),
+        cfg.instances,
+        ok,
+        origin_calls,
+    );
     let mut line = summarize(row, &samples, &cluster.origin.fills(), cluster.scope);
     line.origin_calls = origin_calls;
     if let (Some(before), Some(r)) = (redis_before, redis) {
@@ -649,6 +659,7 @@ async fn main() {
         },
         None => println!("redis: none (the Redis row is skipped: --redis none)"),
     }
+    common::peers::report().iter().for_each(|l| println!("{l}"));
     for scenario in Scenario::ALL {
         if let Some(only) = &cfg.only {
             if !only.iter().any(|o| o == scenario.id()) {
@@ -685,6 +696,12 @@ async fn main() {
                 };
             print_line(row, &line);
         }
+    }
+    match common::chart::write(&common::chart::dir()) {
+        Ok(files) => files
+            .iter()
+            .for_each(|f| println!("chart: {}", f.display())),
+        Err(e) => eprintln!("charts not written: {e}"),
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -29,8 +29,9 @@ use crate::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;
 use crate::lock::watchdog::{HeldLease, Watchdog};
-use crate::lock::{self, FenceToken, LeaseToken};
-use crate::metrics::{self, Counters, Source, Stats};
+use crate::lock::{FenceToken, LeaseToken};
+use crate::metrics::{Counters, Source, Stats};
+use crate::purge_log::key_name;
 use crate::store::memory::{MemoryStore, Probe, Stored};
 use crate::store::redis::{FillSubscription, RedisOptions, RedisStore, RemoteLookup, WriteMode};
 
@@ -149,6 +150,8 @@ pub(crate) struct EngineConfig {
     pub(crate) refresh_ahead: f64,
     pub(crate) redis: Option<RedisOptions>,
     pub(crate) redlock: Option<Arc<Redlock>>,
+    /// The `cache` label on every metric (the layer's `cache_name`).
+    pub(crate) metrics_name: String,
 }
 
 /// How much longer than the origin timeout a waiter waits by default: room
@@ -170,6 +173,7 @@ impl Default for EngineConfig {
             refresh_ahead: DEFAULT_REFRESH_AHEAD,
             redis: None,
             redlock: None,
+            metrics_name: "herdguard".to_owned(),
         }
     }
 }
@@ -212,7 +216,7 @@ impl<V: Value> Shared<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
         let remote = match &config.redis {
             Some(opts) => {
-                let mut store = RedisStore::new(opts.clone())?;
+                let mut store = RedisStore::new(opts.clone().metrics_name(&config.metrics_name))?;
                 if config.redlock.is_some() {
                     store.set_lease_elsewhere();
                 }
@@ -225,26 +229,29 @@ impl<V: Value> Shared<V> {
         };
         let redlock = config.redlock.clone();
         let memory = MemoryStore::new(config.capacity_bytes);
+        let flights = Arc::new(Flights::new());
         if let Some(remote) = &remote {
-            // Other instances' purges clear this process's copy too. (The
-            // HTTP layer installs a richer handler for URL and tag purges.)
-            let mem = memory.clone();
+            // Other instances' purges clear this process's copy too, and beat
+            // this process's fills of the key. (The HTTP layer installs a
+            // richer handler for URL and tag purges.)
+            let (mem, fl) = (memory.clone(), Arc::clone(&flights));
             remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
                 if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
+                    fl.purges.record([key_name(&key)]);
                     mem.remove(&key);
                 }
             }));
         }
         Ok(Self {
             memory,
-            flights: Arc::new(Flights::new()),
+            flights,
             fallback: Arc::new(Semaphore::new(config.fallback_limit.max(1))),
             leaders: Arc::new(Semaphore::new(config.max_leaders.max(1))),
             fill_bytes: Arc::new(Semaphore::new(
                 config.max_fill_bytes.min(Semaphore::MAX_PERMITS),
             )),
+            counters: Counters::new(&config.metrics_name),
             config,
-            counters: Counters::default(),
             remote,
             redlock,
         })
@@ -253,6 +260,7 @@ impl<V: Value> Shared<V> {
     /// Drop an entry here and, with Redis, there too (in the background,
     /// bounded by the Redis timeouts).
     pub(crate) fn invalidate(&self, key: &CacheKey) {
+        self.flights.purges.record([key_name(key)]);
         self.memory.remove(key);
         if let Some(remote) = &self.remote {
             let remote = Arc::clone(remote);
@@ -466,7 +474,34 @@ impl<V: Value> Shared<V> {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
             }
-            Ok(fill) => self.fill_memory(key, fill, 0, started.elapsed()),
+            Ok(fill) => self.fill_memory(key, self.unless_purged(key, fill), 0, started.elapsed()),
+        }
+    }
+
+    /// A fill that started before a purge of its key, URL or tag is still
+    /// the answer for the requests waiting on it, but it is not stored.
+    fn unless_purged(&self, key: CacheKey, fill: Fill<V>) -> Fill<V> {
+        match fill {
+            Fill::Store { value, .. }
+                if self.flights.purged_during(&key, || value.purge_groups()) =>
+            {
+                tracing::debug!(key = %key.short(), "purged while filling: shared, not stored");
+                Fill::Share(value)
+            }
+            other => other,
+        }
+    }
+
+    /// Insert into memory, then look at the purge log again: a purge that
+    /// recorded itself between our check and our insert may have removed
+    /// the key before we inserted it.
+    fn insert_checked(&self, key: CacheKey, entry: &Arc<Stored<V>>) {
+        self.memory.insert(key, Arc::clone(entry));
+        if self
+            .flights
+            .purged_during(&key, || entry.value.purge_groups())
+        {
+            self.memory.remove(&key);
         }
     }
 
@@ -542,7 +577,7 @@ impl<V: Value> Shared<V> {
                         return Outcome::Value { entry, source };
                     }
                     Err(e) => {
-                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                        crate::entry::report_corrupt(&key, &e);
                         skip_entry = true;
                     }
                 },
@@ -553,7 +588,7 @@ impl<V: Value> Shared<V> {
                 } => {
                     let decoded = decode_entry::<V>(bytes);
                     if let Err(e) = &decoded {
-                        tracing::warn!(key = %key.short(), error = %e, "corrupt entry in redis; treating as a miss");
+                        crate::entry::report_corrupt(&key, e);
                     }
                     // An entry stored without a stale window is never handed
                     // out stale: Redis reports one so only in the last
@@ -674,7 +709,7 @@ impl<V: Value> Shared<V> {
                     return Outcome::Pass(None);
                 }
                 RemoteLookup::Held { lease_left } => {
-                    lock::record_acquire("contended");
+                    self.counters.lock_acquire("contended");
                     read_entry = true;
                     if self
                         .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
@@ -711,7 +746,10 @@ impl<V: Value> Shared<V> {
                 let poll = if remote.notifications_live() {
                     remote.options.poll_interval
                 } else {
-                    remote.options.poll_interval.min(Duration::from_millis(50))
+                    remote
+                        .options
+                        .fallback_poll_interval
+                        .min(remote.options.poll_interval)
                 };
                 let wait = poll
                     .min(lease_left + Duration::from_millis(5))
@@ -774,7 +812,7 @@ impl<V: Value> Shared<V> {
         let single = matches!(lease, HeldLease::Single(_));
         let ttl = match &lease {
             HeldLease::Single(_) => {
-                lock::record_acquire("acquired");
+                self.counters.lock_acquire("acquired");
                 remote.options.lease_ttl
             }
             HeldLease::Redlock(lock, _) => lock.ttl(),
@@ -790,12 +828,13 @@ impl<V: Value> Shared<V> {
         let took = started.elapsed();
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
-        metrics::record_lease_remaining(stopped.remaining.as_secs_f64());
+        self.counters
+            .lease_remaining(stopped.remaining.as_secs_f64());
         // A lease that lives elsewhere is released after the write, so no one
         // can take it between our compute and our fill.
         let redlock = stopped.redlock;
         let fill = match result {
-            Ok(fill) => fill,
+            Ok(fill) => self.unless_purged(key, fill),
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 // Release and wake waiters: the next request elects a new leader.
@@ -806,7 +845,7 @@ impl<V: Value> Shared<V> {
                     lock.release(lease).await;
                 }
                 if single {
-                    lock::record_held(held_since.elapsed().as_secs_f64());
+                    self.counters.lock_held(held_since.elapsed().as_secs_f64());
                 }
                 return Outcome::Failed(error);
             }
@@ -848,7 +887,7 @@ impl<V: Value> Shared<V> {
             lock.release(lease).await;
         }
         if single {
-            lock::record_held(held_since.elapsed().as_secs_f64());
+            self.counters.lock_held(held_since.elapsed().as_secs_f64());
         }
         match written {
             Err(e) => {
@@ -858,7 +897,7 @@ impl<V: Value> Shared<V> {
             }
             Ok((w, meta)) => {
                 if single && !w.released && !lost {
-                    lock::record_acquire("expired_mid_work");
+                    self.counters.lock_acquire("expired_mid_work");
                 }
                 if !w.accepted
                     && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
@@ -868,7 +907,7 @@ impl<V: Value> Shared<V> {
                 }
                 match (fill, meta) {
                     (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
-                        metrics::record_entry_bytes(value.weight());
+                        self.counters.entry_bytes(value.weight());
                         let hard = meta.fresh_for.saturating_add(meta.stale_for);
                         self.index_in_background(remote, key, &value, hard);
                         // Measured from the store, not from now: the write's
@@ -964,7 +1003,7 @@ impl<V: Value> Shared<V> {
                 .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
         );
         if !usable.is_zero() {
-            self.memory.insert(key, Arc::clone(&entry));
+            self.insert_checked(key, &entry);
         }
         entry
     }
@@ -999,14 +1038,14 @@ impl<V: Value> Shared<V> {
                 stale_for,
             } => {
                 let usable = fresh_for.saturating_add(stale_for);
-                metrics::record_entry_bytes(value.weight());
+                self.counters.entry_bytes(value.weight());
                 let meta = EntryMeta::now(fresh_for, stale_for, fence);
                 let entry = Arc::new(
                     Stored::new(value, meta, fresh_for, usable, Duration::ZERO)
                         .refresh_after(self.refresh_age(fresh_for, origin_time)),
                 );
                 if !usable.is_zero() {
-                    self.memory.insert(key, Arc::clone(&entry));
+                    self.insert_checked(key, &entry);
                 }
                 Outcome::Value {
                     entry,
@@ -1060,7 +1099,7 @@ impl<V: Value> Shared<V> {
             }
         }
         if !initiator {
-            metrics::record_wait(started.elapsed().as_secs_f64());
+            self.counters.wait(started.elapsed().as_secs_f64());
         }
         tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
         let shared_source = if initiator {
@@ -1188,6 +1227,12 @@ impl<V: Value> Shared<V> {
         matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
     ) {
         self.memory.purge_where(matches);
+    }
+
+    /// Note a purge of `names` (see [`crate::purge_log`]) before its
+    /// removals, so fills running now do not store over it.
+    pub(crate) fn record_purge(&self, names: impl IntoIterator<Item = String>) {
+        self.flights.purges.record(names);
     }
 }
 

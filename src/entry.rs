@@ -10,6 +10,7 @@
     reason = "the shared-store parts are wired in by the Redis store"
 )]
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -80,8 +81,15 @@ impl Value for String {
 /// The first bytes of every encoded entry; the Lua lookup checks them too.
 pub(crate) const MAGIC: &[u8; 2] = b"HG";
 /// 2: CachedResponse carries its URL key and stored rules.
-pub(crate) const VERSION: u8 = 2;
-const HEADER_LEN: usize = 2 + 1 + 1 + 8 * 4;
+/// 3: a checksum and the payload length in the envelope, the body length in
+///    a response. Older versions decode as a miss and are overwritten.
+pub(crate) const VERSION: u8 = 3;
+/// Where the fence token (u64 LE) sits: the fenced write reads it in Lua
+/// when the fence hash is gone, so this offset is part of the format.
+pub(crate) const FENCE_OFFSET: usize = 28;
+/// magic, version, flags, stored_at, fresh, stale, fence, payload length, checksum.
+const HEADER_LEN: usize = 2 + 1 + 1 + 8 * 4 + 8 + 8;
+const CHECKSUM_OFFSET: usize = HEADER_LEN - 8;
 
 /// When an entry was stored and how long it may be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,21 +126,59 @@ pub(crate) fn unix_ms(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// The checksum of an encoding: BLAKE3 (already our key hash) of everything
+/// but the checksum field, cut to 64 bits. It catches truncation and bit
+/// flips; it is not a signature (whoever can write Redis can write entries).
+fn checksum(header: &[u8], payload: &[u8]) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(&header[..CHECKSUM_OFFSET]);
+    h.update(payload);
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// Envelope flag: the payload is a [`CachedResponse`], so a diagnostic
+/// reader knows a payload that does not decode as one is corrupt.
+pub(crate) const FLAG_RESPONSE: u8 = 1;
+
+fn flags_of<V: 'static>() -> u8 {
+    if std::any::TypeId::of::<V>() == std::any::TypeId::of::<CachedResponse>() {
+        FLAG_RESPONSE
+    } else {
+        0
+    }
+}
+
+/// The envelope flags of an intact entry (see [`FLAG_RESPONSE`]).
+pub(crate) fn entry_flags(bytes: &[u8]) -> u8 {
+    bytes.get(3).copied().unwrap_or(0)
+}
+
 /// Encode an entry envelope around `value`.
 pub(crate) fn encode_entry<V: Value>(meta: &EntryMeta, value: &V) -> Bytes {
     let mut out = BytesMut::with_capacity(HEADER_LEN + value.weight() + 64);
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
-    out.put_u8(0);
+    out.put_u8(flags_of::<V>());
     out.put_u64_le(meta.stored_at_ms);
     out.put_u64_le(meta.fresh_for.as_millis() as u64);
     out.put_u64_le(meta.stale_for.as_millis() as u64);
     out.put_u64_le(meta.fence);
+    out.put_u64_le(0); // payload length, set below
+    out.put_u64_le(0); // checksum, set below
     value.encode(&mut out);
+    let payload_len = (out.len() - HEADER_LEN) as u64;
+    out[CHECKSUM_OFFSET - 8..CHECKSUM_OFFSET].copy_from_slice(&payload_len.to_le_bytes());
+    let sum = checksum(&out[..HEADER_LEN], &out[HEADER_LEN..]);
+    out[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
     out.freeze()
 }
 
-/// Decode an envelope; never panics on any input.
+/// Decode an envelope; never panics on any input. Anything but an intact
+/// entry of this version (short, foreign, older, truncated, flipped) is an
+/// error, which callers treat as a miss.
 pub(crate) fn decode_entry<V: Value>(mut bytes: Bytes) -> Result<(EntryMeta, V), DecodeError> {
     if bytes.len() < HEADER_LEN {
         return Err(DecodeError::new("entry shorter than its header"));
@@ -143,6 +189,7 @@ pub(crate) fn decode_entry<V: Value>(mut bytes: Bytes) -> Result<(EntryMeta, V),
     if bytes[2] != VERSION {
         return Err(DecodeError::new("unknown entry version"));
     }
+    let sum = checksum(&bytes[..HEADER_LEN], &bytes[HEADER_LEN..]);
     bytes.advance(4);
     let meta = EntryMeta {
         stored_at_ms: bytes.get_u64_le(),
@@ -150,7 +197,43 @@ pub(crate) fn decode_entry<V: Value>(mut bytes: Bytes) -> Result<(EntryMeta, V),
         stale_for: Duration::from_millis(bytes.get_u64_le()),
         fence: bytes.get_u64_le(),
     };
+    let payload_len = bytes.get_u64_le();
+    let stored_sum = bytes.get_u64_le();
+    if payload_len != bytes.len() as u64 {
+        return Err(DecodeError::new("payload length does not match"));
+    }
+    if stored_sum != sum {
+        return Err(DecodeError::new("checksum does not match"));
+    }
     Ok((meta, V::decode(bytes)?))
+}
+
+/// Log a corrupt entry found in a shared store: a warning at most once per
+/// interval per process (every instance meets the same bad entry until it
+/// is overwritten, and a loop of warnings helps nobody), and a counter.
+pub(crate) fn report_corrupt(key: &CacheKey, error: &DecodeError) {
+    const EVERY_MS: u64 = 10_000;
+    static LAST_MS: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    metrics::counter!(crate::metrics::names::CORRUPT_ENTRIES).increment(1);
+    let now = unix_ms(SystemTime::now()).max(1);
+    let last = LAST_MS.load(Ordering::Relaxed);
+    let due = last == 0 || now.saturating_sub(last) >= EVERY_MS;
+    if due
+        && LAST_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            key = %key.short(),
+            %error,
+            suppressed,
+            "corrupt entry in redis: treated as a miss and overwritten by the next fill"
+        );
+    } else {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A buffered HTTP response as the layer stores it.
@@ -250,6 +333,7 @@ impl Value for CachedResponse {
                 put_str32(out, v.as_bytes());
             }
         }
+        out.put_u64_le(self.body.len() as u64);
         out.put_slice(&self.body);
     }
 
@@ -266,23 +350,33 @@ impl Value for CachedResponse {
             sie: get_u32(&mut b)?,
             flags: take(&mut b, 1)?[0],
         };
-        let n = get_u16(&mut b)?;
-        let mut headers = HeaderMap::with_capacity(n as usize);
+        // Counts come from the input: each capacity is bounded by what the
+        // bytes left could hold (a header takes at least 7 of them), so no
+        // count can allocate beyond the input's length, or panic HeaderMap.
+        let n = get_u16(&mut b)? as usize;
+        let mut headers = HeaderMap::try_with_capacity(n.min(b.remaining() / 7).min(1024))
+            .map_err(|_| DecodeError::new("too many headers"))?;
         for _ in 0..n {
             let name = get_name(&mut b)?;
             let value = get_value(&mut b)?;
-            headers.append(name, value);
+            headers
+                .try_append(name, value)
+                .map_err(|_| DecodeError::new("too many headers"))?;
         }
-        let n = get_u16(&mut b)?;
-        let mut vary = Vec::with_capacity(n as usize);
+        let n = get_u16(&mut b)? as usize;
+        let mut vary = Vec::with_capacity(n.min(b.remaining() / 5));
         for _ in 0..n {
             let name = get_name(&mut b)?;
-            let m = get_u16(&mut b)?;
-            let mut values = Vec::with_capacity(m as usize);
+            let m = get_u16(&mut b)? as usize;
+            let mut values = Vec::with_capacity(m.min(b.remaining() / 4));
             for _ in 0..m {
                 values.push(get_value(&mut b)?);
             }
             vary.push((name, values));
+        }
+        let body_len = get_u64(&mut b)?;
+        if body_len != b.remaining() as u64 {
+            return Err(DecodeError::new("body length does not match"));
         }
         Ok(Self {
             status,
@@ -330,6 +424,13 @@ fn get_u32(b: &mut Bytes) -> Result<u32, DecodeError> {
         return Err(DecodeError::new("truncated"));
     }
     Ok(b.get_u32_le())
+}
+
+fn get_u64(b: &mut Bytes) -> Result<u64, DecodeError> {
+    if b.remaining() < 8 {
+        return Err(DecodeError::new("truncated"));
+    }
+    Ok(b.get_u64_le())
 }
 
 fn take(b: &mut Bytes, len: usize) -> Result<Bytes, DecodeError> {
@@ -396,20 +497,167 @@ mod tests {
         assert_eq!(r.rules, sample().rules);
     }
 
-    /// Every truncation of a valid entry, and flipped version bytes, decode to an error, never a panic.
+    /// Every truncation of a valid entry, and foreign bytes, decode to an error, never a panic.
     #[test]
     fn truncated_or_foreign_bytes_are_errors() {
         let meta = EntryMeta::now(Duration::from_secs(5), Duration::ZERO, 1);
         let full = encode_entry(&meta, &sample());
-        // The body is the tail, so only cuts inside the structured part must fail.
-        let body_start = full.len() - 5;
-        for cut in 0..body_start {
+        for cut in 0..full.len() {
             let r = decode_entry::<CachedResponse>(full.slice(..cut));
             assert!(r.is_err(), "cut at {cut} decoded");
         }
-        let mut v = full.to_vec();
-        v[2] = 99;
-        assert!(decode_entry::<CachedResponse>(Bytes::from(v)).is_err());
         assert!(decode_entry::<Bytes>(Bytes::from_static(b"\xff\xfe garbage")).is_err());
+    }
+
+    /// One flipped bit anywhere in an entry, body included, is caught by the checksum.
+    #[test]
+    fn every_single_bit_flip_is_caught() {
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::ZERO, 1);
+        let full = encode_entry(&meta, &sample()).to_vec();
+        for i in 0..full.len() {
+            for bit in 0..8 {
+                let mut v = full.clone();
+                v[i] ^= 1 << bit;
+                let r = decode_entry::<CachedResponse>(Bytes::from(v));
+                assert!(r.is_err(), "flip of bit {bit} in byte {i} decoded");
+            }
+        }
+    }
+
+    /// An entry of the previous version (2) is an error: the cache treats it as a miss.
+    #[test]
+    fn older_version_is_an_error() {
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::ZERO, 1);
+        let mut v = encode_entry(&meta, &sample()).to_vec();
+        v[2] = 2;
+        let err = decode_entry::<CachedResponse>(Bytes::from(v)).unwrap_err();
+        assert!(err.to_string().contains("version"), "{err}");
+    }
+
+    /// The fence sits where the Lua write reads it.
+    #[test]
+    fn fence_is_at_its_documented_offset() {
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::ZERO, 0x0102_0304_0506);
+        let v = encode_entry(&meta, &Bytes::from_static(b"x"));
+        let raw: [u8; 8] = v[FENCE_OFFSET..FENCE_OFFSET + 8].try_into().unwrap();
+        assert_eq!(u64::from_le_bytes(raw), 0x0102_0304_0506);
+    }
+
+    /// Wrap `payload` in an envelope with a correct checksum, as a hostile
+    /// writer (or a bug) could.
+    fn sealed(payload: &[u8]) -> Bytes {
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::ZERO, 1);
+        encode_entry(&meta, &Bytes::copy_from_slice(payload))
+    }
+
+    /// A response payload with the structured part up to the header count.
+    fn response_prefix(header_count: u16) -> Vec<u8> {
+        let mut p = Vec::new();
+        p.extend_from_slice(&200u16.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend_from_slice(&[0u8; 16]);
+        p.extend_from_slice(&[0u8; 12]);
+        p.push(0);
+        p.extend_from_slice(&header_count.to_le_bytes());
+        p
+    }
+
+    /// A header count of 30000 with a valid checksum is an error, not a panic in HeaderMap.
+    #[test]
+    fn huge_header_count_is_an_error() {
+        let r = decode_entry::<CachedResponse>(sealed(&response_prefix(30000)));
+        assert!(r.is_err());
+    }
+
+    /// 65535 distinct headers (more than a HeaderMap holds) are an error, not a panic.
+    #[test]
+    fn more_headers_than_a_header_map_holds_is_an_error() {
+        let mut distinct = response_prefix(u16::MAX);
+        for i in 0..u16::MAX {
+            let name = format!("h{i}");
+            distinct.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            distinct.extend_from_slice(name.as_bytes());
+            distinct.extend_from_slice(&0u32.to_le_bytes());
+        }
+        distinct.extend_from_slice(&0u16.to_le_bytes());
+        distinct.extend_from_slice(&0u64.to_le_bytes());
+        assert!(decode_entry::<CachedResponse>(sealed(&distinct)).is_err());
+    }
+
+    /// A recorded body length that disagrees with the bytes present is an error.
+    #[test]
+    fn body_length_is_checked() {
+        let mut out = BytesMut::new();
+        sample().encode(&mut out);
+        let short = &out[..out.len() - 1];
+        assert!(decode_entry::<CachedResponse>(sealed(short)).is_err());
+        assert!(decode_entry::<CachedResponse>(sealed(&out)).is_ok());
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn encoded() -> impl Strategy<Value = Vec<u8>> {
+            (
+                any::<u64>(),
+                proptest::collection::vec(any::<u8>(), 0..64),
+                proptest::collection::vec(("[a-z-]{1,12}", "[ -~]{0,16}"), 0..6),
+            )
+                .prop_map(|(fence, body, headers)| {
+                    let mut r = super::sample();
+                    r.body = Bytes::from(body);
+                    for (n, v) in headers {
+                        if let (Ok(n), Ok(v)) = (
+                            HeaderName::from_bytes(n.as_bytes()),
+                            HeaderValue::from_str(&v),
+                        ) {
+                            r.headers.append(n, v);
+                        }
+                    }
+                    let meta = EntryMeta::now(Duration::from_secs(1), Duration::ZERO, fence);
+                    encode_entry(&meta, &r).to_vec()
+                })
+        }
+
+        proptest! {
+            /// Random bytes never panic either decoder.
+            #[test]
+            fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+                let _ = decode_entry::<CachedResponse>(Bytes::from(bytes.clone()));
+                let _ = decode_entry::<Bytes>(Bytes::from(bytes));
+            }
+
+            /// Random payloads behind a valid checksum never panic the response decoder.
+            #[test]
+            fn sealed_random_payloads_never_panic(
+                prefix in 0u16..2000,
+                tail in proptest::collection::vec(any::<u8>(), 0..512),
+            ) {
+                let mut p = response_prefix(prefix);
+                p.extend_from_slice(&tail);
+                let _ = decode_entry::<CachedResponse>(sealed(&p));
+            }
+
+            /// Valid encodings round-trip; any mutation of them (a changed
+            /// byte, a cut, an insertion) is an error, never a panic.
+            #[test]
+            fn mutated_encodings_are_errors(
+                good in encoded(),
+                at in any::<prop::sample::Index>(),
+                byte in any::<u8>(),
+                kind in 0u8..3,
+            ) {
+                prop_assert!(decode_entry::<CachedResponse>(Bytes::from(good.clone())).is_ok());
+                let i = at.index(good.len());
+                let mut bad = good.clone();
+                match kind {
+                    0 => bad[i] = bad[i].wrapping_add(byte.max(1)),
+                    1 => bad.truncate(i),
+                    _ => bad.insert(i, byte),
+                }
+                prop_assert!(decode_entry::<CachedResponse>(Bytes::from(bad)).is_err());
+            }
+        }
     }
 }

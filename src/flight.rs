@@ -20,6 +20,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use crate::error::Error;
 use crate::key::CacheKey;
 use crate::metrics::Source;
+use crate::purge_log::{key_name, PurgeLog};
 use crate::store::memory::Stored;
 
 /// The observable state of one flight.
@@ -70,12 +71,16 @@ impl<V: Clone> Clone for Outcome<V> {
 pub(crate) struct Flights<V> {
     map: Mutex<HashMap<CacheKey, Running<V>>>,
     next_id: AtomicU64,
+    /// Purges seen here: a flight that started before one of its key's
+    /// purges shares its value but does not store it.
+    pub(crate) purges: PurgeLog,
 }
 
 /// A running flight's id (so a finished leader never removes its successor),
-/// the receiver new waiters clone, and whether it is a forced refresh (its
-/// outcome is always a new origin answer, never the stored entry).
-type Running<V> = (u64, watch::Receiver<FlightState<V>>, bool);
+/// the receiver new waiters clone, whether it is a forced refresh (its
+/// outcome is always a new origin answer, never the stored entry), and the
+/// purge generation it started at.
+type Running<V> = (u64, watch::Receiver<FlightState<V>>, bool, u64);
 
 /// Whether the caller leads a new flight or follows a running one.
 #[derive(Debug)]
@@ -91,6 +96,7 @@ impl<V> Flights<V> {
         Self {
             map: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            purges: PurgeLog::default(),
         }
     }
 
@@ -106,7 +112,7 @@ impl<V> Flights<V> {
         // A poisoned map only means a panic elsewhere mid-insert; the map
         // itself is still consistent, so keep using it.
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, rx, forced)) = map.get(&key) {
+        if let Some((_, rx, forced, _)) = map.get(&key) {
             return (Role::Follower(rx.clone()), *forced);
         }
         // Taken under the map lock (never waits), so a key never has a
@@ -116,7 +122,7 @@ impl<V> Flights<V> {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(FlightState::Running);
-        map.insert(key, (id, rx, refresh));
+        map.insert(key, (id, rx, refresh, self.purges.generation()));
         drop(map);
         let handle = FlightHandle {
             flights: Arc::clone(self),
@@ -137,6 +143,29 @@ impl<V> Flights<V> {
             .contains_key(key)
     }
 
+    /// Whether the running flight of `key` started before a purge of `key`
+    /// or of one of `groups` (its value's purge groups). False when no
+    /// flight runs for `key`.
+    pub(crate) fn purged_during(
+        &self,
+        key: &CacheKey,
+        groups: impl FnOnce() -> Vec<String>,
+    ) -> bool {
+        let started = self
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .map(|(_, _, _, generation)| *generation);
+        started.is_some_and(|since| {
+            self.purges.purged_since(since, || {
+                let mut names = groups();
+                names.push(key_name(key));
+                names
+            })
+        })
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.map
             .lock()
@@ -146,7 +175,10 @@ impl<V> Flights<V> {
 
     fn remove(&self, key: &CacheKey, id: u64) {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.get(key).is_some_and(|(current, _, _)| *current == id) {
+        if map
+            .get(key)
+            .is_some_and(|(current, _, _, _)| *current == id)
+        {
             map.remove(key);
         }
     }

@@ -21,6 +21,10 @@ pin_project! {
         #[pin]
         kind: Kind<F, B, E>,
         strip_surrogate_key: bool,
+        // A header meant for this cache alone, removed on the way out.
+        strip: Option<HeaderName>,
+        // Off by default; set once per call, so the hit path pays one branch.
+        hide_cache_status: bool,
     }
 }
 
@@ -58,6 +62,8 @@ impl<F, B, E> ResponseFuture<F, B, E> {
                 response: Some(response),
             },
             strip_surrogate_key: false,
+            strip: None,
+            hide_cache_status: false,
         }
     }
 
@@ -73,6 +79,8 @@ impl<F, B, E> ResponseFuture<F, B, E> {
                 invalidate,
             },
             strip_surrogate_key: false,
+            strip: None,
+            hide_cache_status: false,
         }
     }
 
@@ -80,6 +88,8 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         Self {
             kind: Kind::Boxed { fut },
             strip_surrogate_key: false,
+            strip: None,
+            hide_cache_status: false,
         }
     }
 
@@ -87,6 +97,18 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     /// indexed when it stores, not for clients.
     pub(crate) fn strip_surrogate_key(mut self, on: bool) -> Self {
         self.strip_surrogate_key = on;
+        self
+    }
+
+    /// Remove `name` (the user's own targeted cache-control header) too.
+    pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
+        self.strip = name;
+        self
+    }
+
+    /// Take `Cache-Status` off the response (and log it) when `hide`.
+    pub(crate) fn hiding_cache_status(mut self, hide: bool) -> Self {
+        self.hide_cache_status = hide;
         self
     }
 }
@@ -102,6 +124,15 @@ where
         let mut response = ready!(Self::poll_kind(this.kind, cx))?;
         if *this.strip_surrogate_key {
             response.headers_mut().remove(SURROGATE_KEY);
+        }
+        if let Some(name) = this.strip.as_ref() {
+            response.headers_mut().remove(name);
+        }
+        if *this.hide_cache_status {
+            if let Some(v) = response.headers_mut().remove(CACHE_STATUS) {
+                let v = String::from_utf8_lossy(v.as_bytes());
+                tracing::info!(target: "herdguard::cache_status", cache_status = %v);
+            }
         }
         Poll::Ready(Ok(response))
     }

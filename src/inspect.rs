@@ -7,7 +7,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::entry::{decode_entry, CachedResponse};
+use crate::entry::{decode_entry, entry_flags, CachedResponse, FLAG_RESPONSE};
 use crate::error::DecodeError;
 use crate::key::CacheKey;
 use crate::layer::CacheLayer;
@@ -22,7 +22,8 @@ pub struct EntryKeyNames {
     pub fresh: String,
     /// `{ns}:{H}:lock`: the lease token.
     pub lock: String,
-    /// `{ns}:{H}:fence`: hash with `next` and `hw`.
+    /// `{ns}:{H}:fence`: hash with `next` (last token issued) and `hw`
+    /// (highest write accepted, or raised by a purge).
     pub fence: String,
     /// `{ns}:{H}:pass`: hit-for-pass marker.
     pub pass: String,
@@ -74,7 +75,12 @@ pub struct Envelope {
 pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
     let bytes = Bytes::copy_from_slice(bytes);
     let (meta, payload) = decode_entry::<Bytes>(bytes.clone())?;
-    let response = decode_entry::<CachedResponse>(bytes).ok().map(|(_, r)| r);
+    let response = if entry_flags(&bytes) & FLAG_RESPONSE != 0 {
+        // Stored by the HTTP layer: a payload that is not a response is corrupt.
+        Some(decode_entry::<CachedResponse>(bytes)?.1)
+    } else {
+        None
+    };
     let tags = response
         .as_ref()
         .map(|r| {

@@ -13,6 +13,7 @@ use crate::key::CacheKey;
 use crate::metrics::Stats;
 use crate::policy::ResponseRules;
 use crate::retain::RetainedStore;
+use crate::route::{RouteKey, RoutePolicy, RoutePredicate};
 use crate::service::CacheService;
 use crate::store::redis::RedisOptions;
 use crate::vary::VaryIndex;
@@ -27,10 +28,18 @@ pub(crate) struct HttpConfig {
     /// How long a stored response is kept past its stale grace: to be
     /// revalidated with a conditional request, or served to `max-stale`.
     pub(crate) keep: Duration,
+    /// Whether clients see `Cache-Status` (else it is only logged).
+    pub(crate) show_cache_status: bool,
     pub(crate) reload: ReloadMode,
     /// Hand responses that may not be stored to every request waiting on
     /// the same key (opt-in: only for origins that answer everyone alike).
     pub(crate) share_uncacheable: bool,
+    /// Remove the user's own targeted field from every response sent on.
+    pub(crate) strip_own_cache_control: bool,
+    /// A route's own key function, in place of host, path and query.
+    pub(crate) route_key: Option<RouteKey>,
+    /// A route's say on what is stored.
+    pub(crate) predicate: Option<RoutePredicate>,
     /// Remove `Surrogate-Key` from every response to a client.
     pub(crate) strip_surrogate_key: bool,
 }
@@ -71,8 +80,12 @@ impl Default for HttpConfig {
             cache_name: "herdguard".to_owned(),
             key_headers: Vec::new(),
             keep: Duration::from_secs(600),
+            show_cache_status: true,
             reload: ReloadMode::Coalesce,
             share_uncacheable: false,
+            strip_own_cache_control: true,
+            route_key: None,
+            predicate: None,
             strip_surrogate_key: true,
         }
     }
@@ -120,6 +133,9 @@ pub(crate) struct LayerState {
     pub(crate) retained: RetainedStore,
     /// Fills whose body is streaming, offered to their flight's waiters.
     pub(crate) streams: Arc<crate::stream::Streams>,
+    /// The layer a route layer was made from: kept alive while any route is,
+    /// because the Redis purge handler reaches memory through it.
+    pub(crate) root: Option<Arc<LayerState>>,
 }
 
 /// A Tower layer that caches GET and HEAD responses and lets exactly one
@@ -159,6 +175,112 @@ impl CacheLayer {
         self.state.engine.memory.entry_count()
     }
 
+    /// A layer for one route (or a group of routes) with its own
+    /// [`RoutePolicy`] on this same cache: the store, the Redis client, the
+    /// flights and the counters are shared, so requests of different routes
+    /// that come to the same key coalesce into one origin call.
+    ///
+    /// The policy of the request that leads a flight decides how its answer
+    /// is stored; routes that share keys should share policies. Waiters from
+    /// any route get the answer only under the rules of
+    /// [who may receive an answer](crate#who-may-receive-an-answer).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use axum::{body::Body, extract::Path, routing::get, Router};
+    /// use herdguard::{CacheLayer, RoutePolicy};
+    /// use http::{request::Parts, Request};
+    /// use tower::ServiceExt;
+    ///
+    /// let calls = Arc::new(AtomicUsize::new(0));
+    /// let report = {
+    ///     let calls = Arc::clone(&calls);
+    ///     move |Path(id): Path<String>| async move {
+    ///         calls.fetch_add(1, Ordering::SeqCst);
+    ///         tokio::time::sleep(Duration::from_millis(50)).await;
+    ///         format!("report {id}") // no cache headers at all
+    ///     }
+    /// };
+    /// // Both routes name a report by its id alone.
+    /// fn report_key(parts: &Parts) -> String {
+    ///     let id = parts.uri.path().rsplit('/').next().unwrap_or("");
+    ///     format!("report:{id}")
+    /// }
+    ///
+    /// let cache = CacheLayer::new();
+    /// let app = Router::new()
+    ///     .route(
+    ///         "/reports/{id}",
+    ///         get(report.clone()).layer(cache.with_policy(
+    ///             RoutePolicy::new()
+    ///                 .key(report_key)
+    ///                 .ignore_origin_cache_control()
+    ///                 .ttl(Duration::from_secs(30)),
+    ///         )),
+    ///     )
+    ///     .route(
+    ///         "/legacy/report/{id}",
+    ///         get(report).layer(cache.with_policy(
+    ///             RoutePolicy::new()
+    ///                 .key(report_key)
+    ///                 .ttl(Duration::from_secs(30))
+    ///                 .max_ttl(Duration::from_secs(10)),
+    ///         )),
+    ///     );
+    ///
+    /// // Eight concurrent requests over both routes, one key: one handler call.
+    /// let requests = (0..8).map(|i| {
+    ///     let uri = if i % 2 == 0 { "/reports/7" } else { "/legacy/report/7" };
+    ///     let req = Request::get(uri).header("host", "example.com").body(Body::empty()).unwrap();
+    ///     app.clone().oneshot(req)
+    /// });
+    /// for response in futures_util::future::join_all(requests).await {
+    ///     assert_eq!(response.unwrap().status(), 200);
+    /// }
+    /// assert_eq!(calls.load(Ordering::SeqCst), 1);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_policy(&self, policy: RoutePolicy) -> CacheLayer {
+        let root = self
+            .state
+            .root
+            .clone()
+            .unwrap_or_else(|| Arc::clone(&self.state));
+        let mut http = self.state.http.clone();
+        if let Some(key) = policy.key {
+            http.route_key = Some(key);
+        }
+        if let Some(predicate) = policy.predicate {
+            http.predicate = Some(predicate);
+        }
+        if let Some(ttl) = policy.ttl {
+            http.rules.default_ttl = Some(ttl);
+        }
+        if let Some(max) = policy.max_ttl {
+            http.rules.max_ttl = Some(max);
+        }
+        http.rules.ignore_cache_control |= policy.ignore_cache_control;
+        let state = LayerState {
+            engine: Arc::clone(&self.state.engine),
+            http,
+            // Clones of these share their contents.
+            vary: self.state.vary.clone(),
+            retained: self.state.retained.clone(),
+            // Flights are shared, so the streams they offer are too.
+            streams: Arc::clone(&self.state.streams),
+            root: Some(root),
+        };
+        CacheLayer {
+            state: Arc::new(state),
+        }
+    }
+
     /// Bytes the layer holds in memory, as counted against
     /// [`capacity_bytes`](CacheLayerBuilder::capacity_bytes): entries,
     /// retained copies and the Vary index (after pending evictions run).
@@ -174,7 +296,27 @@ impl CacheLayer {
     /// The cache key this layer derives for `request` (the `{H}` of the Redis
     /// keys is its hex form).
     pub fn key_for<B>(&self, request: &http::Request<B>) -> CacheKey {
-        self.state.target_for(request).key
+        let route_key = self.state.http.route_key.as_ref().map(|k| {
+            // Not the request path: a copy of the parts is fine here.
+            let mut copy = http::Request::new(());
+            *copy.method_mut() = request.method().clone();
+            *copy.uri_mut() = request.uri().clone();
+            *copy.version_mut() = request.version();
+            *copy.headers_mut() = request.headers().clone();
+            *copy.extensions_mut() = request.extensions().clone();
+            k.key(&copy.into_parts().0)
+        });
+        self.state.target_for(request, route_key).key
+    }
+}
+
+impl LayerState {
+    /// The response header to remove before a response leaves the layer.
+    pub(crate) fn stripped_header(&self) -> Option<HeaderName> {
+        if !self.http.strip_own_cache_control {
+            return None;
+        }
+        self.http.rules.own_cache_control.clone()
     }
 }
 
@@ -284,10 +426,55 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// The cache's name in `Cache-Status` (default `herdguard`). Must be a token.
+    /// A response header of your own (for example `herdguard-cache-control`)
+    /// that this cache obeys above `CDN-Cache-Control` and `Cache-Control`
+    /// (an RFC 9213 targeted field: a Structured Fields Dictionary of cache
+    /// directives). Off by default; `CDN-Cache-Control` is always obeyed.
+    /// It is removed from responses unless
+    /// [`strip_cache_control_header`](Self::strip_cache_control_header)
+    /// says otherwise.
+    #[must_use]
+    pub fn cache_control_header(mut self, name: HeaderName) -> Self {
+        self.http.rules.own_cache_control = Some(name);
+        self
+    }
+
+    /// Whether the [`cache_control_header`](Self::cache_control_header) is
+    /// removed from every response this layer sends on (default `true`: it
+    /// is meant for this cache alone). `CDN-Cache-Control` is always passed
+    /// on, for caches further down.
+    #[must_use]
+    pub fn strip_cache_control_header(mut self, strip: bool) -> Self {
+        self.http.strip_own_cache_control = strip;
+        self
+    }
+
+    /// The cache's name in `Cache-Status` (default `herdguard`), and the
+    /// `cache` label on every metric this layer records: give each layer its
+    /// own name to read per-route hit ratios. Must be a token.
     #[must_use]
     pub fn cache_name(mut self, name: impl Into<String>) -> Self {
         self.http.cache_name = name.into();
+        self.engine.metrics_name.clone_from(&self.http.cache_name);
+        self
+    }
+
+    /// Whether responses to clients carry the `Cache-Status` header (default
+    /// on). Off, the header is removed before the response leaves the layer
+    /// and its value is logged instead: an `info` event with target
+    /// `herdguard::cache_status` and field `cache_status`, inside the
+    /// caller's span. For deployments that do not want to show clients
+    /// what was cached.
+    ///
+    /// ```
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .cache_status_header(false)
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn cache_status_header(mut self, on: bool) -> Self {
+        self.http.show_cache_status = on;
         self
     }
 
@@ -455,6 +642,7 @@ impl CacheLayerBuilder {
             engine: Arc::new(Shared::new(engine)?),
             http: self.http,
             streams: Arc::new(crate::stream::Streams::new()),
+            root: None,
         });
         if let Some(remote) = &state.engine.remote {
             // Weak: the store lives inside the state, so a strong handle

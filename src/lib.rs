@@ -54,7 +54,12 @@
 //! with a fence token (a per-key counter); the write script stores an entry
 //! only if its token is not older than the newest accepted one, so a leader
 //! whose lease lapsed (GC pause, slow origin) cannot overwrite a newer value.
-//! Rejected writes are counted in [`Stats::fenced_rejections`].
+//! Rejected writes are counted in [`Stats::fenced_rejections`]. The counter
+//! survives its own loss: after a FLUSHALL, an evicted fence hash or a restart
+//! without persistence it starts again from the Redis server's clock in
+//! microseconds, above every token issued before, so an old in-flight leader
+//! is refused and new leases are never stuck below its mark. (This assumes
+//! the server clock does not step back further than the counter's age.)
 //!
 //! Redis Cluster ([`RedisOptions::cluster`]) runs the same scripts unchanged:
 //! entries spread over the slots, and fill notifications are published on
@@ -71,7 +76,12 @@
 //!   through the local leader; it probes Redis again after a doubling back-off
 //!   (250 ms to 5 s) and goes back to it by itself. Redis trouble is never a
 //!   5xx and never a panic.
-//! - **Corrupt or unknown-version entry in Redis:** a miss; logged and overwritten.
+//! - **Corrupt or unknown-version entry in Redis:** every entry carries a
+//!   checksum of its encoding and its payload and body lengths, checked on
+//!   decode; a truncated, bit-flipped, foreign or older-version entry is a
+//!   miss (never served), logged (at most once per 10 s per process, counted
+//!   in `herdguard_corrupt_entries_total`) and overwritten by the next fill.
+//!   No input makes decoding panic or allocate beyond its length.
 //! - **A leader process dies:** its lease expires (5 s by default) and exactly
 //!   one waiter wins the next election.
 //!
@@ -136,12 +146,25 @@
 //! - **Client conditionals:** `If-None-Match` (weak comparison) and, without
 //!   it, `If-Modified-Since` are answered 304 from the cache. `If-Match`,
 //!   `If-Unmodified-Since` and `Range` go to the origin untouched.
+//! - **Targeted cache control** (RFC 9213): a valid `CDN-Cache-Control`
+//!   (a Structured Fields Dictionary) replaces `Cache-Control` and
+//!   `Expires` for this cache, and a header of your own
+//!   ([`cache_control_header`](CacheLayerBuilder::cache_control_header))
+//!   goes above it; an invalid or empty one is ignored whole. Yours is
+//!   removed from responses by default; `CDN-Cache-Control` is passed on.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
 //!   each combination of the request's values has its own key, so variants
 //!   coexist. A stored variant is still compared header by header before use;
 //!   a request that finds another variant under its key (this instance had
 //!   not learned the names yet) leads or joins the flight of its own
 //!   variant, so variant misses coalesce like any other miss.
+//!   Values are compared in a normal form: field lines combined, whitespace
+//!   around commas dropped; `Accept`, `Accept-Language` and `Accept-Charset`
+//!   also lowercased and ordered by q-value (equal preferences in any
+//!   order). `Accept-Encoding` falls into one of three buckets (`br` if
+//!   acceptable, else `gzip`, else `identity`; `q=0` excludes), and the
+//!   request that fills an entry carries the bucket as its
+//!   `Accept-Encoding`, so every request of a bucket accepts what is stored.
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
@@ -157,6 +180,11 @@
 //!   await it to learn whether Redis was reached. `Surrogate-Key` is read
 //!   when a response is stored and stripped from every response to a client
 //!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
+//!   A purge beats a fill already running: that fill's answer still goes to
+//!   the requests waiting on it, but it is not stored (in memory, every
+//!   instance that heard the purge refuses it; in Redis, the purge raises the
+//!   fence of every entry it deletes, so a refresh of that entry is refused
+//!   even by an instance that missed the notice).
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
@@ -296,15 +324,55 @@
 //! fencing is an efficiency lock, not a correctness guarantee. The layer can
 //! use Redlock as its lease backend ([`CacheLayerBuilder::redlock`]).
 //!
+//! ```rust,no_run
+//! use std::time::Duration;
+//! use herdguard::{FencedStore, RedisOptions, Redlock};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let lock = Redlock::builder([
+//!     "redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3",
+//!     "redis://10.0.0.4", "redis://10.0.0.5",
+//! ])
+//! .ttl(Duration::from_secs(10))
+//! .build()?;
+//! // The fence lives with the data it protects, not on the lock nodes.
+//! let store = FencedStore::new(RedisOptions::new("redis://10.0.0.9"))?;
+//! let done = lock
+//!     .run(&store, "flush:orders", |work| async move {
+//!         // Do the work before work.deadline(); stamp work.fence() on every
+//!         // write to the protected resource, which must refuse older fences.
+//!         Ok::<_, std::io::Error>(bytes::Bytes::from("flushed"))
+//!     })
+//!     .await?;
+//! assert!(done.accepted);
+//! # Ok(()) }
+//! ```
+//!
+//! - Acquisition asks every node in parallel with a per-node timeout far
+//!   below the TTL (TTL/100, clamped to 5–50 ms), needs N/2+1 votes, and
+//!   computes the validity as TTL − elapsed − (TTL × 0.01 + 2 ms). A failed
+//!   or late attempt releases everywhere, then retries after a random delay.
+//! - The deadline is the end of validity: work past it is abandoned (`run`
+//!   drops it and writes nothing). A watchdog extends the lease on a quorum
+//!   every TTL/3 and moves the deadline.
+//! - A paused holder, clock drift or a failover that loses the lock can all
+//!   produce two holders; the fence token from the resource's own counter is
+//!   what keeps the older one from overwriting a newer write.
+//!
 //! ## Observability
 //!
 //! Metrics go through the `metrics` facade (`herdguard_requests_total
 //! {outcome}`, `herdguard_origin_calls_total`, `herdguard_wait_seconds`,
-//! `herdguard_fenced_writes_rejected_total`, `herdguard_redis_errors_total
-//! {op}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
+//! `herdguard_fenced_writes_rejected_total`, `herdguard_corrupt_entries_total`,
+//! `herdguard_redis_errors_total{op, class}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
 //! `herdguard_lease_remaining_at_release_seconds`,
-//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`); install any
-//! recorder (the `metrics` example serves Prometheus). Each request the layer
+//! `herdguard_not_stored_total{reason}`,
+//! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`), each
+//! labelled `cache` with the layer's
+//! [`cache_name`](CacheLayerBuilder::cache_name); install any
+//! recorder (the `metrics` example serves Prometheus).
+//! [`cache_status_header(false)`](CacheLayerBuilder::cache_status_header)
+//! logs `Cache-Status` instead of sending it. Each request the layer
 //! handles has a `herdguard` span (debug level) with `key`, `outcome`,
 //! `lease` (token prefix), `fence` and `wait_ms`; the leader's spawned task
 //! carries its request's span. The `herdguard` binary (feature `cli`)
@@ -329,6 +397,17 @@
 //! # let _ = app;
 //! ```
 //!
+//! ## Per-route policy
+//!
+//! [`CacheLayer::with_policy`] makes a layer for one route with its own
+//! [`RoutePolicy`] on the same cache (one store, one Redis client, one set
+//! of flights): a key function, a [`Predicate`] on what to store, a TTL for
+//! headerless answers, a maximum TTL, and a mode that ignores the origin's
+//! freshness directives. Routes whose keys agree coalesce into one origin
+//! call; see the example there. A key function only names the resource: the
+//! rules of [who may receive an answer](#who-may-receive-an-answer) still
+//! apply on top of it.
+//!
 //! ## Without HTTP
 //!
 //! [`Cache`] is the same engine for any value: see
@@ -352,10 +431,13 @@ mod lock;
 mod metrics;
 mod policy;
 mod purge;
+mod purge_log;
 mod retain;
+mod route;
 mod service;
 mod store;
 mod stream;
+mod targeted;
 mod vary;
 
 pub use body::CacheBody;
@@ -370,6 +452,7 @@ pub use lock::redlock::{
 };
 pub use metrics::{describe_metrics, Source, Stats};
 pub use purge::{PurgeError, PurgeHandle, Purged};
+pub use route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use service::CacheService;
 pub use store::redis::RedisOptions;
 

@@ -338,6 +338,36 @@ pub(crate) struct ResponseRules {
     /// while one refresh runs, without the origin's stale-while-revalidate
     /// (zero: off, the default).
     pub(crate) grace: Duration,
+    /// A targeted field of the user's own, obeyed above `CDN-Cache-Control`.
+    pub(crate) own_cache_control: Option<HeaderName>,
+    /// No freshness lifetime is longer than this (a route's cap).
+    pub(crate) max_ttl: Option<Duration>,
+    /// The origin's freshness directives are ignored; `default_ttl` decides.
+    pub(crate) ignore_cache_control: bool,
+}
+
+/// The response directives this cache obeys, and whether `Expires` still
+/// counts: the first valid targeted field (RFC 9213) replaces both
+/// `Cache-Control` and `Expires`. With `ignore_cache_control`, only
+/// `no-store` and `private` survive (they protect users, and ignoring them
+/// is never what a route wants), and `Expires` does not count.
+pub(crate) fn response_directives(
+    rules: &ResponseRules,
+    headers: &HeaderMap,
+) -> (CacheControl, bool) {
+    let (cc, expires) = match crate::targeted::targeted(rules.own_cache_control.as_ref(), headers) {
+        Some(cc) => (cc, false),
+        None => (CacheControl::parse(headers), true),
+    };
+    if !rules.ignore_cache_control {
+        return (cc, expires);
+    }
+    let kept = CacheControl {
+        no_store: cc.no_store,
+        private: cc.private,
+        ..CacheControl::default()
+    };
+    (kept, false)
 }
 
 /// Decide about an origin response to a cacheable request.
@@ -352,7 +382,7 @@ pub(crate) fn classify_response(
     request_time: SystemTime,
     response_time: SystemTime,
 ) -> ResponseVerdict {
-    let cc = CacheControl::parse(headers);
+    let (cc, expires_counts) = response_directives(rules, headers);
     // RFC 9111 §5.2.2.3: with must-understand, a status whose caching rules
     // we know overrides no-store, and any other status is not stored.
     if cc.must_understand && !understood(status) {
@@ -383,7 +413,12 @@ pub(crate) fn classify_response(
     }
     let validators =
         headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
-    let lifetime = match freshness_lifetime(&cc, headers) {
+    let explicit = if rules.ignore_cache_control {
+        None
+    } else {
+        freshness_lifetime(&cc, expires_counts.then_some(headers))
+    };
+    let lifetime = match explicit {
         Some(l) => l,
         None => match heuristic_lifetime(rules, status, headers, response_time) {
             Some(l) => l,
@@ -392,6 +427,7 @@ pub(crate) fn classify_response(
             None => return ResponseVerdict::Share,
         },
     };
+    let lifetime = rules.max_ttl.map_or(lifetime, |max| lifetime.min(max));
     let initial_age = corrected_initial_age(headers, request_time, response_time);
     // s-maxage carries proxy-revalidate for a shared cache (RFC 9111 §5.2.2.10).
     let no_stale = cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
@@ -457,8 +493,8 @@ pub(crate) fn classify_response(
 /// credentials: only when the origin says so with `public` or `s-maxage`.
 /// `must-revalidate` alone (§3.5 allows it) still lets it be stored, but
 /// only for the same credentials.
-pub(crate) fn shared_across_credentials(headers: &HeaderMap) -> bool {
-    let cc = CacheControl::parse(headers);
+pub(crate) fn shared_across_credentials(rules: &ResponseRules, headers: &HeaderMap) -> bool {
+    let (cc, _) = response_directives(rules, headers);
     cc.public || cc.s_maxage.is_some()
 }
 
@@ -469,14 +505,16 @@ pub(crate) fn request_specific(reason: &str) -> bool {
     matches!(reason, "set-cookie" | "authorization")
 }
 
-/// RFC 9111 §4.2.1, for a shared cache: s-maxage, then max-age, then Expires − Date.
-fn freshness_lifetime(cc: &CacheControl, headers: &HeaderMap) -> Option<Duration> {
+/// RFC 9111 §4.2.1, for a shared cache: s-maxage, then max-age, then
+/// Expires − Date (`headers` is `None` when Expires does not count).
+fn freshness_lifetime(cc: &CacheControl, headers: Option<&HeaderMap>) -> Option<Duration> {
     if let Some(s) = cc.s_maxage {
         return Some(Duration::from_secs(s));
     }
     if let Some(m) = cc.max_age {
         return Some(Duration::from_secs(m));
     }
+    let headers = headers?;
     let expires = headers.get(header::EXPIRES)?;
     // An invalid Expires (e.g. "0") means already expired.
     let Some(expires) = http_date(expires.as_bytes()) else {
@@ -500,7 +538,8 @@ fn heuristic_lifetime(
     if !heuristically_cacheable(status) {
         return None;
     }
-    if let Some(max) = rules.heuristic_max {
+    // A route that ignores the origin's directives ignores its dates too.
+    if let Some(max) = rules.heuristic_max.filter(|_| !rules.ignore_cache_control) {
         let last_modified = headers
             .get(header::LAST_MODIFIED)
             .and_then(|v| http_date(v.as_bytes()));

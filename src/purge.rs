@@ -40,6 +40,17 @@ impl PurgeTarget {
 }
 
 impl PurgeTarget {
+    /// Its names in the purge log: a key purge also names the URL group
+    /// whose URL key it is, as [`matches`](Self::matches) does.
+    fn names(&self) -> Vec<String> {
+        match self {
+            PurgeTarget::Key(k) => {
+                vec![crate::purge_log::key_name(k), format!("url:{}", k.to_hex())]
+            }
+            PurgeTarget::Tag(t) => vec![format!("tag:{t}")],
+        }
+    }
+
     /// The notice other instances receive over pub/sub.
     fn notice(&self) -> Vec<u8> {
         match self {
@@ -196,8 +207,10 @@ impl LayerState {
         }
     }
 
-    /// Remove what `target` names from this process only.
+    /// Remove what `target` names from this process only. Fills running
+    /// here that it names then store nothing (see [`crate::purge_log`]).
     fn purge_local(&self, target: PurgeTarget) {
+        self.engine.record_purge(target.names());
         if let PurgeTarget::Key(k) = &target {
             self.engine.memory.remove(k);
             self.retained.remove(k);

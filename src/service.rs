@@ -134,7 +134,11 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // At the one exit every answer passes, whatever path made it.
         let strip = self.state.http.strip_surrogate_key;
-        self.route(req).strip_surrogate_key(strip)
+        let hide = !self.state.http.show_cache_status;
+        self.route(req)
+            .strip_surrogate_key(strip)
+            .hiding_cache_status(hide)
+            .stripping(self.state.stripped_header())
     }
 }
 
@@ -184,7 +188,8 @@ impl<S> CacheService<S> {
         }
 
         let head = req.method() == Method::HEAD;
-        let target = state.target_for(&req);
+        let (req, route_key) = state.route_key(req);
+        let target = state.target_for(&req, route_key);
         // One span per request; fields are filled in as the outcome is known
         // (lease and fence by the leader's task, which carries this span).
         let span = tracing::debug_span!(
@@ -1163,6 +1168,7 @@ where
             template.headers.remove(name);
         }
         strip_framing(&mut template.headers);
+        crate::vary::normalise_fill_request(&mut template.headers);
         let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
         let request_headers = template.headers.clone();
 
@@ -1202,7 +1208,7 @@ where
                             if let Some(age) = parts.headers.get(header::AGE) {
                                 for_age.insert(header::AGE, age.clone());
                             }
-                            let verdict = policy::classify_response(
+                            let mut verdict = policy::classify_response(
                                 &state.http.rules,
                                 had_authorization,
                                 merged.status,
@@ -1210,6 +1216,12 @@ where
                                 request_time,
                                 response_time,
                             );
+                            if state.http.predicate.is_some() {
+                                let mut res = Response::new(()).into_parts().0;
+                                res.status = merged.status;
+                                res.headers = merged.headers.clone();
+                                verdict = state.route_verdict(&template, &res, verdict);
+                            }
                             merged.revalidated = true;
                             return Ok(state.finish(target, merged, verdict, &request_headers));
                         }
@@ -1228,12 +1240,13 @@ where
             request_time,
             response_time,
         );
+        let verdict = state.route_verdict(&template, &parts, verdict);
 
         let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
         // Credentials vary the answer unless the origin says it is the same
         // for everyone (`public`, `s-maxage`): key it by their digest then.
         if had_authorization
-            && !policy::shared_across_credentials(&parts.headers)
+            && !policy::shared_across_credentials(&state.http.rules, &parts.headers)
             && !names.contains(&header::AUTHORIZATION)
         {
             names.push(header::AUTHORIZATION);
@@ -1258,6 +1271,7 @@ where
             .and_then(|v| v.parse::<u64>().ok());
         let mut body = Box::pin(body);
         if declared.is_some_and(|len| len > limit as u64) {
+            state.engine.counters.not_stored("too-large");
             // Too large to store, but shareable: stream it through a window
             // of `max_body_bytes`, paid for from the fill budget.
             let window = u32::try_from(limit).ok().and_then(|n| {
@@ -1322,6 +1336,7 @@ where
                 None => buffered = Some(share),
             }
             if total > limit {
+                state.engine.counters.not_stored("too-large");
                 if let Some(tx) = passthrough {
                     let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
                     let _ = tx.send(Handoff::TooLarge(response));
@@ -1381,6 +1396,11 @@ impl LayerState {
         verdict: ResponseVerdict,
         request_headers: &HeaderMap,
     ) -> Fill<CachedResponse> {
+        match &verdict {
+            ResponseVerdict::Share => self.engine.counters.not_stored("no-freshness"),
+            ResponseVerdict::Pass(reason) => self.engine.counters.not_stored(reason),
+            ResponseVerdict::Store { .. } => {}
+        }
         match verdict {
             ResponseVerdict::Store {
                 fresh_for,
@@ -1520,14 +1540,21 @@ impl LayerState {
     /// present or not, configured key headers) and the variant key for the
     /// Vary names learned for that base. One hash on a hit: the URL's own
     /// key (for purges) is only needed when a response is stored.
-    pub(crate) fn target_for<B>(&self, req: &Request<B>) -> Target {
-        let uri = effective_uri(req);
+    /// A route's own key (`route_key`) takes the place of the URL parts;
+    /// everything after them still applies.
+    pub(crate) fn target_for<B>(&self, req: &Request<B>, route_key: Option<CacheKey>) -> Target {
         let mut h = KeyHasher::new();
-        h.part(b"base")
-            .opt_part_lowercase(request_authority(req, uri).map(key_authority))
-            .part(non_empty_path(uri.path().as_bytes()))
-            .opt_part(uri.query().map(str::as_bytes))
-            .part(&[u8::from(req.headers().contains_key(header::AUTHORIZATION))]);
+        match route_key {
+            Some(k) => h.part(b"route-base").part(k.as_bytes()),
+            None => {
+                let uri = effective_uri(req);
+                h.part(b"base")
+                    .opt_part_lowercase(request_authority(req, uri).map(key_authority))
+                    .part(non_empty_path(uri.path().as_bytes()))
+                    .opt_part(uri.query().map(str::as_bytes))
+            }
+        }
+        .part(&[u8::from(req.headers().contains_key(header::AUTHORIZATION))]);
         for name in &self.http.key_headers {
             let values = req.headers().get_all(name);
             // Counted, and each value length-prefixed: ["a,b"] and ["a", "b"]

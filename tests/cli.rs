@@ -178,7 +178,7 @@ async fn inspect_missing_entry_shows_the_lease_holder() {
 async fn inspect_corrupt_entry_is_a_problem() {
     let server = RedisServer::start();
     let key = CacheKey::new("corrupt");
-    set(&server, &value_key(&key), b"HG\x02 this is not an entry").await;
+    set(&server, &value_key(&key), b"HG\x03 this is not an entry").await;
     let url = server.url();
     let run = cli(&[
         "--json",
@@ -194,6 +194,66 @@ async fn inspect_corrupt_entry_is_a_problem() {
     let j = run.json();
     assert_eq!(j["status"], "corrupt");
     assert_eq!(j["problems"].as_array().unwrap().len(), 1);
+}
+
+/// A response entry in the current encoding with `payload` behind a correct
+/// checksum, as a buggy or hostile writer could store it (layout of
+/// src/entry.rs, v3; flag 1: the payload is a stored response).
+fn sealed_entry(payload: &[u8]) -> Vec<u8> {
+    let mut v = b"HG\x03\x01".to_vec();
+    for field in [0u64, 60_000, 0, 1, payload.len() as u64] {
+        v.extend_from_slice(&field.to_le_bytes());
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(&v);
+    h.update(payload);
+    v.extend_from_slice(&h.finalize().as_bytes()[..8]);
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A filled entry cut short, bit-flipped in its body, or sealed around a header count of 30000 is reported corrupt (exit 1), never a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_mutated_entries_are_corrupt_without_crashing() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60")]);
+    let cache = layer(&server);
+    send(&origin.app(cache.clone()), get_req("/mutated")).await;
+    let key = cache.key_for(&get_req("/mutated"));
+    until_stored(&server, &value_key(&key)).await;
+    let mut c = server.connection().await;
+    let good: Vec<u8> = redis::cmd("GET")
+        .arg(value_key(&key))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let truncated = good[..good.len() - 5].to_vec();
+    let mut flipped = good.clone();
+    *flipped.last_mut().unwrap() ^= 0x01;
+    // status, age, url key, rules, flags, then a header count of 30000.
+    let mut hostile = vec![200, 0, 0, 0, 0, 0];
+    hostile.extend_from_slice(&[0; 16 + 12 + 1]);
+    hostile.extend_from_slice(&30000u16.to_le_bytes());
+    let url = server.url();
+    for (what, bytes) in [
+        ("truncated", truncated),
+        ("flipped", flipped),
+        ("30000 headers", sealed_entry(&hostile)),
+    ] {
+        set(&server, &value_key(&key), &bytes).await;
+        let run = cli(&[
+            "--json",
+            "inspect",
+            &key.to_hex(),
+            "--redis",
+            &url,
+            "--namespace",
+            "cli",
+        ])
+        .await;
+        assert_eq!(run.code, 1, "{what}: {}", run.stderr);
+        assert_eq!(run.json()["status"], "corrupt", "{what}");
+    }
 }
 
 /// An unreachable Redis is exit 2, and its password is never printed.

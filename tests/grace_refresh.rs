@@ -267,13 +267,13 @@ async fn layers_in_one_process_make_one_call_when_the_fresh_marker_ends_first() 
     // there), held open: value present, fresh marker gone.
     let key = layers[0].key_for(&get_req("/e")).to_hex();
     let mut conn = server.connection().await;
-    let _: () = herdguard::redis::cmd("PEXPIRE")
+    let _: () = deadpool_redis::redis::cmd("PEXPIRE")
         .arg(format!("ra:{{{key}}}:v"))
         .arg(5_000)
         .query_async(&mut conn)
         .await
         .unwrap();
-    let _: () = herdguard::redis::cmd("DEL")
+    let _: () = deadpool_redis::redis::cmd("DEL")
         .arg(format!("ra:{{{key}}}:fresh"))
         .query_async(&mut conn)
         .await

@@ -28,6 +28,20 @@ fn cluster_layer(
 }
 
 /// The Redis key of `uri`'s entry, as the layers name it.
+/// A's origin for the failover race: answers `old` once `gate` has a permit
+/// (at most 30 s), whatever else took how long.
+fn gated_app(layer: CacheLayer, gate: Arc<tokio::sync::Semaphore>) -> Router {
+    Router::new()
+        .fallback(axum::routing::get(move || {
+            let gate = gate.clone();
+            async move {
+                let _permit = tokio::time::timeout(Duration::from_secs(30), gate.acquire()).await;
+                ([("cache-control", "max-age=60")], "old answer")
+            }
+        }))
+        .layer(layer)
+}
+
 fn entry_key(uri: &str) -> String {
     format!(
         "t:{{{}}}:v",
@@ -94,13 +108,16 @@ async fn cold_bursts_on_twenty_keys_call_origin_once_per_key() {
     }
 }
 
-/// Waiters on other instances are woken by the sharded fill notification, not by polling (poll interval 10 s), on a cluster.
+/// Waiters on other instances are woken by the sharded fill notification, not by polling (both poll intervals 10 s), on a cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_waiters_wake_on_sharded_notification() {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .unwrap();
-    let slow_poll = |o: RedisOptions| o.poll_interval(Duration::from_secs(10));
+    let slow_poll = |o: RedisOptions| {
+        o.poll_interval(Duration::from_secs(10))
+            .fallback_poll_interval(Duration::from_secs(10))
+    };
     let layers: Vec<CacheLayer> = (0..3).map(|_| cluster_layer(&cluster, slow_poll)).collect();
     wakes_on_notification(layers).await;
 }
@@ -115,7 +132,8 @@ async fn standalone_waiters_wake_on_sharded_notification() {
                 .redis(
                     RedisOptions::new(server.url())
                         .namespace("t")
-                        .poll_interval(Duration::from_secs(10)),
+                        .poll_interval(Duration::from_secs(10))
+                        .fallback_poll_interval(Duration::from_secs(10)),
                 )
                 .build()
                 .expect("valid layer")
@@ -206,11 +224,11 @@ async fn master_failover_under_load_serves_and_keeps_fencing() {
             .lease_ttl(Duration::from_millis(400))
             .watchdog(false)
     };
-    let slow = Origin::new(CACHEABLE)
-        .delay(Duration::from_millis(2500))
-        .tag("old");
+    // A's origin answers only when the test opens the gate, after B wrote:
+    // the race does not depend on how long the failover takes.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let layer_a = cluster_layer(&cluster, no_watchdog);
-    let a = slow.app(layer_a.clone());
+    let a = gated_app(layer_a.clone(), gate.clone());
     let fenced_uri = "/fenced-across-failover";
     let first = tokio::spawn(async move { send(&a, get_req(fenced_uri)).await });
     tokio::time::sleep(Duration::from_millis(150)).await; // A holds the lease
@@ -231,6 +249,7 @@ async fn master_failover_under_load_serves_and_keeps_fencing() {
     let (code, _, from_b) = send(&b, get_req(fenced_uri)).await;
     assert_eq!(code, 200);
     assert!(from_b.starts_with(b"new"), "B computed it");
+    gate.add_permits(1);
     let (code, _, from_a) = first.await.unwrap();
     assert_eq!(code, 200);
     assert!(

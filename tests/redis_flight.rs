@@ -254,32 +254,70 @@ fn probe_key(_app: &Router, uri: &str) -> String {
     layer.key_for(&get_req(uri)).to_hex()
 }
 
-/// Redis killed in the middle of a burst: every request still succeeds; after a restart the layer uses Redis again by itself.
+/// Redis killed while requests are in flight (every key's leader inside its origin call, the other instance waiting on it): no 5xx, exactly one origin call per instance per key during the outage, and after a restart the layer uses Redis again by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_outage_mid_burst_fails_open_and_recovers() {
+    const KEYS: usize = 10;
     let mut server = RedisServer::start();
-    let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(20));
+    // One origin per instance, so the calls can be told apart.
+    let origins = [
+        Origin::new(CACHEABLE).delay(Duration::from_millis(400)),
+        Origin::new(CACHEABLE).delay(Duration::from_millis(400)),
+    ];
     let fast_breaker =
         |o: RedisOptions| o.breaker_backoff(Duration::from_millis(100), Duration::from_millis(400));
-    let apps: Vec<Router> = (0..2)
-        .map(|_| origin.app(layer(&server, fast_breaker)))
+    let apps: Vec<Router> = origins
+        .iter()
+        .map(|o| o.app(layer(&server, fast_breaker)))
         .collect();
+    let calls = || origins[0].calls() + origins[1].calls();
 
+    // Both instances ask for every key: one leads it (lease in Redis), the
+    // other waits for its fill.
     let mut tasks = Vec::new();
-    for i in 0..400usize {
-        let app = apps[i % 2].clone();
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis((i as u64) * 2)).await;
-            let uri = format!("/outage/{}", i % 40);
-            send(&app, get_req(&uri)).await.0
-        }));
-        if i == 150 {
-            server.stop();
+    for _wave in 0..2 {
+        for app in &apps {
+            for k in 0..KEYS {
+                let (app, uri) = (app.clone(), format!("/outage/{k}"));
+                tasks.push(tokio::spawn(
+                    async move { send(&app, get_req(&uri)).await.0 },
+                ));
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while calls() < KEYS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "leaders never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(calls(), KEYS, "one leader per key across instances");
+    server.stop(); // every leader is inside its origin call now
+                   // More requests for the same keys while Redis is down.
+    for app in &apps {
+        for k in 0..KEYS {
+            let (app, uri) = (app.clone(), format!("/outage/{k}"));
+            tasks.push(tokio::spawn(
+                async move { send(&app, get_req(&uri)).await.0 },
+            ));
         }
     }
     for t in tasks {
         assert_eq!(t.await.unwrap(), 200, "no 5xx while redis is down");
     }
+    // And once those flights are over, still during the outage: memory answers.
+    for app in &apps {
+        for k in 0..KEYS {
+            assert_eq!(send(app, get_req(&format!("/outage/{k}"))).await.0, 200);
+        }
+    }
+    assert_eq!(
+        [origins[0].calls(), origins[1].calls()],
+        [KEYS, KEYS],
+        "one origin call per instance per key: the leader's, and the waiting instance's own once Redis was gone"
+    );
 
     server.restart();
     let mut conn = server.connection().await;
@@ -398,7 +436,8 @@ async fn a_flight_costs_two_script_calls() {
     for t in tasks.drain(..) {
         assert_eq!(t.await.unwrap().0, 200);
     }
-    let sent = monitor.client_commands();
+    // The URL index is written in the background, after the answers.
+    let sent = monitor.client_commands_once(|c| c.iter().filter(|c| *c == "EVALSHA").count() >= 3);
     let evalsha = sent.iter().filter(|c| *c == "EVALSHA").count();
     assert_eq!(
         evalsha, 3,

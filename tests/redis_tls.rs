@@ -66,6 +66,11 @@ async fn tls_with_private_ca_and_acl_user_coalesces() {
         RedisOptions::new(server.url(PASSWORD))
             .tls_root_cert_pem(server.ca_pem())
             .poll_interval(Duration::from_secs(10))
+            .fallback_poll_interval(Duration::from_secs(10))
+            // TLS in a debug build on a loaded machine can miss the 250 ms
+            // default, and a missed reply means fail-open, not coalescing:
+            // this test is about TLS, not timeouts.
+            .response_timeout(Duration::from_secs(2))
     };
     let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(300));
     let apps: Vec<Router> = (0..3).map(|_| origin.app(layer(options()))).collect();
@@ -160,6 +165,11 @@ async fn tls_cluster_with_acl_user_calls_origin_once_per_key() {
         RedisOptions::cluster(cluster.urls(PASSWORD))
             .tls_root_cert_pem(cluster.ca_pem())
             .poll_interval(Duration::from_secs(10))
+            .fallback_poll_interval(Duration::from_secs(10))
+            // TLS in a debug build on a loaded machine can miss the 250 ms
+            // default, and a missed reply means fail-open, not coalescing:
+            // this test is about TLS, not timeouts.
+            .response_timeout(Duration::from_secs(2))
     };
     let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(300));
     let apps: Vec<Router> = (0..2).map(|_| origin.app(layer(options()))).collect();

@@ -5,8 +5,10 @@
 #![allow(dead_code, reason = "each bench binary uses a different part")]
 
 pub(crate) mod args;
+pub(crate) mod chart;
 pub(crate) mod loadgen;
 pub(crate) mod origin;
+pub(crate) mod peers;
 pub(crate) mod redis;
 
 use std::time::Duration;

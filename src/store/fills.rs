@@ -270,9 +270,11 @@ pub(crate) async fn run_subscriber(
     connect_timeout: Duration,
     response_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
+    renew: Arc<tokio::sync::Notify>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
+        let mut renewed = false;
         let (push_tx, mut pushes) = mpsc::unbounded_channel();
         let connected = tokio::time::timeout(
             connect_timeout,
@@ -333,6 +335,12 @@ pub(crate) async fn run_subscriber(
                             break;
                         }
                     }
+                    // The data connections found the server demoted: this
+                    // connection may lead to it too (a failover behind one name).
+                    _ = renew.notified() => {
+                        renewed = true;
+                        break;
+                    }
                     _ = shutdown.changed() => return,
                 }
             }
@@ -344,6 +352,10 @@ pub(crate) async fn run_subscriber(
                 None => return,
             }
             tracing::debug!("fill notification connection lost; reconnecting");
+            if renewed {
+                // Asked to move, not failed: reconnect at once.
+                continue;
+            }
         }
         if fills.strong_count() == 0 {
             return;

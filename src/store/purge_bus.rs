@@ -1,6 +1,11 @@
 //! Purges across instances: group indexes in Redis (URL and `Surrogate-Key`
 //! tags) and a broadcast channel every instance listens on to clear its L1.
 //!
+//! A group index `{ns}:g:{G}` (`G` a hash of the group's name) is a sorted
+//! set of entry keys scored by when each entry expires. Writes trim the
+//! expired members, so an index holds the group's live entries only, and the
+//! index key itself expires with its last entry. A purge walks it in batches.
+//!
 //! A purge deletes the entries from Redis, then publishes a notice; every
 //! instance (the sender too) applies it to its own memory. If an instance
 //! misses the notice (its listener was reconnecting) answers fresh from its
@@ -59,13 +64,33 @@ impl PurgeBus {
 static INDEX: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
--- KEYS: group set; ARGV: member ttl_ms
-redis.call('SADD', KEYS[1], ARGV[1])
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+-- KEYS: group index (sorted set), its older plain-set form
+-- ARGV: member ttl_ms
+-- Members are scored by when their entry expires (server clock) and the
+-- expired ones are trimmed on every write, so the index holds only the
+-- group's live entries: it cannot outgrow what Redis stores.
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'set' then
+  -- Written by an older version: kept aside (its TTL no longer extended),
+  -- still walked by purges until it expires.
+  redis.call('RENAME', KEYS[1], KEYS[2])
+elseif kind ~= 'zset' and kind ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
 return 1
 ",
     )
 });
+
+/// Members purged per batch: each batch is a few round trips under the reply
+/// timeout, so a group of any size never blocks Redis or trips the breaker.
+const PURGE_BATCH: usize = 256;
 
 impl RedisStore {
     fn group_key(&self, group: &str) -> String {
@@ -75,6 +100,11 @@ impl RedisStore {
             self.options.namespace,
             CacheKey::new(group).to_hex()
         )
+    }
+
+    /// The plain set an older version kept a group in (same slot).
+    fn legacy_group_key(&self, group: &str) -> String {
+        format!("{}:set", self.group_key(group))
     }
 
     fn purge_channel(&self) -> String {
@@ -87,7 +117,10 @@ impl RedisStore {
         let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
         join_all(groups.iter().map(|g| {
             let mut inv = INDEX.prepare_invoke();
-            inv.key(self.group_key(g)).arg(&member).arg(ttl_ms);
+            inv.key(self.group_key(g))
+                .key(self.legacy_group_key(g))
+                .arg(&member)
+                .arg(ttl_ms);
             async move {
                 let _: Result<i64, _> = self.invoke("index", &inv).await;
             }
@@ -95,12 +128,74 @@ impl RedisStore {
         .await;
     }
 
-    /// Delete every entry indexed under `group`, then the index itself.
+    /// Delete every entry indexed under `group`, walking the index in
+    /// batches of [`PURGE_BATCH`]: read a batch, purge its entries, then drop
+    /// them from the index. A failed batch stops the walk with its members
+    /// still indexed, so a later purge finds them.
     pub(crate) async fn purge_group(&self, group: &str) -> Result<(), StoreError> {
-        let set = self.group_key(group);
-        let mut members_cmd = redis::cmd("SMEMBERS");
-        members_cmd.arg(&set);
-        let members: Vec<Vec<u8>> = self.query("purge_group", &members_cmd).await?;
+        let index = self.group_key(group);
+        let legacy = self.legacy_group_key(group);
+        let kind: String = self
+            .query("purge_group", redis::cmd("TYPE").arg(&index))
+            .await?;
+        if kind == "set" {
+            // Not rewritten since an older version kept it.
+            self.purge_set(&index).await?;
+            return self.purge_set(&legacy).await;
+        }
+        let count: usize = self
+            .query("purge_group", redis::cmd("ZCARD").arg(&index))
+            .await?;
+        // Bounded by the size at the start: fills that land meanwhile do
+        // not keep the walk going.
+        for _ in 0..count.div_ceil(PURGE_BATCH) {
+            let batch: Vec<Vec<u8>> = self
+                .query(
+                    "purge_group",
+                    redis::cmd("ZRANGE").arg(&index).arg(0).arg(PURGE_BATCH - 1),
+                )
+                .await?;
+            if batch.is_empty() {
+                break;
+            }
+            self.purge_members(&batch).await?;
+            let _: i64 = self
+                .query("purge_group", redis::cmd("ZREM").arg(&index).arg(&batch))
+                .await?;
+        }
+        self.purge_set(&legacy).await
+    }
+
+    /// The same walk over an index kept by an older version (a plain set).
+    async fn purge_set(&self, index: &str) -> Result<(), StoreError> {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = self
+                .query(
+                    "purge_group",
+                    redis::cmd("SSCAN")
+                        .arg(index)
+                        .arg(cursor)
+                        .arg("COUNT")
+                        .arg(PURGE_BATCH),
+                )
+                .await?;
+            if !batch.is_empty() {
+                self.purge_members(&batch).await?;
+                let _: i64 = self
+                    .query("purge_group", redis::cmd("SREM").arg(index).arg(&batch))
+                    .await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+
+    /// Purge the entries of one batch of index members (hex keys), all at
+    /// once: they live in different slots, so each is its own call.
+    async fn purge_members(&self, members: &[Vec<u8>]) -> Result<(), StoreError> {
         let deletions = members
             .iter()
             .filter_map(|m| CacheKey::from_hex(m))
@@ -108,9 +203,6 @@ impl RedisStore {
         for r in join_all(deletions).await {
             r?;
         }
-        let mut del = redis::cmd("DEL");
-        del.arg(&set);
-        let _: i64 = self.query("purge_group", &del).await?;
         Ok(())
     }
 
@@ -149,6 +241,7 @@ impl RedisStore {
                 self.purge_channel(),
                 self.options.connect_timeout,
                 self.shutdown_signal(),
+                Arc::clone(&self.renew),
             ));
         }
     }
@@ -162,9 +255,11 @@ async fn listen(
     channel: String,
     connect_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
+    renew: Arc<tokio::sync::Notify>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
+        let mut renewed = false;
         if let Ok(Ok(mut pubsub)) =
             tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await
         {
@@ -180,6 +275,11 @@ async fn listen(
                             (Some(_), None) => return,
                             (None, _) => break,
                         },
+                        // The server was found demoted: reconnect, perhaps elsewhere.
+                        _ = renew.notified() => {
+                            renewed = true;
+                            break;
+                        }
                         _ = shutdown.changed() => return,
                     }
                 }
@@ -187,6 +287,10 @@ async fn listen(
         }
         if bus.strong_count() == 0 {
             return;
+        }
+        if renewed {
+            // Asked to move, not failed: reconnect at once.
+            continue;
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}

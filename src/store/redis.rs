@@ -6,7 +6,7 @@
 //! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry
 //! {ns}:{H}:fresh  present while fresh, PX = freshness left
 //! {ns}:{H}:lock   lease token, SET NX PX
-//! {ns}:{H}:fence  hash: `next` (INCR per lease) and `hw` (highest accepted write)
+//! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
 //! {ns}:{H}:pass   hit-for-pass marker
 //! ```
 //!
@@ -30,7 +30,8 @@ use deadpool_redis::redis::{
     IntoConnectionInfo, Script, Value as RedisValue,
 };
 use deadpool_redis::{Manager, Pool, Runtime};
-use tokio::sync::{mpsc, watch};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 use super::cluster::ClusterLink;
@@ -38,7 +39,7 @@ pub(crate) use super::fills::FillSubscription;
 use super::fills::{run_subscriber, FillSource, Fills};
 use super::tls;
 
-use crate::entry::{MAGIC, VERSION};
+use crate::entry::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::error::BuildError;
 use crate::key::CacheKey;
 use crate::lock::{FenceToken, LeaseToken};
@@ -76,6 +77,28 @@ use crate::lock::{FenceToken, LeaseToken};
 /// # let _ = opts;
 /// ```
 ///
+/// # Failures
+///
+/// Every call is bounded by the response timeout, and Redis trouble is never
+/// an error response: the layer serves from memory and coalesces within the
+/// process. What happens next depends on the error:
+///
+/// - a broken connection or a timeout opens the circuit breaker, which
+///   probes again after [`breaker_backoff`](Self::breaker_backoff); a
+///   broken connection is replaced (a timed-out one is kept: a frozen server
+///   answers on it once it thaws);
+/// - `READONLY`, `LOADING` or `MASTERDOWN` (a failover demoted the server)
+///   open the breaker and replace every connection, the subscribers' too, so
+///   a failover behind a DNS name or a virtual IP heals without a restart;
+/// - `OOM` skips the write (the lease is still given back) and the answer is
+///   kept in memory; reads keep using Redis;
+/// - a foreign value at an entry key (another type, or bytes this version
+///   cannot read) is a miss, and the next fill overwrites it.
+///
+/// Errors are counted in `herdguard_redis_errors_total{op, class}` (class:
+/// `connection`, `timeout`, `role`, `oom`, `foreign`, `other`); per-key ones
+/// are logged at most every 10 s.
+///
 /// # TLS and credentials
 ///
 /// `rediss://` URLs connect over TLS (rustls) when the crate's `tls` feature
@@ -101,10 +124,14 @@ pub struct RedisOptions {
     pub(crate) lease_ttl: Duration,
     pub(crate) l1_ttl: Duration,
     pub(crate) poll_interval: Duration,
+    pub(crate) fallback_poll_interval: Duration,
     pub(crate) watchdog: bool,
     pub(crate) breaker_min_backoff: Duration,
     pub(crate) breaker_max_backoff: Duration,
     pub(crate) fence_retention: Duration,
+    /// The `cache` label of this store's metrics: the layer's name, or none
+    /// for a store outside a layer.
+    pub(crate) metrics_name: Option<String>,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -139,7 +166,8 @@ impl RedisOptions {
     /// Options for the Redis at `url` (`redis://[user:pass@]host:port[/db]`), with defaults:
     /// namespace `herdguard`, 4 connections, connect timeout 1 s, response
     /// timeout 250 ms, pool wait 250 ms, lease 5 s (extended every lease/3
-    /// while the origin works), L1 1 s, waiter poll 200 ms.
+    /// while the origin works), L1 1 s, waiter poll 200 ms (50 ms while fill
+    /// notifications are down).
     pub fn new(url: impl Into<String>) -> Self {
         Self::with_urls(vec![url.into()], false)
     }
@@ -171,11 +199,19 @@ impl RedisOptions {
             lease_ttl: Duration::from_secs(5),
             l1_ttl: Duration::from_secs(1),
             poll_interval: Duration::from_millis(200),
+            fallback_poll_interval: Duration::from_millis(50),
             watchdog: true,
             breaker_min_backoff: Duration::from_millis(250),
             breaker_max_backoff: Duration::from_secs(5),
             fence_retention: Duration::from_secs(24 * 3600),
+            metrics_name: None,
         }
+    }
+
+    /// Label this store's metrics with the layer's name.
+    pub(crate) fn metrics_name(mut self, name: &str) -> Self {
+        self.metrics_name = Some(name.to_owned());
+        self
     }
 
     /// Prefix of every key (default `herdguard`): letters, digits, `_ - . :`.
@@ -234,9 +270,22 @@ impl RedisOptions {
     }
 
     /// Poll interval of a waiter in case a fill notification is lost (default 200 ms).
+    ///
+    /// Waiters are woken by the fill notification; this poll is only the
+    /// fallback. A waiter never sleeps past the lease it waits on, so a
+    /// leader that dies is noticed when its lease ends, whatever the poll.
     #[must_use]
     pub fn poll_interval(mut self, t: Duration) -> Self {
         self.poll_interval = t;
+        self
+    }
+
+    /// Poll interval of a waiter while the notification connection is down,
+    /// or on a server without sharded pub/sub (before Redis 7): default
+    /// 50 ms, never longer than [`poll_interval`](Self::poll_interval).
+    #[must_use]
+    pub fn fallback_poll_interval(mut self, t: Duration) -> Self {
+        self.fallback_poll_interval = t;
         self
     }
 
@@ -300,6 +349,7 @@ impl RedisOptions {
             ("response timeout", self.response_timeout),
             ("pool wait timeout", self.pool_wait_timeout),
             ("poll interval", self.poll_interval),
+            ("fallback poll interval", self.fallback_poll_interval),
         ] {
             if d.is_zero() {
                 return Err(BuildError::new(format!("{name} must be above zero")));
@@ -372,6 +422,13 @@ pub(crate) enum StoreError {
     Protocol,
 }
 
+impl StoreError {
+    /// Redis refused a write for lack of memory (reads still work).
+    pub(crate) fn is_oom(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if ErrorClass::of(e) == ErrorClass::Oom)
+    }
+}
+
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -384,92 +441,24 @@ impl std::fmt::Display for StoreError {
 }
 
 static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
--- KEYS: v fresh lock fence pass
--- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only ahead_ms
--- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
--- ahead_ms > 0 (refresh-ahead): lease a fresh entry with at most that long left.
-local v = false
-if ARGV[3] ~= '1' then v = redis.call('GET', KEYS[1]) end
--- An entry this version cannot read is a miss; the leader overwrites it.
-if v and string.sub(v, 1, string.len(ARGV[5])) ~= ARGV[5] then v = false end
-if v then
-  local fresh = redis.call('PTTL', KEYS[2])
-  local hard = redis.call('PTTL', KEYS[1])
-  if fresh > 0 and (fresh > tonumber(ARGV[7]) or ARGV[6] == '1'
-      or not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])) then
-    return {'fresh', v, fresh, hard, 0, 0}
-  end
-  if fresh > 0 then
-    local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
-    return {'leased', '', 0, 0, f, 0}
-  end
-  if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0} end
-  if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
-    return {'stale_leased', v, 0, hard, f, 0}
-  end
-  return {'stale', v, 0, hard, 0, redis.call('PTTL', KEYS[3])}
-end
-local pass = redis.call('PTTL', KEYS[5])
-if pass > 0 then return {'pass', '', 0, 0, 0, pass} end
-if ARGV[6] == '1' then return {'miss', '', 0, 0, 0, 0} end
-if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local f = redis.call('HINCRBY', KEYS[4], 'next', 1)
-  if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[4], ARGV[4]) end
-  return {'leased', '', 0, 0, f, 0}
-end
-return {'held', '', 0, 0, 0, redis.call('PTTL', KEYS[3])}
-",
-    )
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("lookup_or_lease.lua")
+    ))
 });
 
 static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
--- KEYS: v fresh lock fence pass
--- ARGV: token fence mode value fresh_ms hard_ms channel key_hex fence_retention_ms pass_ms
--- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
-local f = tonumber(ARGV[2])
-local hw = tonumber(redis.call('HGET', KEYS[4], 'hw') or '0')
-local accepted = 0
-if ARGV[3] ~= 'release' then
-  if f >= hw then
-    if ARGV[3] == 'store' then
-      redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
-      if tonumber(ARGV[5]) > 0 then
-        redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
-      else
-        redis.call('DEL', KEYS[2])
-      end
-      redis.call('DEL', KEYS[5])
-    else
-      -- The origin now says uncacheable: the old entry must not be served.
-      redis.call('DEL', KEYS[1], KEYS[2])
-      redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
-    end
-    redis.call('HSET', KEYS[4], 'hw', f)
-    local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
-    if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
-    accepted = 1
-  else
-    redis.call('HINCRBY', KEYS[4], 'rejected', 1)
-  end
-end
-local released = 0
-if redis.call('GET', KEYS[3]) == ARGV[1] then
-  redis.call('DEL', KEYS[3])
-  released = 1
-end
--- Best effort: waiters also poll, and a server without sharded pub/sub
--- (before Redis 7) must not turn a stored entry into a failed write.
-redis.pcall('SPUBLISH', ARGV[7], ARGV[8])
-return {accepted, released}
-",
-    )
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("fenced_write.lua")
+    ))
+});
+
+static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("purge_entry.lua")
+    ))
 });
 
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
@@ -521,19 +510,150 @@ pub(crate) struct RedisStore {
     /// The lease is taken on Redlock nodes, so lookups never lease here.
     lease_elsewhere: bool,
     pub(crate) purge_bus: Arc<crate::store::purge_bus::PurgeBus>,
+    /// Tells the subscriber connections (fills, purges) to reconnect after
+    /// the server turned out to be no master: they may be pinned to it too.
+    pub(crate) renew: Arc<Notify>,
+    /// Last warning about a per-key reply error (see [`WARN_EVERY`]).
+    last_warn: Mutex<Option<Instant>>,
+    /// Last time every connection was replaced (see `drop_all_connections`).
+    last_renew: Mutex<Option<Instant>>,
 }
 
 /// How commands reach Redis.
 enum Link {
     Standalone {
         pool: Pool,
-        /// Multiplexed connections kept checked out; a std `Mutex` because it
-        /// is only held to clone or replace a handle, never across an `.await`.
-        connections: Vec<Mutex<Option<MultiplexedConnection>>>,
+        /// Multiplexed connections kept checked out, used in turn.
+        slots: Vec<Arc<Slot>>,
         next: AtomicUsize,
     },
     Cluster(Box<ClusterLink>),
 }
+
+/// A connect that runs in its own task, shared by everyone waiting for it.
+type PendingConnect = Shared<BoxFuture<'static, Result<MultiplexedConnection, Arc<str>>>>;
+
+/// One kept connection and its (re)connect.
+#[derive(Default)]
+struct Slot {
+    /// A std `Mutex`: only held to clone or replace a handle, never across `.await`.
+    conn: Mutex<Option<MultiplexedConnection>>,
+    /// The connect under way. Its own task drives it, so a caller that stops
+    /// waiting (its bound ran out) does not cancel it: a later call finds the
+    /// connection ready instead of starting over against a slow server.
+    connecting: Mutex<Option<PendingConnect>>,
+}
+
+impl Slot {
+    fn current(&self) -> Option<MultiplexedConnection> {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn clear(&self) {
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The connect of this slot, started now unless one is under way.
+    fn connect(self: &Arc<Self>, pool: &Pool, bound: Duration) -> PendingConnect {
+        let mut pending = self
+            .connecting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = pending.as_ref() {
+            return p.clone();
+        }
+        let (slot, pool) = (Arc::clone(self), pool.clone());
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(bound, pool.get()).await {
+                Ok(Ok(pooled)) => {
+                    let conn = deadpool_redis::Connection::take(pooled);
+                    *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                    Ok(conn)
+                }
+                Ok(Err(deadpool_redis::PoolError::Backend(e))) => Err(Arc::from(describe(&e))),
+                Ok(Err(other)) => Err(Arc::from(redact_error(&other))),
+                Err(_) => Err(Arc::from("connect timed out")),
+            };
+            *slot
+                .connecting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+            result
+        });
+        let shared = async move {
+            task.await
+                .unwrap_or_else(|_| Err(Arc::from("connect task ended early")))
+        }
+        .boxed()
+        .shared();
+        *pending = Some(shared.clone());
+        shared
+    }
+}
+
+/// What a failed call says about Redis; it decides what the store does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorClass {
+    /// The connection is broken (reset, I/O, unrecoverable): replace it,
+    /// open the breaker.
+    Connection,
+    /// No reply in time. The connection is kept (a frozen or slow server
+    /// answers on it later; a new one would make callers wait for a
+    /// connect); the breaker opens.
+    Timeout,
+    /// The server answers but is no writable master: READONLY (demoted by a
+    /// failover), LOADING, MASTERDOWN. Every kept connection leads to that
+    /// server, so all are replaced: behind a DNS name or a virtual IP the new
+    /// connections reach the new master. The breaker opens.
+    Role,
+    /// Out of memory: writes are refused, reads still work. No breaker trip;
+    /// the caller serves from memory.
+    Oom,
+    /// A value of another type at one of our keys (WRONGTYPE).
+    Foreign,
+    /// Any other error about one command.
+    Other,
+}
+
+impl ErrorClass {
+    fn of(e: &redis::RedisError) -> Self {
+        match e.code() {
+            Some("READONLY" | "LOADING" | "MASTERDOWN") => return Self::Role,
+            Some("OOM") => return Self::Oom,
+            Some("WRONGTYPE") => return Self::Foreign,
+            _ => {}
+        }
+        if e.is_timeout() {
+            Self::Timeout
+        } else if e.is_connection_dropped()
+            || e.is_unrecoverable_error()
+            || e.is_io_error()
+            || e.is_cluster_error()
+        {
+            Self::Connection
+        } else {
+            Self::Other
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Connection => "connection",
+            Self::Timeout => "timeout",
+            Self::Role => "role",
+            Self::Oom => "oom",
+            Self::Foreign => "foreign",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// Per-key reply errors are logged at most this often, so one bad key or a
+/// full server does not write a line per request.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A connection of either kind; both multiplex, so a clone per call is cheap.
 #[derive(Clone)]
@@ -604,13 +724,16 @@ impl RedisStore {
         entry_prefix.push(VERSION);
         Ok(Self {
             link,
-            breaker: Breaker::new(options.breaker_min_backoff, options.breaker_max_backoff),
+            breaker: Breaker::new(&options),
             fills,
             fill_source: Mutex::new(Some((fill_source, changes))),
             entry_prefix,
             shutdown: watch::channel(false).0,
             lease_elsewhere: false,
             purge_bus: Arc::default(),
+            renew: Arc::default(),
+            last_warn: Mutex::new(None),
+            last_renew: Mutex::new(None),
             options,
         })
     }
@@ -656,7 +779,7 @@ impl RedisStore {
         Ok((
             Link::Standalone {
                 pool,
-                connections: (0..n).map(|_| Mutex::new(None)).collect(),
+                slots: (0..n).map(|_| Arc::default()).collect(),
                 next: AtomicUsize::new(0),
             },
             FillSource::Standalone(Box::new(subscriber)),
@@ -753,8 +876,21 @@ impl RedisStore {
             .arg(self.fills.channel(key))
             .arg(key.to_hex())
             .arg(millis(self.options.fence_retention))
-            .arg(pass);
-        let (accepted, released): (i64, i64) = self.invoke("write_and_release", &inv).await?;
+            .arg(pass)
+            .arg(&self.entry_prefix[..])
+            .arg(FENCE_OFFSET);
+        let (accepted, released): (i64, i64) = match self.invoke("write_and_release", &inv).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                if e.is_oom() {
+                    // Nothing was stored, but a full server still deletes:
+                    // give the lease back so other instances need not wait
+                    // it out (they serve from their own memory meanwhile).
+                    let _ = self.release(key, token).await;
+                }
+                return Err(e);
+            }
+        };
         Ok(WriteOutcome {
             accepted: accepted == 1,
             released: released == 1,
@@ -792,12 +928,17 @@ impl RedisStore {
         Ok(n == 1)
     }
 
-    /// Remove an entry (not its lease or fence) from Redis.
+    /// Remove an entry (not its lease) from Redis, and raise its fence so no
+    /// fill that leased before the purge can store its answer after it.
     pub(crate) async fn purge(&self, key: &CacheKey) -> Result<(), StoreError> {
         let k = self.keys(key);
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(&k.value).arg(&k.fresh).arg(&k.pass);
-        let _: i64 = self.query("purge", &cmd).await?;
+        let mut inv = PURGE_ENTRY.prepare_invoke();
+        inv.key(&k.value)
+            .key(&k.fresh)
+            .key(&k.pass)
+            .key(&k.fence)
+            .arg(millis(self.options.fence_retention));
+        let _: i64 = self.invoke("purge", &inv).await?;
         Ok(())
     }
 
@@ -818,6 +959,7 @@ impl RedisStore {
                     self.options.connect_timeout,
                     self.options.response_timeout,
                     self.shutdown.subscribe(),
+                    Arc::clone(&self.renew),
                 ));
             }
         }
@@ -871,76 +1013,112 @@ impl RedisStore {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                if e.is_connection_dropped()
-                    || e.is_unrecoverable_error()
-                    || e.is_timeout()
-                    || e.is_io_error()
-                    || e.is_cluster_error()
-                {
-                    self.drop_connection(slot, &e);
-                    self.failure(op, &describe(&e));
-                } else {
-                    // A reply error about one key (say a foreign value type)
-                    // says nothing about Redis being up: no breaker trip.
-                    record_error(op);
-                    tracing::warn!(op, error = %describe(&e), "redis command failed");
+                let class = ErrorClass::of(&e);
+                match class {
+                    ErrorClass::Connection => {
+                        self.drop_connection(slot, &e);
+                        self.failure(op, class, &describe(&e));
+                    }
+                    ErrorClass::Role => {
+                        self.failure(op, class, &describe(&e));
+                        self.drop_all_connections();
+                    }
+                    ErrorClass::Timeout => self.failure(op, class, &describe(&e)),
+                    // A reply error about one key, or a full server that
+                    // still reads, says nothing about Redis being down: no
+                    // breaker trip, and the caller serves from memory.
+                    ErrorClass::Oom | ErrorClass::Foreign | ErrorClass::Other => {
+                        self.record_error(op, class);
+                        self.warn_throttled(op, class, &describe(&e));
+                    }
                 }
                 Err(StoreError::Redis(e))
             }
             Err(_) => {
-                self.failure(op, "timed out");
+                self.failure(op, ErrorClass::Timeout, "timed out");
                 Err(StoreError::Timeout)
             }
         }
     }
 
-    fn failure(&self, op: &'static str, why: &str) {
-        record_error(op);
+    fn record_error(&self, op: &'static str, class: ErrorClass) {
+        crate::metrics::redis_error(self.breaker.cache.as_deref(), op, class.label());
+    }
+
+    fn failure(&self, op: &'static str, class: ErrorClass, why: &str) {
+        self.record_error(op, class);
         if self.breaker.failure() {
             tracing::warn!(
                 op,
+                class = class.label(),
                 why,
                 "redis unavailable; serving from memory until it answers again"
             );
         } else {
-            tracing::debug!(op, why, "redis call failed");
+            tracing::debug!(op, class = class.label(), why, "redis call failed");
+        }
+    }
+
+    fn warn_throttled(&self, op: &'static str, class: ErrorClass, why: &str) {
+        let now = Instant::now();
+        let due = {
+            let mut last = self
+                .last_warn
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let due = last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY);
+            if due {
+                *last = Some(now);
+            }
+            due
+        };
+        let what = match class {
+            ErrorClass::Oom => "redis is out of memory; not storing, serving from memory",
+            ErrorClass::Foreign => {
+                "a foreign value at a cache key; treated as a miss and overwritten by the next fill"
+            }
+            _ => "redis command failed",
+        };
+        if due {
+            tracing::warn!(op, class = class.label(), error = why, "{what}");
+        } else {
+            tracing::debug!(op, class = class.label(), error = why, "{what}");
         }
     }
 
     async fn connection(&self, op: &'static str) -> Result<(usize, Conn), StoreError> {
+        let connect_bound = self.options.pool_wait_timeout + self.options.connect_timeout;
         match &self.link {
-            Link::Standalone {
-                pool,
-                connections,
-                next,
-            } => {
-                let slot = next.fetch_add(1, Ordering::Relaxed) % connections.len();
-                if let Some(conn) = connections[slot]
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone()
-                {
-                    return Ok((slot, Conn::Standalone(conn)));
+            Link::Standalone { pool, slots, next } => {
+                let i = next.fetch_add(1, Ordering::Relaxed) % slots.len();
+                if let Some(conn) = slots[i].current() {
+                    return Ok((i, Conn::Standalone(conn)));
                 }
-                let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
-                match tokio::time::timeout(bound, pool.get()).await {
-                    Ok(Ok(pooled)) => {
-                        let conn = deadpool_redis::Connection::take(pooled);
-                        *connections[slot]
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-                        Ok((slot, Conn::Standalone(conn)))
-                    }
-                    Ok(Err(e)) => {
-                        let why = match &e {
-                            deadpool_redis::PoolError::Backend(e) => describe(e),
-                            other => redact_error(other),
-                        };
-                        self.failure(op, &why);
+                let pending = slots[i].connect(pool, connect_bound);
+                // Another kept connection serves meanwhile: nobody waits for
+                // a reconnect while one connection is up.
+                if let Some((j, conn)) = slots
+                    .iter()
+                    .enumerate()
+                    .find_map(|(j, s)| s.current().map(|c| (j, c)))
+                {
+                    return Ok((j, Conn::Standalone(conn)));
+                }
+                // None is up. A probe of an open breaker waits no longer than
+                // a reply would; the connect goes on in its task regardless.
+                let wait = if self.breaker.is_closed() {
+                    connect_bound
+                } else {
+                    self.options.response_timeout
+                };
+                match tokio::time::timeout(wait, pending).await {
+                    Ok(Ok(conn)) => Ok((i, Conn::Standalone(conn))),
+                    Ok(Err(why)) => {
+                        self.failure(op, ErrorClass::Connection, &why);
                         Err(StoreError::Unavailable)
                     }
                     Err(_) => {
-                        self.failure(op, "connect timed out");
+                        self.failure(op, ErrorClass::Timeout, "connect timed out");
                         Err(StoreError::Timeout)
                     }
                 }
@@ -948,15 +1126,14 @@ impl RedisStore {
             Link::Cluster(link) => {
                 // The connect is bounded by the connection timeout; waiting
                 // behind another caller's connect, by the pool wait.
-                let bound = self.options.pool_wait_timeout + self.options.connect_timeout;
-                match tokio::time::timeout(bound, link.get()).await {
+                match tokio::time::timeout(connect_bound, link.get()).await {
                     Ok(Ok(conn)) => Ok((0, Conn::Cluster(conn))),
                     Ok(Err(e)) => {
-                        self.failure(op, &describe(&e));
+                        self.failure(op, ErrorClass::Connection, &describe(&e));
                         Err(StoreError::Unavailable)
                     }
                     Err(_) => {
-                        self.failure(op, "connect timed out");
+                        self.failure(op, ErrorClass::Timeout, "connect timed out");
                         Err(StoreError::Timeout)
                     }
                 }
@@ -966,11 +1143,7 @@ impl RedisStore {
 
     fn drop_connection(&self, slot: usize, e: &redis::RedisError) {
         match &self.link {
-            Link::Standalone { connections, .. } => {
-                *connections[slot]
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = None;
-            }
+            Link::Standalone { slots, .. } => slots[slot].clear(),
             // A cluster connection reconnects to nodes and refreshes slots by
             // itself; only an error it cannot get past calls for a new one.
             Link::Cluster(link) => {
@@ -979,6 +1152,31 @@ impl RedisStore {
                 }
             }
         }
+    }
+
+    /// Replace every kept connection (and the subscribers'): the server they
+    /// lead to is no master any more. At most once per shortest breaker
+    /// back-off: a burst of calls failing on the old server must not turn
+    /// into a burst of reconnects.
+    fn drop_all_connections(&self) {
+        let now = Instant::now();
+        {
+            let mut last = self
+                .last_renew
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|t| now.duration_since(t) < self.options.breaker_min_backoff) {
+                return;
+            }
+            *last = Some(now);
+        }
+        match &self.link {
+            Link::Standalone { slots, .. } => slots.iter().for_each(|s| s.clear()),
+            // The cluster client follows READONLY to the new master by
+            // itself; one that still surfaces means its view is stale.
+            Link::Cluster(link) => link.reset(),
+        }
+        self.renew.notify_waiters();
     }
 
     /// A client for classic pub/sub (purge notices) on the first URL. On a
@@ -1047,13 +1245,10 @@ impl RedisStore {
 }
 
 static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local f = redis.call('HINCRBY', KEYS[1], 'next', 1)
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return f
-",
-    )
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("next_fence.lua")
+    ))
 });
 
 fn millis(d: Duration) -> u64 {
@@ -1093,10 +1288,6 @@ pub(crate) fn describe(e: &redis::RedisError) -> String {
     } else {
         text
     }
-}
-
-fn record_error(op: &'static str) {
-    metrics::counter!("herdguard_redis_errors_total", "op" => op).increment(1);
 }
 
 fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
@@ -1156,6 +1347,8 @@ struct Breaker {
     state: Mutex<BreakerState>,
     min_backoff: Duration,
     max_backoff: Duration,
+    /// The `cache` label of the availability gauge and error counter.
+    cache: Option<String>,
 }
 
 #[derive(Debug)]
@@ -1165,16 +1358,18 @@ struct BreakerState {
 }
 
 impl Breaker {
-    fn new(min_backoff: Duration, max_backoff: Duration) -> Self {
-        metrics::gauge!("herdguard_redis_available").set(1.0);
+    fn new(options: &RedisOptions) -> Self {
+        let cache = options.metrics_name.clone();
+        crate::metrics::redis_available(cache.as_deref(), true);
         Self {
             closed: AtomicBool::new(true),
             state: Mutex::new(BreakerState {
                 open_until: Instant::now(),
                 backoff: Duration::ZERO,
             }),
-            min_backoff,
-            max_backoff,
+            min_backoff: options.breaker_min_backoff,
+            max_backoff: options.breaker_max_backoff,
+            cache,
         }
     }
 
@@ -1215,7 +1410,7 @@ impl Breaker {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.backoff = Duration::ZERO;
         self.closed.store(true, Ordering::Release);
-        metrics::gauge!("herdguard_redis_available").set(1.0);
+        crate::metrics::redis_available(self.cache.as_deref(), true);
         tracing::info!("redis answers again; using it");
     }
 
@@ -1229,7 +1424,7 @@ impl Breaker {
             (s.backoff * 2).min(self.max_backoff)
         };
         s.open_until = Instant::now() + s.backoff;
-        metrics::gauge!("herdguard_redis_available").set(0.0);
+        crate::metrics::redis_available(self.cache.as_deref(), false);
         was_closed
     }
 }
@@ -1288,6 +1483,35 @@ mod tests {
     fn rediss_needs_the_tls_feature() {
         let err = RedisStore::new(RedisOptions::new("rediss://127.0.0.1:1")).unwrap_err();
         assert!(err.to_string().contains("`tls` feature"), "{err}");
+    }
+
+    /// Server errors are sorted by what they say about Redis: a demoted or
+    /// loading server, a full one, a foreign value, anything else.
+    #[test]
+    fn server_errors_are_classified() {
+        let class = |reply: &[u8]| {
+            let err = redis::parse_redis_value(reply)
+                .unwrap()
+                .extract_error()
+                .unwrap_err();
+            ErrorClass::of(&err)
+        };
+        for reply in [
+            &b"-READONLY You can't write against a read only replica. script: x\r\n"[..],
+            b"-LOADING Redis is loading the dataset in memory\r\n",
+            b"-MASTERDOWN Link with MASTER is down\r\n",
+        ] {
+            assert_eq!(class(reply), ErrorClass::Role);
+        }
+        assert_eq!(
+            class(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"),
+            ErrorClass::Oom
+        );
+        assert_eq!(
+            class(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"),
+            ErrorClass::Foreign
+        );
+        assert_eq!(class(b"-ERR something else\r\n"), ErrorClass::Other);
     }
 
     /// Bad namespaces are refused at build time.

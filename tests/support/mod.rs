@@ -193,6 +193,7 @@ fn ping(port: u16) -> bool {
 pub struct Monitor {
     child: Child,
     lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    port: u16,
 }
 
 impl Monitor {
@@ -229,21 +230,64 @@ impl Monitor {
         ready_rx
             .recv_timeout(Duration::from_secs(5))
             .expect("MONITOR started");
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            port: server.port(),
+        }
     }
 
-    /// Client commands seen so far, upper-cased names, script internals excluded.
+    /// Client commands the server ran so far (upper-cased names, script
+    /// internals excluded). No fixed sleep: a marker command is sent after
+    /// everything else and waited for, and MONITOR reports in execution
+    /// order, so every command run before it is in the list.
     pub fn client_commands(&self) -> Vec<String> {
-        // Let the last lines arrive.
-        std::thread::sleep(Duration::from_millis(200));
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| !l.contains(" lua]"))
-            .filter_map(|l| l.split('"').nth(1).map(str::to_uppercase))
-            .collect()
+        self.client_commands_once(|_| true)
     }
+
+    /// Like [`client_commands`](Self::client_commands), after waiting (at
+    /// most 10 s) until `ready` holds for the commands seen: for commands
+    /// the code sends in the background, after the requests were answered.
+    pub fn client_commands_once(&self, ready: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready(&self.commands()) {
+            assert!(
+                Instant::now() < deadline,
+                "never seen: {:?}",
+                self.commands()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mark = format!(
+            "herdguard-monitor-mark-{}",
+            self.lines.lock().unwrap().len()
+        );
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect for the marker");
+        s.write_all(format!("ECHO {mark}\r\n").as_bytes())
+            .expect("send the marker");
+        while !self.lines.lock().unwrap().iter().any(|l| l.contains(&mark)) {
+            assert!(Instant::now() < deadline, "MONITOR never showed the marker");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let lines = self.lines.lock().unwrap();
+        let end = lines
+            .iter()
+            .position(|l| l.contains(&mark))
+            .unwrap_or(lines.len());
+        commands_of(&lines[..end])
+    }
+
+    fn commands(&self) -> Vec<String> {
+        commands_of(&self.lines.lock().unwrap())
+    }
+}
+
+fn commands_of(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| !l.contains(" lua]"))
+        .filter_map(|l| l.split('"').nth(1).map(str::to_uppercase))
+        .collect()
 }
 
 impl Drop for Monitor {
@@ -251,4 +295,72 @@ impl Drop for Monitor {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A stand-in for a DNS name or virtual IP in front of Redis: a loopback TCP
+/// forwarder whose target can be switched. Connections already open stay
+/// with the old target, as they do when a VIP moves.
+pub struct Vip {
+    port: u16,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Vip {
+    /// Forward new connections to 127.0.0.1:`target`. Needs a tokio runtime.
+    pub async fn start(target: u16) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let port = listener.local_addr().expect("local addr").port();
+        let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(target));
+        let to = target.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { port, target, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Send new connections to `port` from now on.
+    pub fn point_to(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Vip {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One field of `INFO`, e.g. `info_field(&mut c, "replication", "role")`.
+pub async fn info_field(
+    conn: &mut redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }

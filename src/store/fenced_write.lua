@@ -1,0 +1,57 @@
+-- KEYS: v fresh lock fence pass
+-- ARGV: token fence mode value fresh_ms hard_ms channel key_hex fence_retention_ms pass_ms
+--       entry_prefix fence_offset
+-- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
+local f = tonumber(ARGV[2])
+-- The newest write (or purge) we know of: `hw`, or, when the fence hash is
+-- gone, the fence the stored entry was written with (it is part of the
+-- encoding), so a leader from before the loss cannot replace a newer entry.
+local floor = tonumber(redis.call('HGET', KEYS[4], 'hw'))
+if not floor then
+  floor = 0
+  local cur = redis.pcall('GET', KEYS[1])
+  local at = tonumber(ARGV[12])
+  if type(cur) == 'string' and string.sub(cur, 1, string.len(ARGV[11])) == ARGV[11]
+      and string.len(cur) >= at + 8 then
+    local vf = 0
+    for i = at + 8, at + 1, -1 do vf = vf * 256 + string.byte(cur, i) end
+    -- Tokens never run ahead of the clock they start from; one more than a
+    -- minute past it (more than any sane clock skew) is corruption, and
+    -- must not hold writes off.
+    if vf <= fence_clock() + 60000000 then floor = vf end
+  end
+end
+local accepted = 0
+if ARGV[3] ~= 'release' then
+  if f >= floor then
+    if ARGV[3] == 'store' then
+      redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
+      if tonumber(ARGV[5]) > 0 then
+        redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+      else
+        redis.call('DEL', KEYS[2])
+      end
+      redis.call('DEL', KEYS[5])
+    else
+      -- The origin now says uncacheable: the old entry must not be served.
+      redis.call('DEL', KEYS[1], KEYS[2])
+      redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
+    end
+    redis.call('HSET', KEYS[4], 'hw', ARGV[2])
+    local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
+    if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
+    accepted = 1
+  else
+    redis.call('HINCRBY', KEYS[4], 'rejected', 1)
+    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[9]) then redis.call('PEXPIRE', KEYS[4], ARGV[9]) end
+  end
+end
+local released = 0
+if redis.call('GET', KEYS[3]) == ARGV[1] then
+  redis.call('DEL', KEYS[3])
+  released = 1
+end
+-- Best effort: waiters also poll, and a server without sharded pub/sub
+-- (before Redis 7) must not turn a stored entry into a failed write.
+redis.pcall('SPUBLISH', ARGV[7], ARGV[8])
+return {accepted, released}

@@ -1,0 +1,179 @@
+//! A purge beats a fill that was already running when it came: the fill's
+//! answer still goes to the requests waiting on it, but it is not stored, so
+//! the purge is not silently undone. In memory (paused time) and across two
+//! instances on a real redis-server.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_redis::redis;
+use herdguard::{Cache, CacheKey, CacheLayer, FencedStore, RedisOptions};
+use support::origin::{cache_status, get_req, send, Origin};
+use support::RedisServer;
+use tokio::time::Instant;
+
+fn url() -> http::Uri {
+    "http://example.test/r".parse().unwrap()
+}
+
+fn body_call(body: &Bytes) -> String {
+    let s = String::from_utf8_lossy(body);
+    s.split_whitespace()
+        .find(|w| w.starts_with("call="))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Memory only: GET with a 1 s origin, PURGE 300 ms later; the waiting requests get that fill, and the next request goes to the origin.
+#[tokio::test(start_paused = true)]
+async fn purge_beats_an_in_flight_fill_in_memory() {
+    let origin = Origin::new(&[("cache-control", "max-age=60")]).delay(Duration::from_secs(1));
+    let cache = CacheLayer::new();
+    let app = origin.app(cache.clone());
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, get_req("/r")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let joined = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, get_req("/r")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cache.purge_url(&url());
+
+    let (status, _, body) = first.await.unwrap();
+    assert_eq!(
+        (status.as_u16(), body_call(&body).as_str()),
+        (200, "call=1")
+    );
+    let (_, headers, body) = joined.await.unwrap();
+    assert_eq!(body_call(&body), "call=1", "a waiter gets the older fill");
+    assert!(cache_status(&headers).contains("collapsed"));
+    assert_eq!(origin.calls(), 1);
+
+    let (_, headers, body) = send(&app, get_req("/r")).await;
+    assert_eq!(origin.calls(), 2, "the next request went to the origin");
+    assert_eq!(body_call(&body), "call=2");
+    assert!(!cache_status(&headers).contains("hit"));
+    let (_, headers, _) = send(&app, get_req("/r")).await;
+    assert!(
+        cache_status(&headers).contains("hit"),
+        "and its fill is stored"
+    );
+}
+
+/// A purge of a key through the engine API also beats its running fill (memory only).
+#[tokio::test(start_paused = true)]
+async fn invalidate_beats_an_in_flight_computation() {
+    let cache: Cache<String> = Cache::builder().build().unwrap();
+    let key = CacheKey::new("k");
+    let fresh = herdguard::Freshness::new(Duration::from_secs(60));
+    let slow = tokio::spawn({
+        let cache = cache.clone();
+        async move {
+            cache
+                .get_or_compute(&key, fresh, || async {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, std::io::Error>("old".to_owned())
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cache.invalidate(&key);
+    assert_eq!(slow.await.unwrap().unwrap().value, "old");
+    let next = cache
+        .get_or_compute(&key, fresh, || async {
+            Ok::<_, std::io::Error>("new".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(next.value, "new", "the older fill was not stored");
+}
+
+fn layer(server: &RedisServer) -> CacheLayer {
+    CacheLayer::builder()
+        .redis(RedisOptions::new(server.url()).namespace("race"))
+        .build()
+        .unwrap()
+}
+
+/// Wait (at most 5 s) until both instances' purge listeners are subscribed,
+/// so the test does not depend on how fast they start.
+async fn listeners_subscribed(server: &RedisServer, n: i64) {
+    let start = Instant::now();
+    let mut c = server.connection().await;
+    loop {
+        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("race:purge")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if counts.first().is_some_and(|(_, k)| *k >= n) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "listeners never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Two instances on Redis: GET on A with a 1 s origin, PURGE on B 300 ms later; A's waiters get that fill, it is not stored anywhere, and the next request goes to the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_beats_an_in_flight_fill_across_instances() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60")]).delay(Duration::from_secs(1));
+    let (la, lb) = (layer(&server), layer(&server));
+    let (a, b) = (origin.app(la), origin.app(lb.clone()));
+    listeners_subscribed(&server, 2).await;
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { send(&a, get_req("/r")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let purged =
+        herdguard::inspect::purge_and_wait(&lb, herdguard::inspect::Purge::Key(lb.url_key(&url())));
+    assert!(purged.await.unwrap(), "the purge reached redis");
+
+    let (status, _, body) = first.await.unwrap();
+    assert_eq!(
+        (status.as_u16(), body_call(&body).as_str()),
+        (200, "call=1")
+    );
+    assert_eq!(origin.calls(), 1);
+
+    let (_, headers, body) = send(&b, get_req("/r")).await;
+    assert_eq!(origin.calls(), 2, "the next request went to the origin");
+    assert_eq!(body_call(&body), "call=2");
+    assert!(!cache_status(&headers).contains("hit"));
+    let (_, headers, body) = send(&a, get_req("/r")).await;
+    assert_eq!(body_call(&body), "call=2", "A never stored its older fill");
+    assert!(cache_status(&headers).contains("hit"));
+    assert_eq!(origin.calls(), 2);
+}
+
+/// On Redis alone, with no instance told of the purge: a token issued before a purge is refused, one issued after it is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_raises_the_fence_in_redis() {
+    let server = RedisServer::start();
+    let opts = RedisOptions::new(server.url()).namespace("race");
+    let fenced = FencedStore::new(opts.clone()).unwrap();
+    let before = fenced.next_fence("r").await.unwrap();
+    let key = CacheKey::new("r");
+    let purger = CacheLayer::builder().redis(opts).build().unwrap();
+    let purged = herdguard::inspect::purge_and_wait(&purger, herdguard::inspect::Purge::Key(key));
+    assert!(purged.await.unwrap());
+    assert!(
+        !fenced.write("r", before, b"older").await.unwrap(),
+        "a write that leased before the purge is refused"
+    );
+    let after = fenced.next_fence("r").await.unwrap();
+    assert!(fenced.write("r", after, b"newer").await.unwrap());
+    assert_eq!(fenced.read("r").await.unwrap().unwrap(), &b"newer"[..]);
+}
