@@ -293,6 +293,17 @@ impl CacheLayer {
             + state.vary.len() * VARY_URL_BYTES
     }
 
+    /// Whether this layer works with Redis: `None` when it has none (memory
+    /// only), `Some(false)` while its Redis calls are failing and it serves
+    /// from memory (probing again after a back-off), `Some(true)` otherwise.
+    ///
+    /// ```
+    /// assert_eq!(herdguard::CacheLayer::new().redis_connected(), None);
+    /// ```
+    pub fn redis_connected(&self) -> Option<bool> {
+        self.state.engine.remote.as_ref().map(|r| r.available())
+    }
+
     /// The cache key this layer derives for `request` (the `{H}` of the Redis
     /// keys is its hex form).
     pub fn key_for<B>(&self, request: &http::Request<B>) -> CacheKey {

@@ -44,7 +44,15 @@ async fn burst(
 async fn cold_burst_across_four_instances_calls_origin_once() {
     let server = RedisServer::start();
     let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(300));
-    let apps: Vec<Router> = (0..4).map(|_| origin.app(layer(&server, |o| o))).collect();
+    // Healthy but loaded: replies slower than the 250 ms default would open
+    // the breaker, which is the outage case tested elsewhere, not this one.
+    let patient = |o: RedisOptions| {
+        o.response_timeout(Duration::from_secs(2))
+            .pool_wait_timeout(Duration::from_secs(2))
+    };
+    let apps: Vec<Router> = (0..4)
+        .map(|_| origin.app(layer(&server, patient)))
+        .collect();
     let mut tasks = Vec::new();
     for app in &apps {
         tasks.extend(burst(app, "/cold", 250).await);

@@ -5,7 +5,11 @@
 //! herdguard locks <lock-key-or-resource> [--raw] --nodes URL,URL,... [--namespace NS]
 //! herdguard clock-skew --nodes URL,URL,... [--samples N] [--budget-ms MS]
 //! herdguard purge <url-or-key | --tag TAG> --redis URL [--namespace NS]
+//! herdguard proxy --upstream URL [--listen ADDR] [--admin ADDR] ...
 //! ```
+//!
+//! `proxy` runs the caching reverse proxy (src/bin/herdguard/proxy/); it
+//! runs until SIGTERM or SIGINT and exits 0 after a graceful stop.
 //!
 //! Exit codes: 0 healthy, 1 problem found, 2 usage or connection error.
 //! `--json` prints one JSON object on stdout instead of text. Every Redis
@@ -15,6 +19,11 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[path = "herdguard/proxy/mod.rs"]
+mod proxy;
+#[path = "herdguard/proxy_cmd.rs"]
+mod proxy_cmd;
 
 use clap::{ArgGroup, Parser, Subcommand};
 use deadpool_redis::redis::{self, aio::MultiplexedConnection, AsyncConnectionConfig};
@@ -27,7 +36,7 @@ use serde_json::{json, Value as Json};
 #[command(
     name = "herdguard",
     version,
-    about = "Diagnostics for herdguard's Redis: entries, locks, clock skew, purges.",
+    about = "herdguard's caching reverse proxy, and diagnostics for its Redis: entries, locks, clock skew, purges.",
     after_help = "Exit codes: 0 healthy, 1 problem found, 2 usage or connection error."
 )]
 struct Cli {
@@ -43,6 +52,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the caching reverse proxy in front of an HTTP API.
+    ///
+    /// Every option can also be set by its environment variable or in the
+    /// --config file. Logs go to stderr (HERDGUARD_LOG sets the filter,
+    /// e.g. `info,herdguard::access=off`); one line on stdout says where it
+    /// listens.
+    Proxy(Box<proxy_cmd::ProxyArgs>),
     /// One entry's status, size, freshness, hard TTL, lock and fence.
     ///
     /// TARGET is a 32-hex cache key, or an absolute URL turned into the key
@@ -136,13 +152,17 @@ struct Report {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = match cli.command {
+        Command::Proxy(args) => return proxy_cmd::main(*args),
+        other => other,
+    };
     let timeout = Duration::from_millis(cli.timeout_ms);
     let as_json = cli.json;
     let result = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt.block_on(run(cli.command, timeout)),
+        Ok(rt) => rt.block_on(run(command, timeout)),
         Err(e) => Err(Failure(format!("cannot start the runtime: {e}"))),
     };
     let (verdict, json, text) = match result {
@@ -162,6 +182,7 @@ fn main() -> ExitCode {
 
 async fn run(command: Command, timeout: Duration) -> Result<Report, Failure> {
     match command {
+        Command::Proxy(_) => Err(Failure("the proxy runs from main".into())),
         Command::Inspect {
             target,
             raw,

@@ -38,7 +38,8 @@ impl Certs {
         Arc::new(Self { dir })
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    /// A file in the directory: `ca.crt`, `server.crt`, `server.key`.
+    pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 

@@ -1,0 +1,513 @@
+//! The caching reverse proxy behind `herdguard proxy`, built on herdguard's
+//! public API only. `examples/reverse_proxy.rs` runs this same code (through
+//! `#[path]`), so there is one proxy.
+//!
+//! - Every method and every end-to-end header is forwarded; hop-by-hop
+//!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
+//!   not, and they are removed before the cache computes its key. Bodies
+//!   stream both ways. `Via` is appended both ways.
+//! - The client's host, lowercased and with its port, is the host in the
+//!   cache key and exactly what the upstream is told, in both `Host` and
+//!   `X-Forwarded-Host` (so links it builds from either match the key; an
+//!   incoming `X-Forwarded-Host` is never kept, even from a trusted proxy).
+//!   An absolute-form target whose authority disagrees with `Host`, or two
+//!   `Host` headers, get a 400. A request without a host gets the
+//!   upstream's own as `Host`.
+//! - `X-Forwarded-For` / `-Proto`: from a peer in `trusted_proxies`, the
+//!   incoming chain is kept (the peer appended) and its proto kept; from any
+//!   other peer both are replaced by what this connection shows.
+//! - GET and HEAD go through one [`CacheLayer`]: one upstream request per key,
+//!   RFC 9111 semantics, `Cache-Status` on every response, also on the 502
+//!   (upstream unreachable) and 504 (upstream too slow) the proxy makes.
+//! - Purge is off unless a purge token is set. Then, with the token in
+//!   `X-Purge-Token`: `PURGE /path?query` (Host names the site) removes every
+//!   stored variant of that URL; `POST /.herdguard/purge/tag/{tag}` removes
+//!   every entry whose response carried `tag` in `Surrogate-Key`.
+
+pub(crate) mod body;
+pub(crate) mod forwarded;
+pub(crate) mod server;
+pub(crate) mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use herdguard::{CacheLayer, CacheService};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use body::{ClientBody, ProxyBody};
+use forwarded::Cidr;
+use upstream::{Connector, UpstreamOptions};
+
+/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+const VIA: &str = "1.1 herdguard";
+const PURGE_TAG_PREFIX: &str = "/.herdguard/purge/tag/";
+/// tracing target of the access log (one event per request).
+pub(crate) const ACCESS_LOG: &str = "herdguard::access";
+
+/// What the proxy does with requests (the server's own settings are in
+/// [`server::ServerConfig`]).
+#[derive(Debug, Clone)]
+pub(crate) struct ProxyConfig {
+    /// Scheme and authority of the upstream, e.g. `http://127.0.0.1:8000`.
+    pub(crate) upstream: Uri,
+    /// Enables PURGE and the tag purge route when set.
+    pub(crate) purge_token: Option<String>,
+    /// Peers whose X-Forwarded-For / -Proto are kept.
+    pub(crate) trusted_proxies: Vec<Cidr>,
+    pub(crate) upstream_options: UpstreamOptions,
+}
+
+impl ProxyConfig {
+    /// Defaults for everything but the upstream: no purge, no trusted proxies.
+    pub(crate) fn new(upstream: Uri) -> Self {
+        Self {
+            upstream,
+            purge_token: None,
+            trusted_proxies: Vec::new(),
+            upstream_options: UpstreamOptions::default(),
+        }
+    }
+}
+
+/// What the server knows about the connection a request came on; put in the
+/// request's extensions (the cache copies them onto the requests it builds).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    pub(crate) addr: SocketAddr,
+    pub(crate) tls: bool,
+}
+
+/// Where the upstream call made for a request notes how long it took: in
+/// the request's extensions, which the cache copies onto the requests it
+/// builds, since a stored response is rebuilt without the upstream's
+/// extensions. Only made when the access log is on. Microseconds + 1; 0 is
+/// "no upstream call" (a hit, or a waiter served by another's call).
+#[derive(Debug, Clone, Default)]
+struct UpstreamClock(Arc<std::sync::atomic::AtomicU64>);
+
+/// The proxy: normalize, purge, cache, upstream. Cheap to clone (Arcs).
+#[derive(Debug, Clone)]
+pub(crate) struct Proxy {
+    cached: CacheService<Origin>,
+    cache: CacheLayer,
+    purge_token: Option<Arc<str>>,
+}
+
+impl Proxy {
+    /// # Errors
+    /// The upstream is not `http(s)://host[:port]`, or its TLS setup failed.
+    pub(crate) fn new(config: ProxyConfig, cache: CacheLayer) -> Result<Self, String> {
+        let scheme = config.upstream.scheme_str();
+        if !matches!(scheme, Some("http" | "https")) || config.upstream.authority().is_none() {
+            return Err("the upstream must be http://host[:port] or https://host[:port]".into());
+        }
+        let connector = Connector::new(&config.upstream, &config.upstream_options)?;
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(config.upstream_options.idle_timeout)
+            .pool_max_idle_per_host(config.upstream_options.max_idle)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .build(connector);
+        let origin = Origin {
+            client,
+            upstream: Arc::new(config.upstream),
+            trusted: config.trusted_proxies.into(),
+            response_timeout: config.upstream_options.response_timeout,
+        };
+        Ok(Self {
+            cached: cache.layer(origin),
+            cache,
+            purge_token: config.purge_token.map(Into::into),
+        })
+    }
+
+    /// The layer this proxy caches with.
+    pub(crate) fn cache(&self) -> &CacheLayer {
+        &self.cache
+    }
+
+    /// Answer one request; never fails (upstream trouble is a 502/504).
+    pub(crate) async fn handle(mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
+        let start = Instant::now();
+        // Copies for the log line only when it will be written.
+        let mut req = req;
+        let logged = tracing::enabled!(target: ACCESS_LOG, tracing::Level::INFO).then(|| {
+            let clock = UpstreamClock::default();
+            req.extensions_mut().insert(clock.clone());
+            (req.method().clone(), req.uri().clone(), clock)
+        });
+        let response = self.answer(req).await;
+        if let Some((method, uri, clock)) = logged {
+            let status = response.status().as_u16();
+            let cache_status = response
+                .headers()
+                .get("cache-status")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-");
+            let upstream_ms = match clock.0.load(std::sync::atomic::Ordering::Relaxed) {
+                0 => None,
+                us => Some((us - 1) as f64 / 1000.0),
+            };
+            tracing::info!(
+                target: ACCESS_LOG,
+                method = %method,
+                path = uri.path(),
+                status,
+                cache_status,
+                upstream_ms,
+                total_ms = start.elapsed().as_secs_f64() * 1000.0,
+                "request"
+            );
+        }
+        response
+    }
+
+    async fn answer(&mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
+        // The cache must key exactly the request the upstream will see.
+        let req = match normalize(req) {
+            Ok(req) => req,
+            Err(why) => return local(status(StatusCode::BAD_REQUEST, why)),
+        };
+        if let Some(response) = self.purge(&req) {
+            return local(response);
+        }
+        let response = match self.cached.call(req).await {
+            Ok(r) => r.map(|body| ClientBody::Cached { body }),
+            Err(never) => match never {},
+        };
+        to_client(response)
+    }
+
+    /// Answer a purge request, if this is one and purging is on.
+    fn purge(&self, req: &Request<ProxyBody>) -> Option<Response<ProxyBody>> {
+        let is_purge = req.method().as_str() == "PURGE";
+        let tag = (req.method() == Method::POST)
+            .then(|| req.uri().path().strip_prefix(PURGE_TAG_PREFIX))
+            .flatten();
+        if !is_purge && tag.is_none() {
+            return None;
+        }
+        let Some(token) = &self.purge_token else {
+            // Off: PURGE is not a method this proxy knows; the tag route falls
+            // through to the upstream like any other path.
+            return is_purge.then(|| status(StatusCode::METHOD_NOT_ALLOWED, "purge is disabled"));
+        };
+        let given = req
+            .headers()
+            .get("x-purge-token")
+            .map(HeaderValue::as_bytes);
+        if !given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
+            return Some(status(StatusCode::FORBIDDEN, "bad purge token"));
+        }
+        if let Some(tag) = tag {
+            let tag = percent_decode(tag);
+            if tag.is_empty() || tag.chars().any(char::is_whitespace) {
+                return Some(status(StatusCode::BAD_REQUEST, "one tag per request"));
+            }
+            self.cache.purge_tag(&tag);
+            return Some(status(StatusCode::OK, &format!("purged tag {tag}")));
+        }
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| {
+                req.headers()
+                    .get(header::HOST)?
+                    .to_str()
+                    .ok()
+                    .map(str::to_owned)
+            });
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let Some(url) = host.and_then(|h| format!("http://{h}{path}").parse::<Uri>().ok()) else {
+            return Some(status(StatusCode::BAD_REQUEST, "purge needs a Host"));
+        };
+        self.cache.purge_url(&url);
+        Some(status(StatusCode::OK, &format!("purged {url}")))
+    }
+}
+
+/// The upstream as a Tower service, the cache layer's inner service.
+#[derive(Debug, Clone)]
+struct Origin {
+    client: Client<Connector, ProxyBody>,
+    upstream: Arc<Uri>,
+    trusted: Arc<[Cidr]>,
+    response_timeout: Duration,
+}
+
+type OriginFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+impl Service<Request<ProxyBody>> for Origin {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    // Boxed: only misses and bypasses get here, and each costs a round trip.
+    type Future = OriginFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The pool queues; the cache layer bounds how many calls run.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
+        let origin = self.clone();
+        Box::pin(async move { Ok(origin.forward(req).await) })
+    }
+}
+
+impl Origin {
+    /// Send `req` upstream; an unreachable upstream is a 502, a slow one a
+    /// 504, never an error.
+    async fn forward(&self, req: Request<ProxyBody>) -> Response<ProxyBody> {
+        let (mut parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut uri = Uri::clone(&self.upstream).into_parts();
+        uri.path_and_query = path.parse().ok();
+        let Ok(uri) = Uri::from_parts(uri) else {
+            return status(StatusCode::BAD_REQUEST, "bad request target");
+        };
+        let peer = parts.extensions.get::<Peer>().copied();
+        let clock = parts.extensions.remove::<UpstreamClock>();
+        let original_host = parts.headers.get(header::HOST).cloned();
+        let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
+        strip_hop_by_hop(&mut parts.headers);
+        if chunked && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+            // The client re-frames the body, but assumes a GET of unknown length
+            // has none: say it has one, or the body would be dropped.
+            parts.headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
+        forwarded::apply(&mut parts.headers, peer, &self.trusted);
+        match original_host {
+            Some(host) => parts.headers.insert("x-forwarded-host", host),
+            // No host of our own to tell: never pass on a client's claim.
+            None => parts.headers.remove("x-forwarded-host"),
+        };
+        append_via(&mut parts.headers);
+        parts.uri = uri;
+        parts.version = http::Version::HTTP_11;
+        let start = Instant::now();
+        let sent = self.client.request(Request::from_parts(parts, body));
+        let result = tokio::time::timeout(self.response_timeout, sent).await;
+        if let Some(clock) = clock {
+            let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+            clock.0.store(us + 1, std::sync::atomic::Ordering::Relaxed);
+        }
+        match result {
+            Ok(Ok(response)) => {
+                let (mut parts, body) = response.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, ProxyBody::Incoming(body))
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(error = %error_chain(&error), "upstream request failed");
+                if upstream::is_timeout(&error) {
+                    status(StatusCode::GATEWAY_TIMEOUT, "upstream connect timed out")
+                } else {
+                    status(StatusCode::BAD_GATEWAY, "upstream unreachable")
+                }
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?self.response_timeout, "upstream response timed out");
+                status(StatusCode::GATEWAY_TIMEOUT, "upstream timed out")
+            }
+        }
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// Make the request the cache sees the one the upstream gets: hop-by-hop
+/// and Connection-named headers go first (so they cannot select a Vary
+/// variant the upstream never saw), and the one host, lowercased with its
+/// port, becomes the `Host` header: the key, the upstream's `Host` and its
+/// `X-Forwarded-Host`.
+/// Two Host headers, or an absolute-form target whose authority disagrees
+/// with Host, are a 400 (RFC 9112 §3.2).
+fn normalize(req: Request<ProxyBody>) -> Result<Request<ProxyBody>, &'static str> {
+    let (mut parts, body) = req.into_parts();
+    // Transfer-Encoding stays until the upstream request is built: it tells
+    // the cache this GET carries a body (which then bypasses it).
+    let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(te) = framing {
+        parts.headers.insert(header::TRANSFER_ENCODING, te);
+    }
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let host = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err("more than one Host");
+    }
+    // HTTP/2 clients name the host in :authority, which hyper puts in the
+    // target; HTTP/1.1 clients send origin form plus Host.
+    let target = parts.uri.authority().map(|a| a.as_str());
+    let host = match (target, &host) {
+        (Some(t), Some(h)) if !t.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
+            return Err("request target and Host disagree");
+        }
+        (Some(t), _) => Some(t),
+        (None, Some(h)) => match h.to_str() {
+            Ok(h) => Some(h),
+            Err(_) => return Err("bad Host"),
+        },
+        (None, None) => None,
+    };
+    let rewrite = match (target, &host) {
+        // The one Host header, already lowercase: keep it (no copy on hits).
+        (None, Some(h)) => h.bytes().any(|b| b.is_ascii_uppercase()),
+        _ => true,
+    };
+    if let Some(host) = host.filter(|_| rewrite) {
+        let value = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            HeaderValue::from_str(&host.to_ascii_lowercase())
+        } else {
+            HeaderValue::from_str(host)
+        };
+        let Ok(value) = value else {
+            return Err("bad Host");
+        };
+        parts.headers.insert(header::HOST, value);
+    }
+    if parts.uri.authority().is_some() {
+        // Origin form: from here on the Host header is the one host.
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let Ok(uri) = path.parse() else {
+            return Err("bad request target");
+        };
+        parts.uri = uri;
+    }
+    Ok(Request::from_parts(parts, body))
+}
+
+/// The last touches on every response to a client.
+fn to_client(mut response: Response<ClientBody>) -> Response<ClientBody> {
+    append_via(response.headers_mut());
+    response
+}
+
+fn append_via(headers: &mut HeaderMap) {
+    if headers.contains_key(header::VIA) {
+        append_list(headers, "via", VIA);
+    } else {
+        headers.insert(header::VIA, HeaderValue::from_static(VIA));
+    }
+}
+
+fn local(response: Response<ProxyBody>) -> Response<ClientBody> {
+    response.map(|body| ClientBody::Local { body })
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Append to a comma-separated list header (Via, X-Forwarded-For).
+pub(crate) fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
+    let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => {
+            HeaderValue::from_str(&format!("{existing}, {item}"))
+        }
+        _ => HeaderValue::from_str(item),
+    };
+    if let Ok(v) = value {
+        headers.insert(name, v);
+    }
+}
+
+pub(crate) fn status(code: StatusCode, text: &str) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::text(format!("{text}\n")));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `60s`, `500ms`, `2m`, or bare seconds.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let bad = || format!("{s:?} is not a duration (60s, 500ms, 2m)");
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?)),
+        "h" => Ok(Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?)),
+        _ => Err(bad()),
+    }
+}
