@@ -9,6 +9,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::error::BoxError;
+use crate::stream::StreamReader;
+
 pin_project! {
     /// Response body of [`CacheService`](crate::CacheService).
     ///
@@ -31,6 +34,8 @@ pin_project! {
         Inner { #[pin] body: B },
         // Frames already read while trying to buffer, then the rest.
         Prefixed { prefix: VecDeque<Bytes>, rest: Pin<Box<B>> },
+        // One reader of a fill streamed to several requests at once.
+        Shared { reader: StreamReader },
     }
 }
 
@@ -53,29 +58,39 @@ impl<B> CacheBody<B> {
         Self::of(Kind::Prefixed { prefix, rest })
     }
 
+    pub(crate) fn shared(reader: StreamReader) -> Self {
+        Self::of(Kind::Shared { reader })
+    }
+
     fn of(kind: Kind<B>) -> Self {
         Self { kind }
     }
 }
 
+/// The error is boxed: a streamed body's error (origin failed mid-body,
+/// reader cut off) is one every reader gets, not the inner body's own.
 impl<B> Body for CacheBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Prefixed { prefix, rest } => match prefix.pop_front() {
                 Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
-                None => rest.as_mut().poll_frame(cx),
+                None => rest.as_mut().poll_frame(cx).map_err(Into::into),
             },
+            KindProj::Shared { reader } => {
+                reader.poll_chunk(cx).map(|c| c.map(|r| r.map(Frame::data)))
+            }
         }
     }
 
@@ -84,6 +99,7 @@ where
             Kind::Full { data } => data.is_none(),
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Prefixed { prefix, rest } => prefix.is_empty() && rest.is_end_stream(),
+            Kind::Shared { reader } => reader.is_end(),
         }
     }
 
@@ -103,6 +119,7 @@ where
                 }
                 hint
             }
+            Kind::Shared { .. } => SizeHint::new(),
         }
     }
 }

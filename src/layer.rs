@@ -132,6 +132,8 @@ pub(crate) struct LayerState {
     pub(crate) vary: VaryIndex,
     /// Responses kept past their stale grace for revalidation and stale-if-error.
     pub(crate) retained: RetainedStore,
+    /// Fills whose body is streaming, offered to their flight's waiters.
+    pub(crate) streams: Arc<crate::stream::Streams>,
     /// The layer a route layer was made from: kept alive while any route is,
     /// because the Redis purge handler reaches memory through it.
     pub(crate) root: Option<Arc<LayerState>>,
@@ -271,6 +273,8 @@ impl CacheLayer {
             // Clones of these share their contents.
             vary: self.state.vary.clone(),
             retained: self.state.retained.clone(),
+            // Flights are shared, so the streams they offer are too.
+            streams: Arc::clone(&self.state.streams),
             root: Some(root),
         };
         CacheLayer {
@@ -653,6 +657,7 @@ impl CacheLayerBuilder {
             retained: RetainedStore::new(budget.retained),
             engine: Arc::new(Shared::new(engine)?),
             http: self.http,
+            streams: Arc::new(crate::stream::Streams::new()),
             root: None,
         });
         if let Some(remote) = &state.engine.remote {

@@ -465,6 +465,7 @@ mod retain;
 mod route;
 mod service;
 mod store;
+mod stream;
 mod targeted;
 mod vary;
 

@@ -130,6 +130,20 @@ pub fn describe_metrics() {
         Unit::Seconds,
         "How long a lease was held before release."
     );
+    describe_stream_metrics();
+}
+
+fn describe_stream_metrics() {
+    use metrics::{describe_counter, describe_histogram, Unit};
+    describe_histogram!(
+        stream_names::WAITER_TTFB,
+        Unit::Seconds,
+        "Time from a coalesced waiter's request to its first streamed body byte."
+    );
+    describe_counter!(
+        stream_names::CUT_OFF,
+        "Readers cut off for falling behind a streamed fill's window."
+    );
 }
 
 /// A snapshot of one cache's counters since it was built.
@@ -366,6 +380,22 @@ pub(crate) fn redis_available(cache: Option<&str>, up: bool) {
         r.register_gauge(&key, &METADATA)
             .set(if up { 1.0 } else { 0.0 })
     });
+}
+
+/// Streaming fills (see `stream.rs`): kept apart so other metric edits merge.
+pub(crate) mod stream_names {
+    pub(crate) const WAITER_TTFB: &str = "herdguard_stream_waiter_ttfb_seconds";
+    pub(crate) const CUT_OFF: &str = "herdguard_stream_readers_cut_off_total";
+}
+
+/// A coalesced waiter's time from its request to the first streamed byte.
+pub(crate) fn record_waiter_ttfb(elapsed: std::time::Duration) {
+    metrics::histogram!(stream_names::WAITER_TTFB).record(elapsed.as_secs_f64());
+}
+
+/// A reader fell behind a stream's window and was cut off.
+pub(crate) fn record_stream_cut_off() {
+    metrics::counter!(stream_names::CUT_OFF).increment(1);
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ use crate::policy::{
 use crate::purge::{key_authority, url_key, Invalidation};
 use crate::request_body::RequestBody;
 use crate::store::memory::{Probe, Stored};
+use crate::stream::{SharedBody, Stream, StreamReader, Writer};
 use crate::vary::{stored_values, variant_key};
 
 /// The RFC 9211 response header.
@@ -455,10 +456,53 @@ where
     let (leader, mut passthrough_rx, mut error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let mut compute = Some(leader);
-    let mut resolved = if reload {
-        state.engine.resolve_refresh(target.key, &mut compute).await
-    } else {
-        state.engine.resolve(target.key, &mut compute).await
+    let arrived = std::time::Instant::now();
+    let grace = state.http.rules.grace;
+    // The flight's outcome, or before it: this request's own handoff if it
+    // leads, or the leader's stream if the cache could have served it here.
+    let first = {
+        let resolving = async {
+            if reload {
+                state.engine.resolve_refresh(target.key, &mut compute).await
+            } else {
+                state.engine.resolve(target.key, &mut compute).await
+            }
+        };
+        let streaming = state.streams.wait(target.key, |s| {
+            s.head.value.vary_matches(&request_headers)
+                && acceptable(&request_headers, &s.head, grace)
+        });
+        tokio::select! {
+            biased;
+            Ok(handoff) = &mut passthrough_rx => First::Handoff(handoff),
+            // A reload refuses what other requests are served; it waits for
+            // its refresh's outcome.
+            stream = streaming, if !reload => First::Stream(stream),
+            resolved = resolving => First::Resolved(resolved),
+        }
+    };
+    let mut resolved = match first {
+        First::Resolved(r) => r,
+        First::Handoff(handoff) => return Ok(state.handed_off(handoff, &view, fwd, Source::Miss)),
+        First::Stream(stream) => {
+            let Some(reader) = stream.body.reader(Some(arrived)) else {
+                // The window has left the start: this request calls itself.
+                let status = state.status_fwd(fwd, Some("stream-window-passed"));
+                let call = compute.or_else(|| {
+                    spare.map(|(inner, req)| {
+                        OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
+                    })
+                });
+                return released(&state, call, status, |_| None).await;
+            };
+            state.engine.counters.record(Source::Coalesced);
+            let status = state.status(format_args!(
+                "fwd={}; fwd-status={}; collapsed; detail=streamed",
+                fwd.as_str(),
+                stream.status().as_u16()
+            ));
+            return Ok(state.respond_streamed(&stream, reader, &view, status));
+        }
     };
     // An entry made for other Vary values (or other credentials) names the
     // variant this request needs: follow it once, as a flight of its own.
@@ -564,11 +608,8 @@ where
             Ok(state.respond_uncached(value, &view, fwd))
         }
         Resolved::Pass(None) => {
-            if let Ok(mut response) = passthrough_rx.try_recv() {
-                counters.record(Source::Miss);
-                let status = state.status_fwd(fwd, Some("too-large"));
-                response.headers_mut().insert(CACHE_STATUS, status);
-                return Ok(response);
+            if let Ok(handoff) = passthrough_rx.try_recv() {
+                return Ok(state.handed_off(handoff, &view, fwd, Source::Miss));
             }
             // The answer was not for everyone: each waiter asks for its own.
             let status = state.status_fwd(fwd, Some("uncacheable"));
@@ -599,6 +640,13 @@ where
             released(&state, own_call(compute, spare), status, fallback).await
         }
     }
+}
+
+/// What a request in [`miss`] learns first.
+enum First<V, H> {
+    Resolved(V),
+    Handoff(H),
+    Stream(Arc<Stream>),
 }
 
 /// A request that refuses the stored response (`no-cache`, `max-age` …):
@@ -710,12 +758,7 @@ where
             Ok(state.respond_uncached(value, &view, Forward::Request))
         }
         Ok(Fill::Pass(None) | Fill::Unbuffered) => match passthrough_rx.try_recv() {
-            Ok(mut response) => {
-                counters.record(Source::Bypass);
-                let status = state.status_fwd(Forward::Request, Some("too-large"));
-                response.headers_mut().insert(CACHE_STATUS, status);
-                Ok(response)
-            }
+            Ok(handoff) => Ok(state.handed_off(handoff, &view, Forward::Request, Source::Bypass)),
             Err(_) => {
                 counters.record_error();
                 Ok(state.error_response(&Error::Aborted))
@@ -856,8 +899,9 @@ fn strip_framing(headers: &mut HeaderMap) {
 
 /// What only the request that started a flight receives.
 struct Initiator<ResB, E> {
-    /// A response too large to buffer, streamed to this request alone.
-    passthrough: oneshot::Sender<Response<CacheBody<ResB>>>,
+    /// A response too large to buffer, streamed to this request alone, or
+    /// this request's reader of a streamed fill.
+    passthrough: oneshot::Sender<Handoff<ResB>>,
     /// The inner service's error, handed back as-is.
     error: Arc<Mutex<Option<E>>>,
 }
@@ -915,7 +959,164 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
 }
 
 /// Where the initiating request receives a response streamed past the cache.
-type Passthrough<ResB> = oneshot::Receiver<Response<CacheBody<ResB>>>;
+type Passthrough<ResB> = oneshot::Receiver<Handoff<ResB>>;
+
+/// What the initiating request is handed before the flight's outcome.
+enum Handoff<ResB> {
+    /// Too large to store and not shared: streamed to it alone.
+    TooLarge(Response<CacheBody<ResB>>),
+    /// Its own reader of a fill streamed to every waiter, and the
+    /// `Cache-Status` detail (`too-large` when it will not be stored).
+    Streaming(Arc<Stream>, StreamReader, &'static str),
+}
+
+/// The frames a fill had read when it began to stream.
+struct StreamStart {
+    chunks: VecDeque<Bytes>,
+    total: usize,
+    /// Fill budget already held for `chunks` (or for the window).
+    budget: Option<OwnedSemaphorePermit>,
+    /// The body may still be stored: keep every chunk.
+    storing: bool,
+}
+
+/// The head of a response that could be stored, with an empty body, as
+/// waiters check it before they read the stream.
+fn stream_head(
+    verdict: &ResponseVerdict,
+    parts: &http::response::Parts,
+    vary: &[(HeaderName, Vec<HeaderValue>)],
+    url: CacheKey,
+) -> Option<Arc<Stored<CachedResponse>>> {
+    let ResponseVerdict::Store {
+        fresh_for,
+        stale_for,
+        initial_age,
+        rules,
+    } = verdict
+    else {
+        return None;
+    };
+    let value = CachedResponse {
+        status: parts.status,
+        headers: parts.headers.clone(),
+        body: Bytes::new(),
+        vary: vary.to_vec(),
+        initial_age: initial_age.as_secs().min(u64::from(u32::MAX)) as u32,
+        url,
+        rules: *rules,
+        revalidated: false,
+    };
+    let meta = crate::entry::EntryMeta::now(*fresh_for, *stale_for, 0);
+    let usable = fresh_for.saturating_add(*stale_for);
+    Some(Arc::new(Stored::new(
+        value,
+        meta,
+        *fresh_for,
+        usable,
+        Duration::ZERO,
+    )))
+}
+
+/// Read the rest of the origin body into a shared buffer, offered to the
+/// flight's waiters and handed to the initiating request. Returns the
+/// whole body if it may still be stored, `None` if not (too large, over
+/// the fill budget, or every reader left a body nobody will store).
+async fn stream_rest<ResB>(
+    state: &Arc<LayerState>,
+    key: CacheKey,
+    head: Arc<Stored<CachedResponse>>,
+    leader: Option<oneshot::Sender<Handoff<ResB>>>,
+    start: StreamStart,
+    body: &mut std::pin::Pin<Box<ResB>>,
+) -> Result<Option<Bytes>, BoxError>
+where
+    ResB: Body<Data = Bytes>,
+    ResB::Error: Into<BoxError>,
+{
+    let StreamStart {
+        mut chunks,
+        mut total,
+        mut budget,
+        mut storing,
+    } = start;
+    let limit = state.http.max_body_bytes;
+    let shared = SharedBody::new();
+    if !storing {
+        shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
+    }
+    for c in &chunks {
+        shared.push(c.clone());
+    }
+    let stream = Arc::new(Stream {
+        head,
+        body: Arc::clone(&shared),
+    });
+    // The initiator's reader first: it starts at byte 0 whatever happens.
+    if let Some(tx) = leader {
+        if let Some(reader) = shared.reader(None) {
+            let detail = if storing { "streamed" } else { "too-large" };
+            let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
+        }
+    }
+    let writer = Writer {
+        body: Arc::clone(&shared),
+        _offer: Some(state.streams.register(key, stream)),
+    };
+    loop {
+        // Not `while let`, and the error boxed at once: the inner error
+        // type need not be `Send`, and must not live across an `.await`.
+        let next = poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        let Some(frame) = next.map(|f| f.map_err(Into::<BoxError>::into)) else {
+            break;
+        };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                shared.fail("origin body failed");
+                return Err(e);
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len();
+        if storing {
+            let share = u32::try_from(data.len()).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
+            match share {
+                Some(share) if total <= limit => {
+                    match &mut budget {
+                        Some(held) => held.merge(share),
+                        None => budget = Some(share),
+                    }
+                    chunks.push_back(data.clone());
+                }
+                // Not storable after all: keep what the budget already
+                // pays for as the window, and stop keeping the rest.
+                _ => {
+                    storing = false;
+                    chunks.clear();
+                    shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
+                }
+            }
+        }
+        // Past the limit the fastest reader paces the origin; slower ones
+        // fall out of the window and are cut off.
+        poll_fn(|cx| shared.poll_room(cx)).await;
+        shared.push(data);
+        if !storing && shared.abandoned() {
+            // Nobody reads and nobody can join: drop the origin call.
+            return Ok(None);
+        }
+    }
+    shared.finish();
+    drop(writer);
+    Ok(storing.then(|| join(chunks, total)))
+}
 
 /// The origin answered with an error of the inner service's own type.
 #[derive(Debug)]
@@ -1048,27 +1249,74 @@ where
         );
         let verdict = state.route_verdict(&template, &parts, verdict);
 
+        let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
+        // Credentials vary the answer unless the origin says it is the same
+        // for everyone (`public`, `s-maxage`): key it by their digest then.
+        if had_authorization
+            && !policy::shared_across_credentials(&state.http.rules, &parts.headers)
+            && !names.contains(&header::AUTHORIZATION)
+        {
+            names.push(header::AUTHORIZATION);
+        }
+        let vary: Vec<(HeaderName, Vec<HeaderValue>)> = names
+            .into_iter()
+            .map(|n| {
+                let values = stored_values(&n, &request_headers);
+                (n, values)
+            })
+            .collect();
+        strip_not_stored(&mut parts.headers);
+        // Only a response the cache could store is streamed to waiters.
+        let mut head = stream_head(&verdict, &parts, &vary, url);
+        let mut passthrough = passthrough;
+
         let limit = state.http.max_body_bytes;
         let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
+        let mut body = Box::pin(body);
         if declared.is_some_and(|len| len > limit as u64) {
             state.engine.counters.not_stored("too-large");
+            // Too large to store, but shareable: stream it through a window
+            // of `max_body_bytes`, paid for from the fill budget.
+            let window = u32::try_from(limit).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
+            if let (Some(head), Some(window)) = (head, window) {
+                let start = StreamStart {
+                    chunks: VecDeque::new(),
+                    total: 0,
+                    budget: Some(window),
+                    storing: false,
+                };
+                let leader = passthrough;
+                stream_rest(&state, target.key, head, leader, start, &mut body).await?;
+                return Ok(Fill::Pass(None));
+            }
             if let Some(tx) = passthrough {
-                let _ = tx.send(Response::from_parts(parts, CacheBody::inner(body)));
+                let response =
+                    Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
+                let _ = tx.send(Handoff::TooLarge(response));
             }
             return Ok(Fill::Pass(None));
         }
 
-        let mut body = Box::pin(body);
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
         let mut total = 0usize;
         // This fill's share of the layer-wide fill buffer budget, given
         // back once the body is joined (the store accounts for it then).
         let mut buffered: Option<OwnedSemaphorePermit> = None;
-        while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let mut streamed: Option<Bytes> = None;
+        loop {
+            // Not `while let`: its temporary (the inner error type, maybe
+            // not `Send`) would live across the stream's `.await`.
+            let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await else {
+                break;
+            };
             let frame = frame.map_err(Into::into)?;
             // Trailers are not stored; the data is.
             let Ok(data) = frame.into_data() else {
@@ -1086,7 +1334,7 @@ where
                 // and mark nothing (the next request may buffer again).
                 if let Some(tx) = passthrough {
                     let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
-                    let _ = tx.send(response);
+                    let _ = tx.send(Handoff::TooLarge(response));
                 }
                 return Ok(Fill::Unbuffered);
             };
@@ -1098,31 +1346,34 @@ where
                 state.engine.counters.not_stored("too-large");
                 if let Some(tx) = passthrough {
                     let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
-                    let _ = tx.send(response);
+                    let _ = tx.send(Handoff::TooLarge(response));
                 }
                 return Ok(Fill::Pass(None));
             }
+            // More than one frame: every reader gets the rest as it arrives
+            // (a body in one frame is answered whole, as before).
+            if !body.is_end_stream() {
+                if let Some(head) = head.take() {
+                    let start = StreamStart {
+                        chunks: std::mem::take(&mut chunks),
+                        total,
+                        budget: buffered.take(),
+                        storing: true,
+                    };
+                    let leader = passthrough.take();
+                    match stream_rest(&state, target.key, head, leader, start, &mut body).await? {
+                        Some(whole) => {
+                            streamed = Some(whole);
+                            break;
+                        }
+                        None => return Ok(Fill::Pass(None)),
+                    }
+                }
+            }
         }
-        let body = join(chunks, total);
+        let body = streamed.unwrap_or_else(|| join(chunks, total));
         drop(buffered);
 
-        let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
-        // Credentials vary the answer unless the origin says it is the same
-        // for everyone (`public`, `s-maxage`): key it by their digest then.
-        if had_authorization
-            && !policy::shared_across_credentials(&state.http.rules, &parts.headers)
-            && !names.contains(&header::AUTHORIZATION)
-        {
-            names.push(header::AUTHORIZATION);
-        }
-        let vary = names
-            .into_iter()
-            .map(|n| {
-                let values = stored_values(&n, &request_headers);
-                (n, values)
-            })
-            .collect();
-        strip_not_stored(&mut parts.headers);
         let value = CachedResponse {
             status: parts.status,
             headers: parts.headers,
@@ -1412,6 +1663,49 @@ impl LayerState {
         // after a 304, carries the age computed here (RFC 9111 §4.2.3, §5.1).
         let fetched = matches!(served, Served::Forwarded { .. }) && !value.revalidated;
         self.build(value, view, status, (!fetched).then_some(age))
+    }
+
+    /// The initiating request's answer from what its fill handed it.
+    fn handed_off<B>(
+        &self,
+        handoff: Handoff<B>,
+        view: &View<'_>,
+        fwd: Forward,
+        source: Source,
+    ) -> Response<CacheBody<B>> {
+        self.engine.counters.record(source);
+        match handoff {
+            Handoff::TooLarge(mut response) => {
+                let status = self.status_fwd(fwd, Some("too-large"));
+                response.headers_mut().insert(CACHE_STATUS, status);
+                response
+            }
+            Handoff::Streaming(stream, reader, detail) => {
+                let status = self.status(format_args!(
+                    "fwd={}; fwd-status={}; detail={detail}",
+                    fwd.as_str(),
+                    stream.status().as_u16()
+                ));
+                self.respond_streamed(&stream, reader, view, status)
+            }
+        }
+    }
+
+    /// A response whose body is read from a streaming fill. The head is
+    /// built as for a fetched response (the origin's `Age` kept); a 304 for
+    /// the request's own validators and HEAD carry no body.
+    fn respond_streamed<B>(
+        &self,
+        stream: &Stream,
+        reader: StreamReader,
+        view: &View<'_>,
+        status: HeaderValue,
+    ) -> Response<CacheBody<B>> {
+        let mut response = self.build(&stream.head.value, view, status, None);
+        if response.status() != StatusCode::NOT_MODIFIED && !view.head {
+            *response.body_mut() = CacheBody::shared(reader);
+        }
+        response
     }
 
     /// A response the leader may use but nobody else.
