@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use herdguard::{CacheBody, CacheLayer};
+use herdguard::{CacheBody, CacheLayer, RequestBody};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
@@ -66,12 +66,16 @@ impl Origin {
 
     fn service(
         &self,
-    ) -> impl Service<Request<()>, Response = Response<ChanBody>, Error = Infallible, Future: Send>
-           + Clone
+    ) -> impl Service<
+        Request<RequestBody<()>>,
+        Response = Response<ChanBody>,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
            + Send
            + 'static {
         let o = self.clone();
-        tower::service_fn(move |_req: Request<()>| {
+        tower::service_fn(move |_req: Request<RequestBody<()>>| {
             let o = o.clone();
             async move {
                 o.calls.fetch_add(1, Ordering::SeqCst);
