@@ -1098,6 +1098,9 @@ where
                 // Not storable after all: keep what the budget already
                 // pays for as the window, and stop keeping the rest.
                 _ => {
+                    if total > limit {
+                        state.engine.counters.not_stored("too-large");
+                    }
                     storing = false;
                     chunks.clear();
                     shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
