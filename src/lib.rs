@@ -322,31 +322,8 @@
 //! [`Redlock::run`] runs work under its deadline and writes the result through
 //! a [`FencedStore`]. Work past the deadline is abandoned; Redlock without
 //! fencing is an efficiency lock, not a correctness guarantee. The layer can
-//! use Redlock as its lease backend ([`CacheLayerBuilder::redlock`]).
-//!
-//! ```rust,no_run
-//! use std::time::Duration;
-//! use herdguard::{FencedStore, RedisOptions, Redlock};
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let lock = Redlock::builder([
-//!     "redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3",
-//!     "redis://10.0.0.4", "redis://10.0.0.5",
-//! ])
-//! .ttl(Duration::from_secs(10))
-//! .build()?;
-//! // The fence lives with the data it protects, not on the lock nodes.
-//! let store = FencedStore::new(RedisOptions::new("redis://10.0.0.9"))?;
-//! let done = lock
-//!     .run(&store, "flush:orders", |work| async move {
-//!         // Do the work before work.deadline(); stamp work.fence() on every
-//!         // write to the protected resource, which must refuse older fences.
-//!         Ok::<_, std::io::Error>(bytes::Bytes::from("flushed"))
-//!     })
-//!     .await?;
-//! assert!(done.accepted);
-//! # Ok(()) }
-//! ```
+//! use Redlock as its lease backend ([`CacheLayerBuilder::redlock`]). A full
+//! example is on [`Redlock`].
 //!
 //! - Acquisition asks every node in parallel with a per-node timeout far
 //!   below the TTL (TTL/100, clamped to 5–50 ms), needs N/2+1 votes, and
