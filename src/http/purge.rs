@@ -17,8 +17,8 @@ use http::Uri;
 use tokio::sync::oneshot;
 
 use crate::entry::CachedResponse;
+use crate::http::layer::{CacheLayer, LayerState};
 use crate::key::CacheKey;
-use crate::layer::{CacheLayer, LayerState};
 use crate::store::redis::{redact_error, RedisStore, StoreError};
 
 /// What a purge removes. Plain data, so it can travel over pub/sub.

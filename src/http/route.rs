@@ -194,7 +194,7 @@ impl RoutePolicy {
     }
 }
 
-impl crate::layer::LayerState {
+impl crate::http::layer::LayerState {
     /// The request, and the route's key for it when the route has a key
     /// function (the request is taken apart and put back: no copy).
     pub(crate) fn route_key<B>(
@@ -214,9 +214,9 @@ impl crate::layer::LayerState {
         &self,
         request: &request::Parts,
         response: &response::Parts,
-        verdict: crate::policy::ResponseVerdict,
-    ) -> crate::policy::ResponseVerdict {
-        use crate::policy::ResponseVerdict;
+        verdict: crate::http::policy::ResponseVerdict,
+    ) -> crate::http::policy::ResponseVerdict {
+        use crate::http::policy::ResponseVerdict;
         match &self.http.predicate {
             // Only storing is the predicate's to refuse: an unstored 5xx
             // still reaches its waiters.

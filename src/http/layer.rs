@@ -9,15 +9,15 @@ use tower_layer::Layer;
 use crate::engine::{EngineConfig, Shared};
 use crate::entry::CachedResponse;
 use crate::error::BuildError;
+use crate::http::policy::ResponseRules;
+use crate::http::route::{RouteKey, RoutePolicy, RoutePredicate};
+use crate::http::service::CacheService;
+use crate::http::vary::VaryIndex;
 use crate::key::CacheKey;
 use crate::metrics::Stats;
-use crate::policy::ResponseRules;
 use crate::retain::RetainedStore;
-use crate::route::{RouteKey, RoutePolicy, RoutePredicate};
-use crate::service::CacheService;
 #[cfg(feature = "redis")]
 use crate::store::redis::RedisOptions;
-use crate::vary::VaryIndex;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
@@ -133,7 +133,7 @@ pub(crate) struct LayerState {
     /// Responses kept past their stale grace for revalidation and stale-if-error.
     pub(crate) retained: RetainedStore,
     /// Fills whose body is streaming, offered to their flight's waiters.
-    pub(crate) streams: Arc<crate::stream::Streams>,
+    pub(crate) streams: Arc<crate::http::stream::Streams>,
     /// The layer a route layer was made from: kept alive while any route is,
     /// because the Redis purge handler reaches memory through it.
     pub(crate) root: Option<Arc<LayerState>>,
@@ -657,7 +657,7 @@ impl CacheLayerBuilder {
             retained: RetainedStore::new(budget.retained),
             engine: Arc::new(Shared::new(engine)?),
             http: self.http,
-            streams: Arc::new(crate::stream::Streams::new()),
+            streams: Arc::new(crate::http::stream::Streams::new()),
             root: None,
         });
         if let Some(remote) = &state.engine.remote {

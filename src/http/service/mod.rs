@@ -30,23 +30,23 @@ use http_body::Body;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tower_service::Service;
 
-use crate::body::CacheBody;
-use crate::conditional;
 use crate::engine::{Compute, ComputeFuture, Fill, Freshness, Resolved};
 use crate::entry::CachedResponse;
 use crate::error::{BoxError, Error};
-use crate::future::ResponseFuture;
-use crate::key::{CacheKey, KeyHasher};
-use crate::layer::{LayerState, ReloadMode};
-use crate::metrics::Source;
-use crate::policy::{
+use crate::http::body::CacheBody;
+use crate::http::conditional;
+use crate::http::future::ResponseFuture;
+use crate::http::layer::{LayerState, ReloadMode};
+use crate::http::policy::{
     self, Forward, RequestDirectives, RequestVerdict, ResponseVerdict, StoredRules, Usable,
 };
-use crate::purge::{key_authority, url_key, Invalidation};
-use crate::request_body::RequestBody;
+use crate::http::purge::{key_authority, url_key, Invalidation};
+use crate::http::request_body::RequestBody;
+use crate::http::stream::{SharedBody, Stream, StreamReader, Writer};
+use crate::http::vary::{stored_values, variant_key};
+use crate::key::{CacheKey, KeyHasher};
+use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
-use crate::stream::{SharedBody, Stream, StreamReader, Writer};
-use crate::vary::{stored_values, variant_key};
 
 /// The RFC 9211 response header.
 pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -1178,7 +1178,7 @@ where
             template.headers.remove(name);
         }
         strip_framing(&mut template.headers);
-        crate::vary::normalise_fill_request(&mut template.headers);
+        crate::http::vary::normalise_fill_request(&mut template.headers);
         let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
         let request_headers = template.headers.clone();
 
