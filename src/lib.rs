@@ -443,11 +443,12 @@ pub use entry::{CachedResponse, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
-pub use http::layer::{CacheLayer, CacheLayerBuilder, ReloadMode};
+pub use http::layer::{CacheLayer, CacheLayerBuilder};
 pub use http::purge::{PurgeError, PurgeHandle, Purged};
 pub use http::request_body::RequestBody;
 pub use http::route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use http::service::CacheService;
+pub use http::state::ReloadMode;
 pub use key::CacheKey;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -10,8 +10,8 @@ use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
 
 use crate::http::body::CacheBody;
+use crate::http::cache_status::CACHE_STATUS;
 use crate::http::purge::Invalidation;
-use crate::http::service::CACHE_STATUS;
 
 const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
 

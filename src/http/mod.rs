@@ -3,6 +3,7 @@
 //! It drives the engine ([`crate::engine`]); nothing below it imports this.
 
 pub(crate) mod body;
+pub(crate) mod cache_status;
 pub(crate) mod conditional;
 pub(crate) mod future;
 pub(crate) mod layer;
@@ -11,5 +12,6 @@ pub(crate) mod purge;
 pub(crate) mod request_body;
 pub(crate) mod route;
 pub(crate) mod service;
+pub(crate) mod state;
 pub(crate) mod stream;
 pub(crate) mod vary;
