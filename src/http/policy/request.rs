@@ -1,0 +1,92 @@
+//! Request side: may this request use the cache, or does it bypass it,
+//! and what does it ask of a stored response (`no-cache`, `max-age` ...).
+
+use http::header::{self, HeaderMap};
+use http::Method;
+
+use super::directives::CacheControl;
+
+/// Whether a request may be answered from the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RequestVerdict {
+    /// Look in the cache, honouring the request's own directives.
+    Cacheable(RequestDirectives),
+    /// Go straight to the origin; the reason becomes `Cache-Status: fwd=`.
+    Bypass(Forward),
+}
+
+/// RFC 9211 `fwd` reasons we report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forward {
+    Method,
+    Request,
+    VaryMiss,
+    UriMiss,
+    Stale,
+}
+
+impl Forward {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Forward::Method => "method",
+            Forward::Request => "request",
+            Forward::VaryMiss => "vary-miss",
+            Forward::UriMiss => "uri-miss",
+            Forward::Stale => "stale",
+        }
+    }
+}
+
+/// The request directives of RFC 9111 §5.2.1 that change what may be served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RequestDirectives {
+    /// `no-cache`, `max-age=0` or `Pragma: no-cache`: go forward, store the result.
+    pub(crate) no_cache: bool,
+    pub(crate) max_age: Option<u64>,
+    pub(crate) max_stale: Option<u64>,
+    pub(crate) min_fresh: Option<u64>,
+    pub(crate) only_if_cached: bool,
+}
+
+pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestVerdict {
+    if method != Method::GET && method != Method::HEAD {
+        return RequestVerdict::Bypass(Forward::Method);
+    }
+    // Partial content and protocol upgrades are passed through untouched;
+    // If-Match and If-Unmodified-Since are the origin's to evaluate (412).
+    if headers.contains_key(header::RANGE)
+        || headers.contains_key(header::UPGRADE)
+        || headers.contains_key(header::IF_MATCH)
+        || headers.contains_key(header::IF_UNMODIFIED_SINCE)
+    {
+        return RequestVerdict::Bypass(Forward::Request);
+    }
+    let cc = CacheControl::parse(headers);
+    // RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
+    if cc.no_store {
+        return RequestVerdict::Bypass(Forward::Request);
+    }
+    let pragma_no_cache = !headers.contains_key(header::CACHE_CONTROL)
+        && headers.get_all(header::PRAGMA).iter().any(|v| {
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .any(|d| d.trim_ascii().eq_ignore_ascii_case(b"no-cache"))
+        });
+    RequestVerdict::Cacheable(RequestDirectives {
+        no_cache: cc.no_cache || pragma_no_cache || cc.max_age == Some(0),
+        max_age: cc.max_age,
+        max_stale: cc.max_stale,
+        min_fresh: cc.min_fresh,
+        only_if_cached: cc.only_if_cached,
+    })
+}
+
+/// Whether a method is unsafe, so a success must invalidate the target URI.
+/// RFC 9111 §4.4 counts methods whose safety is unknown (`M-SEARCH`, …) as
+/// unsafe: only the safe methods of RFC 9110 §9.2.1 leave the cache alone.
+pub(crate) fn invalidates(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
