@@ -13,6 +13,10 @@
 //! The computation runs in a spawned task so a caller that goes away does not
 //! cancel it for everyone waiting on it.
 
+pub(crate) mod flight;
+pub(crate) mod purge_log;
+pub(crate) mod retained;
+
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
