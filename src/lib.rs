@@ -444,7 +444,7 @@ mod targeted;
 mod vary;
 
 // moved: engine/flight.rs, engine/purge_log.rs, engine/retained.rs (old paths for code not yet moved)
-pub(crate) use engine::{flight, purge_log, retained as retain};
+pub(crate) use engine::{purge_log, retained as retain};
 
 pub use body::CacheBody;
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup};
