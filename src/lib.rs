@@ -447,8 +447,8 @@ mod vary;
 pub(crate) use engine::{purge_log, retained as retain};
 
 pub use body::CacheBody;
-pub use engine::{Cache, CacheBuilder, Freshness, Lookup};
-pub use entry::{CachedResponse, Value};
+pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
+pub use entry::CachedResponse;
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use future::ResponseFuture;
 pub use key::CacheKey;

@@ -10,7 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::compute::{Compute, ComputeFuture, Fill, FnCompute};
 use super::config::EngineConfig;
 use super::resolve::{Resolved, Shared};
-use crate::entry::Value;
+use super::value::Value;
 use crate::error::{BoxError, BuildError, Error};
 use crate::key::CacheKey;
 #[cfg(feature = "redis")]

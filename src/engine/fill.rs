@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::compute::Fill;
+use super::envelope::EntryMeta;
 use super::flight::Outcome;
 use super::resolve::Shared;
-use crate::entry::{EntryMeta, Value};
+use super::value::Value;
 use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::Stored;

@@ -23,10 +23,12 @@
 //!   `outside_flight`: stores and purges outside any flight.
 //! - `purge_log`: purge generations; `retained`: copies kept past their
 //!   stale grace.
+//! - `value`: the [`Value`] trait; `envelope`: the stored entry's encoding.
 
 mod cache;
 mod compute;
 mod config;
+pub(crate) mod envelope;
 mod fill;
 pub(crate) mod flight;
 #[cfg(not(feature = "redis"))]
@@ -40,8 +42,10 @@ mod refresh;
 mod remote;
 mod resolve;
 pub(crate) mod retained;
+mod value;
 
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{Compute, ComputeFuture, Fill};
 pub(crate) use config::EngineConfig;
 pub(crate) use resolve::{Resolved, Shared};
+pub use value::Value;

@@ -7,7 +7,7 @@ use super::cache::Freshness;
 use super::compute::ComputeFuture;
 use super::flight::{FlightHandle, Outcome};
 use super::resolve::Shared;
-use crate::entry::Value;
+use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 use crate::store::redis::RedisStore;

@@ -10,7 +10,7 @@ use super::compute::Fill;
 use super::flight::Outcome;
 use super::purge_log::key_name;
 use super::resolve::{spawn_detached, Shared};
-use crate::entry::Value;
+use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
@@ -75,7 +75,7 @@ impl<V: Value> Shared<V> {
         self.memory.purge_where(matches);
     }
 
-    /// Note a purge of `names` (see [`crate::purge_log`]) before its
+    /// Note a purge of `names` (see [`purge_log`](super::purge_log)) before its
     /// removals, so fills running now do not store over it.
     pub(crate) fn record_purge(&self, names: impl IntoIterator<Item = String>) {
         self.flights.purges.record(names);

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use super::envelope::decode_entry;
 use super::resolve::Shared;
-use crate::entry::{decode_entry, Value};
+use super::value::Value;
 use crate::key::CacheKey;
 use crate::lock::watchdog::HeldLease;
 use crate::lock::{FenceToken, LeaseToken};

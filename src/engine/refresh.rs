@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::compute::Compute;
 use super::flight::Role;
 use super::resolve::{spawn_detached, Shared};
-use crate::entry::Value;
+use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 

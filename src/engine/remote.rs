@@ -9,11 +9,12 @@ use tokio::time::Instant;
 
 use super::cache::Freshness;
 use super::compute::{ComputeFuture, Fill};
+use super::envelope::{decode_entry, encode_entry, EntryMeta};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
 use super::redlock::RedlockTry;
 use super::resolve::Shared;
-use crate::entry::{decode_entry, encode_entry, EntryMeta, Value};
+use super::value::Value;
 use crate::key::CacheKey;
 use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{FenceToken, LeaseToken};
@@ -94,7 +95,7 @@ impl<V: Value> Shared<V> {
                         return Outcome::Value { entry, source };
                     }
                     Err(e) => {
-                        crate::entry::report_corrupt(&key, &e);
+                        super::envelope::report_corrupt(&key, &e);
                         skip_entry = true;
                     }
                 },
@@ -105,7 +106,7 @@ impl<V: Value> Shared<V> {
                 } => {
                     let decoded = decode_entry::<V>(bytes);
                     if let Err(e) = &decoded {
-                        crate::entry::report_corrupt(&key, e);
+                        super::envelope::report_corrupt(&key, e);
                     }
                     // An entry stored without a stale window is never handed
                     // out stale: Redis reports one so only in the last

@@ -14,7 +14,7 @@ use super::compute::{Compute, ComputeFuture, Fill};
 use super::config::{EngineConfig, WAIT_MARGIN};
 use super::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use super::purge_log::key_name;
-use crate::entry::Value;
+use super::value::Value;
 use crate::error::{BuildError, Error};
 use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;

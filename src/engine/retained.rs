@@ -16,7 +16,9 @@ use moka::sync::Cache as MokaCache;
 use moka::Expiry;
 use tokio::time::Instant;
 
-use crate::entry::{CachedResponse, EntryMeta, Value};
+use super::envelope::EntryMeta;
+use super::value::Value;
+use crate::entry::CachedResponse;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
