@@ -17,14 +17,16 @@ pub(crate) use crate::engine::envelope::decode_entry;
 pub(crate) use crate::engine::envelope::encode_entry;
 // moved: engine/envelope.rs
 #[cfg(feature = "redis")]
-pub(crate) use crate::engine::envelope::{
-    entry_flags, FENCE_OFFSET, FLAG_RESPONSE, MAGIC, VERSION,
-};
+pub(crate) use crate::engine::envelope::{entry_flags, FENCE_OFFSET, MAGIC, VERSION};
 // moved: engine/value.rs
 pub(crate) use crate::engine::Value;
 use crate::error::DecodeError;
 use crate::key::CacheKey;
 use crate::policy::StoredRules;
+
+/// Envelope flag: the payload is a [`CachedResponse`], so a diagnostic
+/// reader knows a payload that does not decode as one is corrupt.
+pub(crate) const FLAG_RESPONSE: u8 = 1;
 
 /// A buffered HTTP response as the layer stores it.
 ///
@@ -87,6 +89,8 @@ impl CachedResponse {
 }
 
 impl Value for CachedResponse {
+    const ENVELOPE_FLAGS: u8 = FLAG_RESPONSE;
+
     fn purge_groups(&self) -> Vec<String> {
         let mut groups = vec![format!("url:{}", self.url.to_hex())];
         let tags = self

@@ -444,7 +444,12 @@ mod targeted;
 mod vary;
 
 // moved: engine/flight.rs, engine/purge_log.rs, engine/retained.rs (old paths for code not yet moved)
-pub(crate) use engine::{purge_log, retained as retain};
+pub(crate) use engine::purge_log;
+// moved: engine/retained.rs (now generic); the HTTP layer's name for it
+mod retain {
+    pub(crate) type RetainedStore =
+        crate::engine::retained::RetainedStore<crate::entry::CachedResponse>;
+}
 
 pub use body::CacheBody;
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};

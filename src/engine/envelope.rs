@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::value::Value;
-use crate::entry::CachedResponse;
 use crate::error::DecodeError;
 use crate::key::CacheKey;
 
@@ -78,19 +77,7 @@ fn checksum(header: &[u8], payload: &[u8]) -> u64 {
     u64::from_le_bytes(first)
 }
 
-/// Envelope flag: the payload is a [`CachedResponse`], so a diagnostic
-/// reader knows a payload that does not decode as one is corrupt.
-pub(crate) const FLAG_RESPONSE: u8 = 1;
-
-fn flags_of<V: 'static>() -> u8 {
-    if std::any::TypeId::of::<V>() == std::any::TypeId::of::<CachedResponse>() {
-        FLAG_RESPONSE
-    } else {
-        0
-    }
-}
-
-/// The envelope flags of an intact entry (see [`FLAG_RESPONSE`]).
+/// The envelope flags of an intact entry (see [`Value::ENVELOPE_FLAGS`]).
 pub(crate) fn entry_flags(bytes: &[u8]) -> u8 {
     bytes.get(3).copied().unwrap_or(0)
 }
@@ -100,7 +87,7 @@ pub(crate) fn encode_entry<V: Value>(meta: &EntryMeta, value: &V) -> Bytes {
     let mut out = BytesMut::with_capacity(HEADER_LEN + value.weight() + 64);
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
-    out.put_u8(flags_of::<V>());
+    out.put_u8(V::ENVELOPE_FLAGS);
     out.put_u64_le(meta.stored_at_ms);
     out.put_u64_le(meta.fresh_for.as_millis() as u64);
     out.put_u64_le(meta.stale_for.as_millis() as u64);

@@ -20,6 +20,12 @@ pub trait Value: Clone + Send + Sync + 'static {
     /// Approximate bytes held in memory; bounds the in-process cache.
     fn weight(&self) -> usize;
 
+    /// Flags the stored entry's envelope records, so a diagnostic reader
+    /// knows what its payload is. Internal: the crate's HTTP response sets
+    /// one; other values keep the default.
+    #[doc(hidden)]
+    const ENVELOPE_FLAGS: u8 = 0;
+
     /// Purge groups the value belongs to (a URL, a tag), indexed in a shared
     /// store so a purge by group can find every member. None by default.
     fn purge_groups(&self) -> Vec<String> {
