@@ -1,5 +1,5 @@
 //! The public engine API: [`Cache`], its builder, and what a caller passes
-//! in and gets back. Only drives [`Shared`]; holds no state of its own.
+//! in and gets back. Only drives the [`Engine`](super::resolve::Engine); holds no state of its own.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::compute::{Compute, ComputeFuture, Fill, FnCompute};
 use super::config::EngineConfig;
-use super::resolve::{Resolved, Shared};
+use super::resolve::{Engine, Resolved};
 use super::value::Value;
 use crate::error::{BoxError, BuildError, Error};
 use crate::key::CacheKey;
@@ -98,13 +98,13 @@ pub struct Lookup<V> {
 /// ```
 #[derive(Debug)]
 pub struct Cache<V: Value> {
-    pub(crate) shared: Arc<Shared<V>>,
+    pub(crate) engine: Arc<Engine<V>>,
 }
 
 impl<V: Value> Clone for Cache<V> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            engine: Arc::clone(&self.engine),
         }
     }
 }
@@ -151,7 +151,7 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let shared = &self.shared;
+        let engine = &self.engine;
         let as_fill = FnCompute(move || -> ComputeFuture<V> {
             let fut = compute();
             Box::pin(async move {
@@ -168,21 +168,21 @@ impl<V: Value> Cache<V> {
             source,
             age: entry.age(),
         };
-        let result = match shared.probe(key) {
+        let result = match engine.probe(key) {
             Probe::Fresh(entry) => {
                 if entry.claim_refresh(entry.age()) {
-                    shared.refresh_ahead(*key, &entry, as_fill);
+                    engine.refresh_ahead(*key, &entry, as_fill);
                 }
                 Ok(lookup(&entry, Source::Hit))
             }
             // Past its L1 lifetime but still fresh: ask Redis, as for a miss.
             Probe::Stale(entry) if !entry.fresh_by_meta() => {
-                shared.refresh_in_background(*key, as_fill);
+                engine.refresh_in_background(*key, as_fill);
                 Ok(lookup(&entry, Source::Stale))
             }
             Probe::Stale(_) | Probe::Pass | Probe::Miss => {
                 let mut compute = Some(as_fill);
-                match shared.resolve(*key, &mut compute).await {
+                match engine.resolve(*key, &mut compute).await {
                     Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
                     Resolved::Failed(e) => Err(e),
                     Resolved::WaitTimedOut(permit) => match compute.take() {
@@ -197,8 +197,8 @@ impl<V: Value> Cache<V> {
             }
         };
         match &result {
-            Ok(l) => shared.counters.record(l.source),
-            Err(_) => shared.counters.record_error(),
+            Ok(l) => engine.counters.record(l.source),
+            Err(_) => engine.counters.record_error(),
         }
         result
     }
@@ -210,13 +210,13 @@ impl<V: Value> Cache<V> {
     ) -> Result<Lookup<V>, Error> {
         let permit = match permit {
             Some(p) => Some(p),
-            None => self.shared.fallback_permit().await,
+            None => self.engine.fallback_permit().await,
         };
         let Some(_permit) = permit else {
             return Err(Error::Overloaded);
         };
-        self.shared.counters.origin_call();
-        let value = match self.shared.run_compute(compute.start()).await? {
+        self.engine.counters.origin_call();
+        let value = match self.engine.run_compute(compute.start()).await? {
             Fill::Store { value, .. }
             | Fill::Share(value)
             | Fill::Pass(Some(value))
@@ -232,22 +232,22 @@ impl<V: Value> Cache<V> {
 
     /// Drop the entry for `key` from this process and, with Redis, from Redis.
     pub fn invalidate(&self, key: &CacheKey) {
-        self.shared.invalidate(key);
+        self.engine.invalidate(key);
     }
 
     /// Counters since the cache was built.
     pub fn stats(&self) -> Stats {
-        self.shared.counters.snapshot()
+        self.engine.counters.snapshot()
     }
 
     /// Entries held in memory right now (after pending evictions run).
     pub fn entry_count(&self) -> u64 {
-        self.shared.memory.entry_count()
+        self.engine.memory.entry_count()
     }
 
     /// Flights (computations) running right now.
     pub fn flights_running(&self) -> usize {
-        self.shared.flights.len()
+        self.engine.flights.len()
     }
 }
 
@@ -346,7 +346,7 @@ impl<V: Value> CacheBuilder<V> {
     /// here: an unreachable Redis only makes the cache fall back to memory.
     pub fn build(self) -> Result<Cache<V>, BuildError> {
         Ok(Cache {
-            shared: Arc::new(Shared::new(self.config)?),
+            engine: Arc::new(Engine::new(self.config)?),
         })
     }
 }

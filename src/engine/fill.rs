@@ -7,13 +7,13 @@ use std::time::Duration;
 use super::compute::Fill;
 use super::envelope::EntryMeta;
 use super::flight::Outcome;
-use super::resolve::Shared;
+use super::resolve::Engine;
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 
-impl<V: Value> Shared<V> {
+impl<V: Value> Engine<V> {
     /// Put a fill into memory for its whole lifetime and say what waiters get.
     pub(super) fn fill_memory(
         &self,

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use super::cache::Freshness;
 use super::compute::ComputeFuture;
 use super::flight::{FlightHandle, Outcome};
-use super::resolve::Shared;
+use super::resolve::Engine;
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 use crate::store::redis::RedisStore;
 
-impl<V: Value> Shared<V> {
+impl<V: Value> Engine<V> {
     pub(super) async fn drive_remote(
         &self,
         remote: &Arc<RedisStore>,

@@ -9,12 +9,12 @@ use super::cache::Freshness;
 use super::compute::Fill;
 use super::flight::Outcome;
 use super::purge_log::key_name;
-use super::resolve::{spawn_detached, Shared};
+use super::resolve::{spawn_detached, Engine};
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
-impl<V: Value> Shared<V> {
+impl<V: Value> Engine<V> {
     /// Store a value outside any flight: a client's `no-cache` refresh, or a
     /// response filed under a second key (a Vary variant learned at fill time).
     pub(crate) fn store_outside_flight(

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 
 use super::envelope::decode_entry;
-use super::resolve::Shared;
+use super::resolve::Engine;
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::lock::watchdog::HeldLease;
 use crate::lock::{FenceToken, LeaseToken};
 use crate::store::redis::{RedisStore, RemoteLookup};
 
-impl<V: Value> Shared<V> {
+impl<V: Value> Engine<V> {
     /// With a Redlock backend: one acquisition attempt (no retries: others
     /// wait for the fill instead), then a fence from the main store.
     ///

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use super::compute::Compute;
 use super::flight::Role;
-use super::resolve::{spawn_detached, Shared};
+use super::resolve::{spawn_detached, Engine};
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
-impl<V: Value> Shared<V> {
+impl<V: Value> Engine<V> {
     /// Start one background refresh of `key` unless a flight already runs
     /// (or the leader cap is full: the stale copy keeps being served).
     pub(crate) fn refresh_in_background(self: &Arc<Self>, key: CacheKey, compute: impl Compute<V>) {

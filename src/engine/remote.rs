@@ -13,7 +13,7 @@ use super::envelope::{decode_entry, encode_entry, EntryMeta};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
 use super::redlock::RedlockTry;
-use super::resolve::Shared;
+use super::resolve::Engine;
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::lock::watchdog::{HeldLease, Watchdog};
@@ -22,7 +22,7 @@ use crate::metrics::Source;
 use crate::store::memory::Stored;
 use crate::store::redis::{FillSubscription, RedisStore, RemoteLookup, WriteMode};
 
-impl<V: Value> Shared<V> {
+impl<V: Value> Engine<V> {
     /// `ahead`: the copy a refresh-ahead started from. The first lookup then
     /// takes the lease while the entry is still fresh (near its end), and a
     /// copy of that same write found instead starts no further refresh.

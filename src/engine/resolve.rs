@@ -40,9 +40,10 @@ pub(crate) enum Resolved<V> {
     Overloaded,
 }
 
-/// State shared by every clone of a cache (and every route of a layer).
+/// The engine: state shared by every clone of a cache (and every route of
+/// a layer), and the miss path over it.
 #[derive(Debug)]
-pub(crate) struct Shared<V: Value> {
+pub(crate) struct Engine<V: Value> {
     pub(crate) memory: MemoryStore<V>,
     pub(crate) flights: Arc<Flights<V>>,
     pub(crate) config: EngineConfig,
@@ -64,7 +65,7 @@ pub(crate) struct Shared<V: Value> {
     pub(super) redlock: Option<Arc<Redlock>>,
 }
 
-impl<V: Value> Shared<V> {
+impl<V: Value> Engine<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
         let remote = match &config.redis {
             Some(opts) => {
