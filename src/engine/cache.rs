@@ -1,5 +1,5 @@
 //! The public engine API: [`Cache`], its builder, and what a caller passes
-//! in and gets back. Only drives the [`Engine`](super::resolve::Engine); holds no state of its own.
+//! in and gets back. Only drives the [`Engine`]; holds no state of its own.
 
 use std::future::Future;
 use std::sync::Arc;
