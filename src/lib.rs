@@ -418,7 +418,6 @@
 mod engine;
 mod entry;
 mod error;
-mod flight;
 mod http;
 #[cfg(feature = "redis")]
 #[doc(hidden)]
@@ -431,15 +430,20 @@ mod lock;
 #[path = "lock/no_redis.rs"]
 mod lock;
 mod metrics;
-mod purge_log;
-mod retain;
 mod store;
 
 // moved: the engine-side entry code still names these at the crate root.
 use http::{policy, vary};
+// moved: engine/purge_log.rs (old path for code not yet moved)
+pub(crate) use engine::purge_log;
+// moved: engine/retained.rs (now generic); the HTTP layer's name for it
+mod retain {
+    pub(crate) type RetainedStore =
+        crate::engine::retained::RetainedStore<crate::entry::CachedResponse>;
+}
 
-pub use engine::{Cache, CacheBuilder, Freshness, Lookup};
-pub use entry::{CachedResponse, Value};
+pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
+pub use entry::CachedResponse;
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;

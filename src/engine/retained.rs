@@ -1,13 +1,12 @@
-//! Responses kept past their stale grace so they can still be revalidated
-//! with a conditional request, or stand in for an origin error
-//! (`stale-if-error`).
+//! Copies kept past their stale grace, for whoever can still use them: the
+//! HTTP layer revalidates them with a conditional request, or serves them
+//! for `stale-if-error`. Generic over the [`Value`]; reads no HTTP.
 //!
 //! The engine drops an entry once its stale grace is over: that is its
-//! contract ("stale" means "may be served at once"). A response that has
-//! validators is still worth something after that, a 304 instead of a full
-//! body, so the HTTP layer keeps its own reference here, bounded by bytes and
-//! by a keep time. The body [`Bytes`](bytes::Bytes) are shared with the
-//! engine's copy, not duplicated.
+//! contract ("stale" means "may be served at once"). A value that can be
+//! revalidated is still worth something after that (a 304 instead of a full
+//! body), so its user keeps its own reference here, bounded by bytes and by a
+//! keep time. The value is shared with the engine's copy, not duplicated.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,23 +15,24 @@ use moka::sync::Cache as MokaCache;
 use moka::Expiry;
 use tokio::time::Instant;
 
-use crate::entry::{CachedResponse, EntryMeta, Value};
+use super::envelope::EntryMeta;
+use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
 #[derive(Debug, Clone)]
-struct Retained {
-    entry: Arc<Stored<CachedResponse>>,
+struct Retained<V> {
+    entry: Arc<Stored<V>>,
     until: Instant,
 }
 
 struct RetainedExpiry;
 
-impl Expiry<CacheKey, Retained> for RetainedExpiry {
+impl<V> Expiry<CacheKey, Retained<V>> for RetainedExpiry {
     fn expire_after_create(
         &self,
         _key: &CacheKey,
-        value: &Retained,
+        value: &Retained<V>,
         _created_at: std::time::Instant,
     ) -> Option<Duration> {
         // A second past the logical end, so a paused test clock never evicts early.
@@ -42,7 +42,7 @@ impl Expiry<CacheKey, Retained> for RetainedExpiry {
     fn expire_after_update(
         &self,
         key: &CacheKey,
-        value: &Retained,
+        value: &Retained<V>,
         updated_at: std::time::Instant,
         _left: Option<Duration>,
     ) -> Option<Duration> {
@@ -50,13 +50,13 @@ impl Expiry<CacheKey, Retained> for RetainedExpiry {
     }
 }
 
-/// Stored responses kept for revalidation and stale-if-error.
+/// Values kept for revalidation and stale-if-error.
 #[derive(Clone)]
-pub(crate) struct RetainedStore {
-    cache: MokaCache<CacheKey, Retained>,
+pub(crate) struct RetainedStore<V: Value> {
+    cache: MokaCache<CacheKey, Retained<V>>,
 }
 
-impl std::fmt::Debug for RetainedStore {
+impl<V: Value> std::fmt::Debug for RetainedStore<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetainedStore")
             .field("entries", &self.cache.entry_count())
@@ -64,11 +64,11 @@ impl std::fmt::Debug for RetainedStore {
     }
 }
 
-impl RetainedStore {
+impl<V: Value> RetainedStore<V> {
     pub(crate) fn new(capacity_bytes: u64) -> Self {
         let cache = MokaCache::builder()
             .max_capacity(capacity_bytes)
-            .weigher(|_k: &CacheKey, r: &Retained| -> u32 {
+            .weigher(|_k: &CacheKey, r: &Retained<V>| -> u32 {
                 (r.entry.value.weight() + 128).min(u32::MAX as usize) as u32
             })
             .expire_after(RetainedExpiry)
@@ -77,13 +77,7 @@ impl RetainedStore {
     }
 
     /// Keep `value` for `fresh_for + keep_for` from now.
-    pub(crate) fn insert(
-        &self,
-        key: CacheKey,
-        value: CachedResponse,
-        fresh_for: Duration,
-        keep_for: Duration,
-    ) {
+    pub(crate) fn insert(&self, key: CacheKey, value: V, fresh_for: Duration, keep_for: Duration) {
         let total = fresh_for.saturating_add(keep_for);
         if total.is_zero() {
             self.cache.invalidate(&key);
@@ -95,7 +89,7 @@ impl RetainedStore {
         self.cache.insert(key, Retained { entry, until });
     }
 
-    pub(crate) fn get(&self, key: &CacheKey) -> Option<Arc<Stored<CachedResponse>>> {
+    pub(crate) fn get(&self, key: &CacheKey) -> Option<Arc<Stored<V>>> {
         let r = self.cache.get(key)?;
         (Instant::now() < r.until).then_some(r.entry)
     }
@@ -112,7 +106,7 @@ impl RetainedStore {
 
     pub(crate) fn purge_where(
         &self,
-        matches: impl Fn(&CacheKey, &CachedResponse) -> bool + Send + Sync + 'static,
+        matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
     ) {
         // A walk, not moka's lazy closures (see `MemoryStore::purge_where`).
         for (key, r) in self.cache.iter() {

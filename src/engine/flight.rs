@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+use super::purge_log::{key_name, PurgeLog};
 use crate::error::Error;
 use crate::key::CacheKey;
 use crate::metrics::Source;
-use crate::purge_log::{key_name, PurgeLog};
 use crate::store::memory::Stored;
 
 /// The observable state of one flight.

@@ -1,0 +1,352 @@
+//! The public engine API: [`Cache`], its builder, and what a caller passes
+//! in and gets back. Only drives the [`Engine`]; holds no state of its own.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::compute::{Compute, ComputeFuture, Fill, FnCompute};
+use super::config::EngineConfig;
+use super::resolve::{Engine, Resolved};
+use super::value::Value;
+use crate::error::{BoxError, BuildError, Error};
+use crate::key::CacheKey;
+#[cfg(feature = "redis")]
+use crate::lock::redlock::Redlock;
+use crate::metrics::{Source, Stats};
+use crate::store::memory::{Probe, Stored};
+#[cfg(feature = "redis")]
+use crate::store::redis::RedisOptions;
+
+/// How long a value stays fresh, and how long after that it may be served
+/// stale while one refresh runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freshness {
+    /// Time the value is served as a hit.
+    pub fresh_for: Duration,
+    /// Grace after freshness: served stale at once while one refresh runs.
+    pub stale_for: Duration,
+}
+
+impl Freshness {
+    /// Fresh for `fresh_for`, with no stale grace.
+    pub const fn new(fresh_for: Duration) -> Self {
+        Self {
+            fresh_for,
+            stale_for: Duration::ZERO,
+        }
+    }
+
+    /// Add a stale-while-revalidate grace period.
+    #[must_use]
+    pub const fn with_stale(mut self, stale_for: Duration) -> Self {
+        self.stale_for = stale_for;
+        self
+    }
+}
+
+/// A value and how it was obtained.
+#[derive(Debug, Clone)]
+pub struct Lookup<V> {
+    /// The value.
+    pub value: V,
+    /// Where it came from.
+    pub source: Source,
+    /// Time since the value was computed.
+    pub age: Duration,
+}
+
+/// The read-through cache engine, usable without HTTP.
+///
+/// Clones share one store and one set of flights. Concurrent callers of one
+/// cold key run the computation once and share its outcome:
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use herdguard::{Cache, CacheKey, Freshness};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let cache: Cache<String> = Cache::builder().build().unwrap();
+/// let calls = Arc::new(AtomicUsize::new(0));
+/// let key = CacheKey::new("report:7");
+/// let fresh = Freshness::new(Duration::from_secs(5)).with_stale(Duration::from_secs(30));
+///
+/// let tasks: Vec<_> = (0..100)
+///     .map(|_| {
+///         let (cache, calls) = (cache.clone(), calls.clone());
+///         tokio::spawn(async move {
+///             cache
+///                 .get_or_compute(&key, fresh, || async move {
+///                     calls.fetch_add(1, Ordering::SeqCst);
+///                     tokio::time::sleep(Duration::from_millis(20)).await;
+///                     Ok::<_, std::io::Error>("expensive".to_string())
+///                 })
+///                 .await
+///         })
+///     })
+///     .collect();
+/// for t in tasks {
+///     assert_eq!(t.await.unwrap().unwrap().value, "expensive");
+/// }
+/// assert_eq!(calls.load(Ordering::SeqCst), 1);
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Cache<V: Value> {
+    pub(crate) engine: Arc<Engine<V>>,
+}
+
+impl<V: Value> Clone for Cache<V> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: Arc::clone(&self.engine),
+        }
+    }
+}
+
+impl<V: Value> Cache<V> {
+    /// A builder with the documented defaults.
+    pub fn builder() -> CacheBuilder<V> {
+        CacheBuilder {
+            config: EngineConfig::default(),
+            _value: std::marker::PhantomData,
+        }
+    }
+
+    /// Return the cached value for `key`, or compute it once for all
+    /// concurrent callers.
+    ///
+    /// - Fresh: returned at once ([`Source::Hit`]). The first hit in the last
+    ///   quarter of the freshness also starts one background computation
+    ///   (refresh-ahead, see [`CacheBuilder::refresh_ahead`]).
+    /// - Stale within the grace: returned at once ([`Source::Stale`]) while
+    ///   exactly one refresh runs in the background.
+    /// - Otherwise one caller per process leads ([`Source::Miss`]) and the rest
+    ///   wait for its outcome ([`Source::Coalesced`]), at most `max_wait`;
+    ///   after that they compute on their own, uncached, under a concurrency
+    ///   cap ([`Source::Bypass`]).
+    ///
+    /// `compute` runs in a spawned task when this caller leads, so dropping
+    /// this future does not cancel it for the others.
+    ///
+    /// # Errors
+    /// Every waiter of a flight receives the same [`Error`]: the computation's
+    /// own error ([`Error::Compute`]), a panic ([`Error::Panicked`]), the origin
+    /// timeout ([`Error::OriginTimeout`]), or [`Error::Overloaded`] when the
+    /// wait ran out and the fallback cap was full. The next call after a failure
+    /// elects a new leader.
+    pub async fn get_or_compute<F, Fut, E>(
+        &self,
+        key: &CacheKey,
+        freshness: Freshness,
+        compute: F,
+    ) -> Result<Lookup<V>, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<V, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let engine = &self.engine;
+        let as_fill = FnCompute(move || -> ComputeFuture<V> {
+            let fut = compute();
+            Box::pin(async move {
+                let value = fut.await.map_err(Into::into)?;
+                Ok(Fill::Store {
+                    value,
+                    fresh_for: freshness.fresh_for,
+                    stale_for: freshness.stale_for,
+                })
+            })
+        });
+        let lookup = |entry: &Arc<Stored<V>>, source| Lookup {
+            value: entry.value.clone(),
+            source,
+            age: entry.age(),
+        };
+        let result = match engine.probe(key) {
+            Probe::Fresh(entry) => {
+                if entry.claim_refresh(entry.age()) {
+                    engine.refresh_ahead(*key, &entry, as_fill);
+                }
+                Ok(lookup(&entry, Source::Hit))
+            }
+            // Past its L1 lifetime but still fresh: ask Redis, as for a miss.
+            Probe::Stale(entry) if !entry.fresh_by_meta() => {
+                engine.refresh_in_background(*key, as_fill);
+                Ok(lookup(&entry, Source::Stale))
+            }
+            Probe::Stale(_) | Probe::Pass | Probe::Miss => {
+                let mut compute = Some(as_fill);
+                match engine.resolve(*key, &mut compute).await {
+                    Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
+                    Resolved::Failed(e) => Err(e),
+                    Resolved::WaitTimedOut(permit) => match compute.take() {
+                        Some(compute) => self.fallback(compute, Some(permit)).await,
+                        None => Err(Error::Aborted),
+                    },
+                    Resolved::Pass(_) | Resolved::Overloaded => match compute.take() {
+                        Some(compute) => self.fallback(compute, None).await,
+                        None => Err(Error::Aborted),
+                    },
+                }
+            }
+        };
+        match &result {
+            Ok(l) => engine.counters.record(l.source),
+            Err(_) => engine.counters.record_error(),
+        }
+        result
+    }
+
+    async fn fallback(
+        &self,
+        compute: impl Compute<V>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Lookup<V>, Error> {
+        let permit = match permit {
+            Some(p) => Some(p),
+            None => self.engine.fallback_permit().await,
+        };
+        let Some(_permit) = permit else {
+            return Err(Error::Overloaded);
+        };
+        self.engine.counters.origin_call();
+        let value = match self.engine.run_compute(compute.start()).await? {
+            Fill::Store { value, .. }
+            | Fill::Share(value)
+            | Fill::Pass(Some(value))
+            | Fill::Private(value) => value,
+            Fill::Pass(None) | Fill::Unbuffered => return Err(Error::Aborted),
+        };
+        Ok(Lookup {
+            value,
+            source: Source::Bypass,
+            age: Duration::ZERO,
+        })
+    }
+
+    /// Drop the entry for `key` from this process and, with Redis, from Redis.
+    pub fn invalidate(&self, key: &CacheKey) {
+        self.engine.invalidate(key);
+    }
+
+    /// Counters since the cache was built.
+    pub fn stats(&self) -> Stats {
+        self.engine.counters.snapshot()
+    }
+
+    /// Entries held in memory right now (after pending evictions run).
+    pub fn entry_count(&self) -> u64 {
+        self.engine.memory.entry_count()
+    }
+
+    /// Flights (computations) running right now.
+    pub fn flights_running(&self) -> usize {
+        self.engine.flights.len()
+    }
+}
+
+/// Configures a [`Cache`]. Every bound has a default; none is "unbounded".
+#[derive(Debug)]
+pub struct CacheBuilder<V> {
+    pub(crate) config: EngineConfig,
+    _value: std::marker::PhantomData<fn() -> V>,
+}
+
+impl<V: Value> CacheBuilder<V> {
+    /// Total bytes the in-process store may hold (default 256 MiB).
+    #[must_use]
+    pub fn capacity_bytes(mut self, bytes: u64) -> Self {
+        self.config.capacity_bytes = bytes;
+        self
+    }
+
+    /// Longest a caller waits for another caller's computation (default: the
+    /// origin timeout plus 5 s, so a slow but healthy computation never
+    /// releases its waiters). After that it computes on its own, uncached,
+    /// under the fallback cap; with the cap full it keeps waiting on the
+    /// flight, at most one more origin timeout.
+    #[must_use]
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.config.max_wait = Some(wait);
+        self
+    }
+
+    /// Longest a computation may run before it counts as failed (default 60 s).
+    #[must_use]
+    pub fn origin_timeout(mut self, timeout: Duration) -> Self {
+        self.config.origin_timeout = timeout;
+        self
+    }
+
+    /// Most computations (flights) running at once (default 1024). Past it a
+    /// caller with no flight to join computes on its own, uncached, under
+    /// the fallback cap; a background refresh is skipped.
+    #[must_use]
+    pub fn leader_limit(mut self, limit: usize) -> Self {
+        self.config.max_leaders = limit;
+        self
+    }
+
+    /// How long a "do not cache" verdict stops callers from queueing (default 5 s).
+    #[must_use]
+    pub fn pass_ttl(mut self, ttl: Duration) -> Self {
+        self.config.pass_ttl = ttl;
+        self
+    }
+
+    /// Most concurrent computations outside any flight: callers whose wait
+    /// ran out, or past the leader limit (default 64).
+    #[must_use]
+    pub fn fallback_limit(mut self, limit: usize) -> Self {
+        self.config.fallback_limit = limit;
+        self
+    }
+
+    /// Refresh-ahead (default 0.25; 0 turns it off): a hit in the last
+    /// `fraction` of a value's freshness starts one background computation,
+    /// so a hot value is replaced before it expires. See
+    /// [`CacheLayerBuilder::refresh_ahead`](crate::CacheLayerBuilder::refresh_ahead).
+    #[must_use]
+    pub fn refresh_ahead(mut self, fraction: f64) -> Self {
+        self.config.refresh_ahead = fraction;
+        self
+    }
+
+    /// Share entries, leases and fills through Redis: one computation per
+    /// key across every process using the same Redis and namespace.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[must_use]
+    pub fn redis(mut self, options: RedisOptions) -> Self {
+        self.config.redis = Some(options);
+        self
+    }
+
+    /// Take leases on a Redlock quorum instead of the main Redis. Entries and
+    /// fence counters stay on the main Redis (set with [`redis`](Self::redis)):
+    /// the fence must live with the data it protects.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[must_use]
+    pub fn redlock(mut self, redlock: Redlock) -> Self {
+        self.config.redlock = Some(Arc::new(redlock));
+        self
+    }
+
+    /// Build the cache.
+    ///
+    /// # Errors
+    /// [`BuildError`] for an invalid Redis URL or namespace. Nothing connects
+    /// here: an unreachable Redis only makes the cache fall back to memory.
+    pub fn build(self) -> Result<Cache<V>, BuildError> {
+        Ok(Cache {
+            engine: Arc::new(Engine::new(self.config)?),
+        })
+    }
+}

@@ -1,0 +1,52 @@
+//! A computation as the engine runs it, and what it produced ([`Fill`]).
+//! Plain types: nothing here runs or stores anything.
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::error::BoxError;
+
+/// What a computation produced, and what may be done with it.
+#[derive(Debug)]
+pub(crate) enum Fill<V> {
+    /// Store it and share it with every waiter.
+    Store {
+        value: V,
+        fresh_for: Duration,
+        stale_for: Duration,
+    },
+    /// Share it with the callers waiting right now, but do not store it.
+    Share(V),
+    /// Neither store nor share. The initiating caller gets the value (if any);
+    /// everyone else goes to the origin on their own, and a short pass marker
+    /// stops new callers from queueing behind a fill that will never come.
+    Pass(Option<V>),
+    /// Uncacheable because of the one request that made it (its credentials,
+    /// a `Set-Cookie` made for it): only the initiating caller gets it, the
+    /// others go to the origin on their own, and what is stored stays. No
+    /// pass marker: one request must not switch caching off for everyone.
+    Private(V),
+    /// Not buffered (the fill buffer budget was spent): the initiating caller
+    /// got the response streamed, everyone else goes to the origin on their
+    /// own. Unlike `Pass` nothing is marked: the next caller tries again.
+    Unbuffered,
+}
+
+pub(crate) type ComputeFuture<V> = BoxFuture<'static, Result<Fill<V>, BoxError>>;
+
+/// Something that can start a computation. A trait rather than a closure so a
+/// follower that never led can take its inputs back for a fallback.
+pub(crate) trait Compute<V> {
+    fn start(self) -> ComputeFuture<V>;
+}
+
+/// Adapts a closure to [`Compute`].
+#[derive(Debug)]
+pub(crate) struct FnCompute<F>(pub(crate) F);
+
+impl<V, F: FnOnce() -> ComputeFuture<V>> Compute<V> for FnCompute<F> {
+    fn start(self) -> ComputeFuture<V> {
+        (self.0)()
+    }
+}

@@ -1,0 +1,62 @@
+//! The engine's settings and their defaults. Plain data: no I/O, no state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::lock::redlock::Redlock;
+use crate::store::redis::RedisOptions;
+
+#[derive(Debug, Clone)]
+pub(crate) struct EngineConfig {
+    pub(crate) capacity_bytes: u64,
+    /// `None`: follow the origin timeout (see [`EngineConfig::max_wait`]).
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) origin_timeout: Duration,
+    pub(crate) pass_ttl: Duration,
+    pub(crate) fallback_limit: usize,
+    pub(crate) max_leaders: usize,
+    pub(crate) max_fill_bytes: usize,
+    /// Refresh-ahead: the last fraction of an entry's freshness in which a
+    /// hit starts one background refresh (0 turns it off).
+    pub(crate) refresh_ahead: f64,
+    pub(crate) redis: Option<RedisOptions>,
+    pub(crate) redlock: Option<Arc<Redlock>>,
+    /// The `cache` label on every metric (the layer's `cache_name`).
+    pub(crate) metrics_name: String,
+}
+
+/// How much longer than the origin timeout a waiter waits by default: room
+/// for the leader's Redis round trips and the fill notification, so a slow
+/// but healthy origin never releases the waiters to call it themselves.
+pub(crate) const WAIT_MARGIN: Duration = Duration::from_secs(5);
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            capacity_bytes: 256 * 1024 * 1024,
+            max_wait: None,
+            // Well above typical origin times (nginx gives up after 5 s).
+            origin_timeout: Duration::from_secs(60),
+            pass_ttl: Duration::from_secs(5),
+            fallback_limit: 64,
+            max_leaders: 1024,
+            max_fill_bytes: 64 * 1024 * 1024,
+            refresh_ahead: DEFAULT_REFRESH_AHEAD,
+            redis: None,
+            redlock: None,
+            metrics_name: "herdguard".to_owned(),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// A waiter's longest wait: as set, else the origin timeout plus
+    /// [`WAIT_MARGIN`], so it outlasts the call it waits for.
+    pub(crate) fn max_wait(&self) -> Duration {
+        self.max_wait
+            .unwrap_or(self.origin_timeout.saturating_add(WAIT_MARGIN))
+    }
+}
+
+/// The default refresh-ahead fraction: the last quarter of the freshness.
+pub(crate) const DEFAULT_REFRESH_AHEAD: f64 = 0.25;

@@ -1,0 +1,130 @@
+//! Putting what a computation produced into memory (L1), unless a purge
+//! beat it. Never talks to Redis: callers write there first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::compute::Fill;
+use super::envelope::EntryMeta;
+use super::flight::Outcome;
+use super::resolve::Engine;
+use super::value::Value;
+use crate::key::CacheKey;
+use crate::metrics::Source;
+use crate::store::memory::Stored;
+
+impl<V: Value> Engine<V> {
+    /// Put a fill into memory for its whole lifetime and say what waiters get.
+    pub(super) fn fill_memory(
+        &self,
+        key: CacheKey,
+        fill: Fill<V>,
+        fence: u64,
+        origin_time: Duration,
+    ) -> Outcome<V> {
+        match fill {
+            Fill::Store {
+                value,
+                fresh_for,
+                stale_for,
+            } => {
+                let usable = fresh_for.saturating_add(stale_for);
+                self.counters.entry_bytes(value.weight());
+                let meta = EntryMeta::now(fresh_for, stale_for, fence);
+                let entry = Arc::new(
+                    Stored::new(value, meta, fresh_for, usable, Duration::ZERO)
+                        .refresh_after(self.refresh_age(fresh_for, origin_time)),
+                );
+                if !usable.is_zero() {
+                    self.insert_checked(key, &entry);
+                }
+                Outcome::Value {
+                    entry,
+                    source: Source::Miss,
+                }
+            }
+            Fill::Share(value) => Outcome::Value {
+                entry: unstored(value),
+                source: Source::Miss,
+            },
+            Fill::Unbuffered => Outcome::Pass(None),
+            Fill::Pass(value) => {
+                self.memory.insert_pass(key, self.config.pass_ttl);
+                Outcome::Pass(value)
+            }
+            Fill::Private(value) => Outcome::Pass(Some(value)),
+        }
+    }
+
+    /// Put an entry read from (or written to) Redis into memory for at most
+    /// the L1 lifetime (fresh answers) or its stale grace (stale answers),
+    /// and never as fresh beyond its freshness.
+    #[cfg(feature = "redis")]
+    pub(super) fn fill_l1(
+        &self,
+        key: CacheKey,
+        value: V,
+        meta: EntryMeta,
+        fresh_left: Duration,
+        hard_left: Duration,
+        origin_time: Duration,
+    ) -> Arc<Stored<V>> {
+        let l1 = self.remote.as_ref().map_or(hard_left, |r| r.options.l1_ttl);
+        // Fresh here for at most the L1 lifetime: after that, a request that
+        // needs a fresh copy asks Redis again. The copy stays (as stale) for
+        // the rest of its grace, so a stale-while-revalidate answer never
+        // waits for a Redis round trip; the refresh it starts asks Redis.
+        // An L1 lifetime of zero keeps nothing here.
+        let usable = if l1.is_zero() {
+            Duration::ZERO
+        } else {
+            hard_left
+        };
+        let entry = Arc::new(
+            Stored::new(value, meta, fresh_left.min(l1), usable, meta.elapsed())
+                .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
+        );
+        if !usable.is_zero() {
+            self.insert_checked(key, &entry);
+        }
+        entry
+    }
+
+    /// A fill that started before a purge of its key, URL or tag is still
+    /// the answer for the requests waiting on it, but it is not stored.
+    pub(super) fn unless_purged(&self, key: CacheKey, fill: Fill<V>) -> Fill<V> {
+        match fill {
+            Fill::Store { value, .. }
+                if self.flights.purged_during(&key, || value.purge_groups()) =>
+            {
+                tracing::debug!(key = %key.short(), "purged while filling: shared, not stored");
+                Fill::Share(value)
+            }
+            other => other,
+        }
+    }
+
+    /// Insert into memory, then look at the purge log again: a purge that
+    /// recorded itself between our check and our insert may have removed
+    /// the key before we inserted it.
+    fn insert_checked(&self, key: CacheKey, entry: &Arc<Stored<V>>) {
+        self.memory.insert(key, Arc::clone(entry));
+        if self
+            .flights
+            .purged_during(&key, || entry.value.purge_groups())
+        {
+            self.memory.remove(&key);
+        }
+    }
+}
+
+/// A value handed to the requests waiting now, with no lifetime in memory.
+pub(super) fn unstored<V>(value: V) -> Arc<Stored<V>> {
+    Arc::new(Stored::new(
+        value,
+        EntryMeta::now(Duration::ZERO, Duration::ZERO, 0),
+        Duration::ZERO,
+        Duration::ZERO,
+        Duration::ZERO,
+    ))
+}

@@ -1,0 +1,53 @@
+//! The read-through state machine, HTTP-agnostic: usable alone as
+//! [`Cache`]. Nothing here may import the HTTP layer.
+//!
+//! ```text
+//! probe memory ── fresh ─► Hit
+//!      │ stale ─► Stale now, one background refresh (if none runs)
+//!      │ pass  ─► caller goes to the origin itself
+//!      ▼ miss
+//! join_or_lead ── follower ─► wait (bounded) for the leader's outcome
+//!      │ leader
+//!      ▼
+//! spawn drive(): compute (timeout + catch_unwind) → fill memory → complete flight
+//! ```
+//! The computation runs in a spawned task so a caller that goes away does not
+//! cancel it for everyone waiting on it.
+//!
+//! - `cache`: the public [`Cache`] API and its builder.
+//! - `resolve`: the shared state and the miss path, top to bottom.
+//! - `flight`: the in-process single flight.
+//! - `remote`: leading and waiting across instances (Redis);
+//!   `redlock`: the lease on a Redlock quorum.
+//! - `fill`: putting outcomes into memory; `refresh`: background refreshes;
+//!   `outside_flight`: stores and purges outside any flight.
+//! - `purge_log`: purge generations; `retained`: copies kept past their
+//!   stale grace.
+//! - `value`: the [`Value`] trait; `envelope`: the stored entry's encoding.
+
+mod cache;
+mod compute;
+mod config;
+pub(crate) mod envelope;
+mod fill;
+pub(crate) mod flight;
+#[cfg(not(feature = "redis"))]
+mod no_redis;
+mod outside_flight;
+pub(crate) mod purge_log;
+#[cfg(feature = "redis")]
+mod redlock;
+mod refresh;
+#[cfg(feature = "redis")]
+mod remote;
+mod resolve;
+pub(crate) mod retained;
+mod value;
+
+pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
+pub(crate) use compute::{Compute, ComputeFuture, Fill};
+pub(crate) use config::EngineConfig;
+pub(crate) use resolve::{Engine, Resolved};
+/// The engine's old name, for code not yet moved.
+pub(crate) type Shared<V> = Engine<V>; // renamed: Engine
+pub use value::Value;

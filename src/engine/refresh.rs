@@ -1,0 +1,81 @@
+//! Background refreshes: of a stale copy, and ahead of a fresh one's expiry.
+//! Only starts flights; waiting and storing are `resolve`'s and `fill`'s.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::compute::Compute;
+use super::flight::Role;
+use super::resolve::{spawn_detached, Engine};
+use super::value::Value;
+use crate::key::CacheKey;
+use crate::store::memory::Stored;
+
+impl<V: Value> Engine<V> {
+    /// Start one background refresh of `key` unless a flight already runs
+    /// (or the leader cap is full: the stale copy keeps being served).
+    pub(crate) fn refresh_in_background(self: &Arc<Self>, key: CacheKey, compute: impl Compute<V>) {
+        if self.flights.is_running(&key) {
+            return;
+        }
+        if let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) {
+            self.spawn_drive(handle, compute.start());
+        }
+    }
+
+    /// Refresh `current` ahead of its expiry, in the background, unless a
+    /// flight for `key` already runs. With Redis, the lease makes it one
+    /// refresh for the whole cluster: an instance that finds the lease taken
+    /// (or a newer entry already written) computes nothing.
+    pub(crate) fn refresh_ahead(
+        self: &Arc<Self>,
+        key: CacheKey,
+        current: &Arc<Stored<V>>,
+        compute: impl Compute<V>,
+    ) {
+        let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) else {
+            return;
+        };
+        // Requests that need a fresh copy meanwhile (their L1 bound ran out)
+        // take this one while it is fresh, instead of waiting for the origin.
+        handle.publish_fresh(Arc::clone(current));
+        let shared = Arc::clone(self);
+        let current = Arc::clone(current);
+        let fut = compute.start();
+        let span = tracing::Span::current();
+        spawn_detached(
+            "refresh-ahead",
+            tracing::Instrument::instrument(
+                async move {
+                    let key = handle.key();
+                    let outcome = match &shared.remote {
+                        Some(remote) if remote.available() => {
+                            shared
+                                .drive_remote(remote, &handle, fut, Some(&current))
+                                .await
+                        }
+                        _ => shared.compute_locally(key, fut).await,
+                    };
+                    handle.complete(outcome);
+                },
+                span,
+            ),
+        );
+    }
+
+    /// The age at which a hit on an entry fresh for `fresh_for` starts its
+    /// refresh ahead: the last `refresh_ahead` fraction of the freshness, or
+    /// twice the origin time measured here for it if that is longer.
+    pub(super) fn refresh_age(&self, fresh_for: Duration, origin_time: Duration) -> Duration {
+        let fraction = self.config.refresh_ahead;
+        // NaN and negative fractions turn it off, like zero.
+        if fraction.is_nan() || fraction <= 0.0 || fresh_for.is_zero() {
+            return Duration::MAX;
+        }
+        let lead = fresh_for
+            .mul_f64(fraction.min(1.0))
+            .max(origin_time.saturating_mul(2))
+            .min(fresh_for);
+        fresh_for - lead
+    }
+}

@@ -1,0 +1,492 @@
+//! Leading and waiting across instances: one Redis lookup-or-lease, the
+//! fenced write under the watchdog, waits for another instance's fill, and
+//! the purge index. Redis only (the memory-only build has `no_redis`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::cache::Freshness;
+use super::compute::{ComputeFuture, Fill};
+use super::envelope::{decode_entry, encode_entry, EntryMeta};
+use super::fill::unstored;
+use super::flight::{FlightHandle, Outcome};
+use super::redlock::RedlockTry;
+use super::resolve::Engine;
+use super::value::Value;
+use crate::key::CacheKey;
+use crate::lock::watchdog::{HeldLease, Watchdog};
+use crate::lock::{FenceToken, LeaseToken};
+use crate::metrics::Source;
+use crate::store::memory::Stored;
+use crate::store::redis::{FillSubscription, RedisStore, RemoteLookup, WriteMode};
+
+impl<V: Value> Engine<V> {
+    /// `ahead`: the copy a refresh-ahead started from. The first lookup then
+    /// takes the lease while the entry is still fresh (near its end), and a
+    /// copy of that same write found instead starts no further refresh.
+    pub(super) async fn drive_remote(
+        &self,
+        remote: &Arc<RedisStore>,
+        handle: &FlightHandle<V>,
+        fut: ComputeFuture<V>,
+        ahead: Option<&Arc<Stored<V>>>,
+    ) -> Outcome<V> {
+        let key = handle.key();
+        let deadline = Instant::now() + self.config.max_wait();
+        let mut skip_entry = false;
+        let mut subscription: Option<FillSubscription> = None;
+        // A forced refresh refuses the entry Redis holds when it first looks
+        // (by its fence) and any entry no newer; it then looks past it for the
+        // lease, and after each wait reads again to pick up a newer fill.
+        let refresh = handle.is_refresh();
+        let mut looked = false;
+        let mut refused: Option<u64> = None;
+        let mut read_entry = true;
+        let mut ahead = ahead;
+        loop {
+            let token = LeaseToken::random();
+            let first = !looked;
+            looked = true;
+            let skip = skip_entry || !read_entry;
+            // Only the first lookup: a later one follows an ordinary path.
+            let current = ahead.take();
+            // Lease a fresh entry if it has at most the refresh-ahead lead
+            // left (plus slack for the clocks): the hit that started this
+            // saw it within that lead by its own clock.
+            let lead = current.map_or(Duration::ZERO, |c| {
+                c.meta.fresh_for.saturating_sub(c.age()) + Duration::from_millis(50)
+            });
+            let found = match remote.lookup_or_lease_ahead(&key, &token, skip, lead).await {
+                Ok(found) => found,
+                Err(e) => {
+                    tracing::debug!(key = %key.short(), error = %e, "redis lookup failed; computing locally");
+                    return self.compute_locally(key, fut).await;
+                }
+            };
+            match found {
+                RemoteLookup::Fresh {
+                    bytes,
+                    fresh_left,
+                    hard_left,
+                } => match decode_entry::<V>(bytes) {
+                    Ok((meta, _))
+                        if refresh && (first || refused.is_some_and(|r| meta.fence <= r)) =>
+                    {
+                        refused = Some(refused.map_or(meta.fence, |r| r.max(meta.fence)));
+                        read_entry = false;
+                    }
+                    Ok((meta, value)) => {
+                        let entry =
+                            self.fill_l1(key, value, meta, fresh_left, hard_left, Duration::ZERO);
+                        if current.is_some_and(|c| c.same_write(&meta)) {
+                            // Someone else holds the refresh: this copy of the
+                            // same write must not start another one.
+                            entry.mark_refresh_claimed();
+                        }
+                        // A refresh found a newer fill: another instance's
+                        // refresh, which this one shares.
+                        let source = if refresh {
+                            Source::Coalesced
+                        } else {
+                            Source::Hit
+                        };
+                        return Outcome::Value { entry, source };
+                    }
+                    Err(e) => {
+                        super::envelope::report_corrupt(&key, &e);
+                        skip_entry = true;
+                    }
+                },
+                RemoteLookup::Stale {
+                    bytes,
+                    hard_left,
+                    fence,
+                } => {
+                    let decoded = decode_entry::<V>(bytes);
+                    if let Err(e) = &decoded {
+                        super::envelope::report_corrupt(&key, e);
+                    }
+                    // An entry stored without a stale window is never handed
+                    // out stale: Redis reports one so only in the last
+                    // millisecond of its freshness (PTTL rounds down to 0
+                    // while the key still exists). Handing it out sent every
+                    // request that then refused it to the origin on its own.
+                    let decoded = decoded.map(|(meta, value)| {
+                        let servable = !meta.stale_for.is_zero();
+                        (meta, value, servable)
+                    });
+                    match (decoded, fence) {
+                        (Ok((meta, value, servable)), Some(fence)) => {
+                            if servable {
+                                let entry = self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                );
+                                handle.publish_stale(entry);
+                            }
+                            let lease = HeldLease::Single(token);
+                            return self.lead_remote(remote, key, lease, fence, fut).await;
+                        }
+                        (Ok((meta, value, servable)), None) => {
+                            let entry = servable.then(|| {
+                                self.fill_l1(
+                                    key,
+                                    value,
+                                    meta,
+                                    Duration::ZERO,
+                                    hard_left,
+                                    Duration::ZERO,
+                                )
+                            });
+                            // With Redlock the lookup never leases: try for the
+                            // refresh lease there, serve stale either way.
+                            if let RedlockTry::Won(lease, fence) =
+                                self.redlock_lease(remote, key, None).await
+                            {
+                                if let Some(entry) = entry {
+                                    handle.publish_stale(entry);
+                                }
+                                return self.lead_remote(remote, key, lease, fence, fut).await;
+                            }
+                            // Someone else refreshes it. Everyone waiting here
+                            // takes the stale copy now; this flight stays open
+                            // until the fill lands (bounded), so stale answers
+                            // meanwhile do not each look Redis up again.
+                            if let Some(entry) = &entry {
+                                handle.publish_stale(Arc::clone(entry));
+                            }
+                            let poll = remote.options.poll_interval;
+                            if self
+                                .wait_for_fill(remote, key, &mut subscription, poll, deadline)
+                                .await
+                            {
+                                match entry {
+                                    Some(entry) if !refresh => {
+                                        return Outcome::Value {
+                                            entry,
+                                            source: Source::Stale,
+                                        }
+                                    }
+                                    // Waited as long as allowed for a fill.
+                                    _ => return self.compute_unshared(fut).await,
+                                }
+                            }
+                            read_entry = true;
+                        }
+                        (Err(_), Some(fence)) => {
+                            let lease = HeldLease::Single(token);
+                            return self.lead_remote(remote, key, lease, fence, fut).await;
+                        }
+                        (Err(_), None) => skip_entry = true,
+                    }
+                }
+                RemoteLookup::Leased { fence } => {
+                    let lease = HeldLease::Single(token);
+                    return self.lead_remote(remote, key, lease, fence, fut).await;
+                }
+                RemoteLookup::Miss => {
+                    let newer_than = if refresh { refused } else { None };
+                    match self.redlock_lease(remote, key, newer_than).await {
+                        RedlockTry::Won(lease, fence) => {
+                            return self.lead_remote(remote, key, lease, fence, fut).await
+                        }
+                        RedlockTry::FilledMeanwhile => {
+                            read_entry = true;
+                            continue;
+                        }
+                        RedlockTry::Contended => {}
+                    }
+                    read_entry = true;
+                    if self.redlock.is_none() {
+                        // Only a Redlock lookup says Miss; be safe if not.
+                        return self.compute_locally(key, fut).await;
+                    }
+                    if self
+                        .wait_for_fill(
+                            remote,
+                            key,
+                            &mut subscription,
+                            remote.options.poll_interval,
+                            deadline,
+                        )
+                        .await
+                    {
+                        // Waited as long as allowed: one uncached call for this
+                        // whole process, shared with its waiters.
+                        return self.compute_unshared(fut).await;
+                    }
+                }
+                RemoteLookup::Pass { left } => {
+                    self.memory.insert_pass(key, left.min(self.config.pass_ttl));
+                    return Outcome::Pass(None);
+                }
+                RemoteLookup::Held { lease_left } => {
+                    self.counters.lock_acquire("contended");
+                    read_entry = true;
+                    if self
+                        .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
+                        .await
+                    {
+                        // Waited as long as allowed: one uncached call for this
+                        // whole process, shared with its waiters.
+                        return self.compute_unshared(fut).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Someone else holds the lease: wait for its fill, bounded. Returns
+    /// true when the overall wait is over.
+    async fn wait_for_fill(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        subscription: &mut Option<FillSubscription>,
+        lease_left: Duration,
+        deadline: Instant,
+    ) -> bool {
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        match subscription {
+            // First time: subscribe, then look again before waiting, so a fill
+            // published in between is not missed.
+            None => *subscription = Some(remote.subscribe_fills(key)),
+            Some(sub) => {
+                let poll = if remote.notifications_live() {
+                    remote.options.poll_interval
+                } else {
+                    remote
+                        .options
+                        .fallback_poll_interval
+                        .min(remote.options.poll_interval)
+                };
+                let wait = poll
+                    .min(lease_left + Duration::from_millis(5))
+                    .min(deadline - now);
+                sub.wait(wait).await;
+            }
+        }
+        false
+    }
+
+    /// Holding the lease: compute under the watchdog, then fenced write.
+    async fn lead_remote(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        lease: HeldLease,
+        fence: FenceToken,
+        fut: ComputeFuture<V>,
+    ) -> Outcome<V> {
+        let single = matches!(lease, HeldLease::Single(_));
+        let ttl = match &lease {
+            HeldLease::Single(_) => {
+                self.counters.lock_acquire("acquired");
+                remote.options.lease_ttl
+            }
+            HeldLease::Redlock(lock, _) => lock.ttl(),
+        };
+        let held_since = Instant::now();
+        let (watchdog, token) = Watchdog::watch(remote, key, lease, ttl, remote.options.watchdog);
+        let span = tracing::Span::current();
+        span.record("lease", token.prefix());
+        span.record("fence", fence.0);
+        self.counters.origin_call();
+        let started = Instant::now();
+        let result = self.run_compute(fut).await;
+        let took = started.elapsed();
+        let stopped = watchdog.stop().await;
+        let lost = stopped.lost;
+        self.counters
+            .lease_remaining(stopped.remaining.as_secs_f64());
+        // A lease that lives elsewhere is released after the write, so no one
+        // can take it between our compute and our fill.
+        let redlock = stopped.redlock;
+        let fill = match result {
+            Ok(fill) => self.unless_purged(key, fill),
+            Err(error) => {
+                tracing::debug!(key = %key.short(), %error, "computation failed");
+                // Release and wake waiters: the next request elects a new leader.
+                let _ = remote
+                    .write_and_release(&key, &token, fence, WriteMode::Release)
+                    .await;
+                if let Some((lock, lease)) = redlock {
+                    lock.release(lease).await;
+                }
+                if single {
+                    self.counters.lock_held(held_since.elapsed().as_secs_f64());
+                }
+                return Outcome::Failed(error);
+            }
+        };
+        let written = match &fill {
+            Fill::Store {
+                value,
+                fresh_for,
+                stale_for,
+            } => {
+                let meta = EntryMeta::now(*fresh_for, *stale_for, fence.0);
+                let bytes = encode_entry(&meta, value);
+                let hard = fresh_for.saturating_add(*stale_for);
+                let mode = WriteMode::Store {
+                    bytes: &bytes,
+                    fresh: *fresh_for,
+                    hard,
+                };
+                remote
+                    .write_and_release(&key, &token, fence, mode)
+                    .await
+                    .map(|w| (w, Some(meta)))
+            }
+            Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered => remote
+                .write_and_release(&key, &token, fence, WriteMode::Release)
+                .await
+                .map(|w| (w, None)),
+            Fill::Pass(_) => {
+                let mode = WriteMode::Pass {
+                    ttl: self.config.pass_ttl,
+                };
+                remote
+                    .write_and_release(&key, &token, fence, mode)
+                    .await
+                    .map(|w| (w, None))
+            }
+        };
+        if let Some((lock, lease)) = redlock {
+            lock.release(lease).await;
+        }
+        if single {
+            self.counters.lock_held(held_since.elapsed().as_secs_f64());
+        }
+        match written {
+            Err(e) => {
+                // Redis went away mid-flight: memory carries the entry.
+                tracing::debug!(key = %key.short(), error = %e, "fenced write failed; keeping the value in memory");
+                self.fill_memory(key, fill, fence.0, took)
+            }
+            Ok((w, meta)) => {
+                if single && !w.released && !lost {
+                    self.counters.lock_acquire("expired_mid_work");
+                }
+                if !w.accepted
+                    && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
+                {
+                    self.counters.fenced_rejection();
+                    tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
+                }
+                match (fill, meta) {
+                    (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
+                        self.counters.entry_bytes(value.weight());
+                        let hard = meta.fresh_for.saturating_add(meta.stale_for);
+                        self.index_in_background(remote, key, &value, hard);
+                        // Measured from the store, not from now: the write's
+                        // round trip is part of the entry's age.
+                        let since = meta.elapsed();
+                        let entry = self.fill_l1(
+                            key,
+                            value,
+                            meta,
+                            meta.fresh_for.saturating_sub(since),
+                            hard.saturating_sub(since),
+                            took,
+                        );
+                        Outcome::Value {
+                            entry,
+                            source: Source::Miss,
+                        }
+                    }
+                    // Rejected: our value is still a correct answer for the
+                    // requests that waited on it, but it is not stored.
+                    (Fill::Store { value, .. }, _) | (Fill::Share(value), _) => Outcome::Value {
+                        entry: unstored(value),
+                        source: Source::Miss,
+                    },
+                    (Fill::Pass(value), _) => {
+                        self.memory.insert_pass(key, self.config.pass_ttl);
+                        Outcome::Pass(value)
+                    }
+                    (Fill::Private(value), _) => Outcome::Pass(Some(value)),
+                    (Fill::Unbuffered, _) => Outcome::Pass(None),
+                }
+            }
+        }
+    }
+
+    /// The remote wait ran out: compute once for this process, store nothing.
+    async fn compute_unshared(&self, fut: ComputeFuture<V>) -> Outcome<V> {
+        self.counters.origin_call();
+        match self.run_compute(fut).await {
+            Err(e) => Outcome::Failed(e),
+            Ok(Fill::Store { value, .. }) | Ok(Fill::Share(value)) => Outcome::Value {
+                entry: unstored(value),
+                source: Source::Miss,
+            },
+            Ok(Fill::Pass(v)) => Outcome::Pass(v),
+            Ok(Fill::Private(v)) => Outcome::Pass(Some(v)),
+            Ok(Fill::Unbuffered) => Outcome::Pass(None),
+        }
+    }
+
+    /// Record the entry under its purge groups (URL, tags) in Redis, off the
+    /// request path.
+    fn index_in_background(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        value: &V,
+        ttl: Duration,
+    ) {
+        let groups = value.purge_groups();
+        if groups.is_empty() {
+            return;
+        }
+        let remote = Arc::clone(remote);
+        tokio::spawn(async move { remote.index_groups(&key, &groups, ttl).await });
+    }
+
+    /// The Redis half of [`store_outside_flight`](Self::store_outside_flight):
+    /// a fresh fence, a fenced write (no lease is held, so nothing to
+    /// release), and the purge index; in the background.
+    pub(super) fn write_outside_flight(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        value: &V,
+        freshness: Freshness,
+    ) {
+        let hard = freshness.fresh_for.saturating_add(freshness.stale_for);
+        if hard.is_zero() {
+            return;
+        }
+        let groups = value.purge_groups();
+        let remote = Arc::clone(remote);
+        let value = value.clone();
+        tokio::spawn(async move {
+            let Ok(fence) = remote.next_fence(&key).await else {
+                return;
+            };
+            let meta = EntryMeta::now(freshness.fresh_for, freshness.stale_for, fence.0);
+            let bytes = encode_entry(&meta, &value);
+            let mode = WriteMode::Store {
+                bytes: &bytes,
+                fresh: freshness.fresh_for,
+                hard,
+            };
+            let nobody = LeaseToken::random();
+            if let Ok(w) = remote.write_and_release(&key, &nobody, fence, mode).await {
+                if w.accepted && !groups.is_empty() {
+                    remote.index_groups(&key, &groups, hard).await;
+                }
+            }
+        });
+    }
+}

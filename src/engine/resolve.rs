@@ -1,0 +1,388 @@
+//! The engine's shared state and the miss path, readable top to bottom:
+//! elect a local leader, drive its computation in a spawned task, wait
+//! (bounded) for the outcome. Cross-instance work lives in `remote`.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::compute::{Compute, ComputeFuture, Fill};
+use super::config::{EngineConfig, WAIT_MARGIN};
+use super::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
+use super::purge_log::key_name;
+use super::value::Value;
+use crate::error::{BuildError, Error};
+use crate::key::CacheKey;
+use crate::lock::redlock::Redlock;
+use crate::metrics::{Counters, Source};
+use crate::store::memory::{MemoryStore, Probe, Stored};
+use crate::store::redis::RedisStore;
+
+/// The result of the miss path, for the caller to turn into an answer.
+#[derive(Debug)]
+pub(crate) enum Resolved<V> {
+    Value {
+        entry: Arc<Stored<V>>,
+        source: Source,
+    },
+    /// Not shareable: `Some` only for the caller that led the computation.
+    Pass(Option<V>),
+    Failed(Error),
+    /// The bounded wait ran out; the caller may go to the origin uncached,
+    /// under the fallback permit it was given.
+    WaitTimedOut(OwnedSemaphorePermit),
+    /// No flight runs for the key and the leader cap is full: the caller goes
+    /// to the origin uncached, under the fallback cap.
+    Overloaded,
+}
+
+/// The engine: state shared by every clone of a cache (and every route of
+/// a layer), and the miss path over it.
+#[derive(Debug)]
+pub(crate) struct Engine<V: Value> {
+    pub(crate) memory: MemoryStore<V>,
+    pub(crate) flights: Arc<Flights<V>>,
+    pub(crate) config: EngineConfig,
+    /// Caps origin calls outside any flight (waits that ran out, answers
+    /// that could not be shared, requests past the leader cap), so nothing
+    /// reaches the origin uncapped.
+    fallback: Arc<Semaphore>,
+    /// Caps running flights (leader tasks): each holds one permit for its
+    /// whole life, also after its caller went away.
+    pub(super) leaders: Arc<Semaphore>,
+    /// Bytes of response bodies buffered for fills right now, in permits of
+    /// one byte: past it a fill streams to its own request and stores nothing.
+    pub(crate) fill_bytes: Arc<Semaphore>,
+    pub(crate) counters: Counters,
+    /// The shared store; `None` runs on memory alone (the embedded default).
+    pub(crate) remote: Option<Arc<RedisStore>>,
+    /// The lease backend when leases live on Redlock nodes.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(super) redlock: Option<Arc<Redlock>>,
+}
+
+impl<V: Value> Engine<V> {
+    pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
+        let remote = match &config.redis {
+            Some(opts) => {
+                let mut store = RedisStore::new(opts.clone().metrics_name(&config.metrics_name))?;
+                if config.redlock.is_some() {
+                    store.set_lease_elsewhere();
+                }
+                Some(Arc::new(store))
+            }
+            None if config.redlock.is_some() => return Err(BuildError::new(
+                "a redlock lease needs the redis main store too: values and the fence live there",
+            )),
+            None => None,
+        };
+        let redlock = config.redlock.clone();
+        let memory = MemoryStore::new(config.capacity_bytes);
+        let flights = Arc::new(Flights::new());
+        if let Some(remote) = &remote {
+            // Other instances' purges clear this process's copy too, and beat
+            // this process's fills of the key. (The HTTP layer installs a
+            // richer handler for URL and tag purges.)
+            let (mem, fl) = (memory.clone(), Arc::clone(&flights));
+            remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
+                if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
+                    fl.purges.record([key_name(&key)]);
+                    mem.remove(&key);
+                }
+            }));
+        }
+        Ok(Self {
+            memory,
+            flights,
+            fallback: Arc::new(Semaphore::new(config.fallback_limit.max(1))),
+            leaders: Arc::new(Semaphore::new(config.max_leaders.max(1))),
+            fill_bytes: Arc::new(Semaphore::new(
+                config.max_fill_bytes.min(Semaphore::MAX_PERMITS),
+            )),
+            counters: Counters::new(&config.metrics_name),
+            config,
+            remote,
+            redlock,
+        })
+    }
+
+    pub(crate) fn probe(&self, key: &CacheKey) -> Probe<V> {
+        self.memory.probe(key)
+    }
+
+    /// The miss path: lead a new flight or follow the running one.
+    ///
+    /// `compute` is taken only if this caller leads, so a follower keeps it for
+    /// a fallback of its own.
+    pub(crate) async fn resolve<C: Compute<V>>(
+        self: &Arc<Self>,
+        key: CacheKey,
+        compute: &mut Option<C>,
+    ) -> Resolved<V> {
+        match self.flights.join_or_lead(key, &self.leaders, false) {
+            (Role::Follower(rx), _) => self.wait(rx, false, true).await,
+            (Role::Leader(handle), _) => self.lead(handle, compute).await,
+            (Role::Overloaded, _) => Resolved::Overloaded,
+        }
+    }
+
+    /// The path of a caller that refuses the stored entry (a client's
+    /// `no-cache`, or a `max-age` the entry is too old for): join the flight
+    /// running for `key`, or lead a forced refresh that never takes the
+    /// stored entry back. An ordinary flight that ends with the stored entry
+    /// (found fresh in Redis, or stale) is not an answer for this caller: it
+    /// goes round once more, so it then shares or starts a refresh.
+    pub(crate) async fn resolve_refresh<C: Compute<V>>(
+        self: &Arc<Self>,
+        key: CacheKey,
+        compute: &mut Option<C>,
+    ) -> Resolved<V> {
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            match self.flights.join_or_lead(key, &self.leaders, true) {
+                (Role::Follower(rx), forced) => {
+                    let resolved = self.wait(rx, false, false).await;
+                    let stored = matches!(
+                        resolved,
+                        Resolved::Value {
+                            source: Source::Hit | Source::Stale,
+                            ..
+                        }
+                    );
+                    if forced || !stored || rounds > 1 {
+                        return resolved;
+                    }
+                }
+                (Role::Leader(handle), _) => return self.lead(handle, compute).await,
+                (Role::Overloaded, _) => return Resolved::Overloaded,
+            }
+        }
+    }
+
+    /// Lead the flight `handle` stands for and wait for its outcome.
+    async fn lead<C: Compute<V>>(
+        self: &Arc<Self>,
+        handle: FlightHandle<V>,
+        compute: &mut Option<C>,
+    ) -> Resolved<V> {
+        let key = handle.key();
+        let refresh = handle.is_refresh();
+        // The previous flight fills memory before it leaves the map, so
+        // a fill may have landed between our probe and our election. A
+        // forced refresh was started to replace that very entry.
+        match self.memory.probe(&key) {
+            Probe::Fresh(entry) if !refresh => {
+                handle.complete(Outcome::Value {
+                    entry: Arc::clone(&entry),
+                    source: Source::Hit,
+                });
+                return Resolved::Value {
+                    entry,
+                    source: Source::Hit,
+                };
+            }
+            Probe::Pass => {
+                handle.complete(Outcome::Pass(None));
+                return Resolved::Pass(None);
+            }
+            Probe::Fresh(_) | Probe::Stale(_) | Probe::Miss => {}
+        }
+        let Some(compute) = compute.take() else {
+            // Unreachable by construction (the caller passes Some);
+            // fail this flight rather than panic.
+            handle.complete(Outcome::Failed(Error::Aborted));
+            return Resolved::Failed(Error::Aborted);
+        };
+        let Some(rx) = handle.subscribe() else {
+            return Resolved::Failed(Error::Aborted);
+        };
+        self.spawn_drive(handle, compute.start());
+        self.wait(rx, true, !refresh).await
+    }
+
+    pub(super) fn spawn_drive(self: &Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
+        let shared = Arc::clone(self);
+        // The leader's task carries the request's span, so its lease, fence
+        // and outcome show up under the request that started it.
+        let span = tracing::Span::current();
+        // Outside a runtime the handle is dropped unrun: its flight ends as
+        // aborted and the next request leads again.
+        spawn_detached(
+            "refresh",
+            tracing::Instrument::instrument(async move { shared.drive(handle, fut).await }, span),
+        );
+    }
+
+    /// The leader's task: find the value in Redis, or win the lease and
+    /// compute it, or wait for whoever holds the lease; then publish the
+    /// outcome to this process's waiters.
+    async fn drive(self: Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
+        let key = handle.key();
+        let outcome = match &self.remote {
+            Some(remote) if remote.available() => {
+                self.drive_remote(remote, &handle, fut, None).await
+            }
+            _ => self.compute_locally(key, fut).await,
+        };
+        handle.complete(outcome);
+    }
+
+    /// Memory alone: the embedded default, and the fail-open path when Redis
+    /// is down (memory then keeps entries for their whole lifetime).
+    pub(super) async fn compute_locally(&self, key: CacheKey, fut: ComputeFuture<V>) -> Outcome<V> {
+        self.counters.origin_call();
+        let started = Instant::now();
+        match self.run_compute(fut).await {
+            Err(error) => {
+                tracing::debug!(key = %key.short(), %error, "computation failed");
+                Outcome::Failed(error)
+            }
+            Ok(fill) => self.fill_memory(key, self.unless_purged(key, fill), 0, started.elapsed()),
+        }
+    }
+
+    /// Run a computation with the origin timeout, turning a panic into an error.
+    pub(crate) async fn run_compute(&self, fut: ComputeFuture<V>) -> Result<Fill<V>, Error> {
+        match tokio::time::timeout(
+            self.config.origin_timeout,
+            AssertUnwindSafe(fut).catch_unwind(),
+        )
+        .await
+        {
+            Err(_) => Err(Error::OriginTimeout),
+            Ok(Err(_panic)) => Err(Error::Panicked),
+            Ok(Ok(Err(e))) => Err(Error::Compute(Arc::from(e))),
+            Ok(Ok(Ok(fill))) => Ok(fill),
+        }
+    }
+
+    /// Wait for the flight behind `rx`. `take_stale`: a stale copy the
+    /// leader publishes is an answer (not for a caller that refuses it).
+    async fn wait(
+        &self,
+        mut rx: watch::Receiver<FlightState<V>>,
+        initiator: bool,
+        take_stale: bool,
+    ) -> Resolved<V> {
+        let started = Instant::now();
+        // The leader's own caller always gets an outcome: its task waits for
+        // another instance's fill at most `max_wait`, then computes within the
+        // origin timeout (Redis calls have their own bounds, well below the
+        // margin). Followers give up after `max_wait`.
+        let max_wait = self.config.max_wait();
+        let bound = if initiator {
+            max_wait + self.config.origin_timeout + WAIT_MARGIN
+        } else {
+            max_wait
+        };
+        let mut waited = tokio::time::timeout(bound, settle(&mut rx, take_stale)).await;
+        let mut permit = None;
+        if waited.is_err() && !initiator {
+            permit = self.try_fallback_permit();
+            if permit.is_none() {
+                // Past the fallback cap, calling the origin would mean
+                // queueing for a permit; the flight's own call ends within
+                // the origin timeout, so wait for it instead of making up an
+                // error.
+                waited =
+                    tokio::time::timeout(self.config.origin_timeout, settle(&mut rx, take_stale))
+                        .await;
+            }
+        }
+        if !initiator {
+            self.counters.wait(started.elapsed().as_secs_f64());
+        }
+        tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
+        let shared_source = if initiator {
+            Source::Miss
+        } else {
+            Source::Coalesced
+        };
+        match waited {
+            Err(_elapsed) => match permit {
+                Some(permit) => Resolved::WaitTimedOut(permit),
+                None => Resolved::Failed(Error::OriginTimeout),
+            },
+            Ok(Err(error)) => Resolved::Failed(error),
+            Ok(Ok(Err(stale))) => Resolved::Value {
+                entry: stale,
+                source: Source::Stale,
+            },
+            Ok(Ok(Ok(Outcome::Value { entry, source }))) => Resolved::Value {
+                entry,
+                source: if source == Source::Miss {
+                    shared_source
+                } else {
+                    source
+                },
+            },
+            Ok(Ok(Ok(Outcome::Pass(v)))) => Resolved::Pass(if initiator { v } else { None }),
+            Ok(Ok(Ok(Outcome::Failed(e)))) => Resolved::Failed(e),
+        }
+    }
+
+    /// A permit for an origin call outside any flight, waiting at most
+    /// `max_wait`. The permit lives as long as the call (drop it to give it back).
+    pub(crate) async fn fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(
+            self.config.max_wait(),
+            Arc::clone(&self.fallback).acquire_owned(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+    }
+
+    /// A fallback permit if one is free right now.
+    pub(crate) fn try_fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.fallback).try_acquire_owned().ok()
+    }
+}
+
+/// The flight's state once it has settled: its outcome, or a stale copy
+/// (`Err`) when `take_stale`.
+async fn settle<V: Value>(
+    rx: &mut watch::Receiver<FlightState<V>>,
+    take_stale: bool,
+) -> Result<Result<Outcome<V>, Arc<Stored<V>>>, Error> {
+    // A copy still fresh while refresh-ahead runs answers those who take a
+    // stored copy; a caller that refuses stored copies waits for the refresh.
+    let settled = |s: &FlightState<V>| match s {
+        FlightState::Running => false,
+        FlightState::Fresh(e) => take_stale && e.fresh_by_meta(),
+        FlightState::Stale(_) => take_stale,
+        FlightState::Done(_) => true,
+    };
+    match rx.wait_for(settled).await {
+        Ok(state) => match &*state {
+            FlightState::Stale(entry) => Ok(Err(Arc::clone(entry))),
+            FlightState::Fresh(entry) => Ok(Ok(Outcome::Value {
+                entry: Arc::clone(entry),
+                source: Source::Hit,
+            })),
+            FlightState::Done(outcome) => Ok(Ok(outcome.clone())),
+            FlightState::Running => Err(Error::Aborted),
+        },
+        Err(_closed) => Err(Error::Aborted),
+    }
+}
+
+/// Spawn background work on the current runtime. The sync entry points
+/// (purge, invalidate, `Service::call`) may run outside one; then the work is
+/// skipped with a warning instead of panicking.
+pub(crate) fn spawn_detached<F>(what: &'static str, fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(fut);
+        }
+        Err(_) => tracing::warn!(what, "no tokio runtime here: background work skipped"),
+    }
+}
