@@ -2,11 +2,14 @@
 //! of a shared store.
 
 #[cfg(feature = "redis")]
+#[path = "redis/cluster.rs"]
 pub(crate) mod cluster;
 #[cfg(feature = "redis")]
+#[path = "redis/fills.rs"]
 pub(crate) mod fills;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
+#[path = "redis/purge_bus.rs"]
 pub(crate) mod purge_bus;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
@@ -15,4 +18,5 @@ pub(crate) mod redis;
 #[path = "no_redis.rs"]
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
+#[path = "redis/tls.rs"]
 pub(crate) mod tls;
