@@ -16,7 +16,8 @@ use deadpool_redis::redis::{
     cluster_async::ClusterConnection,
 };
 
-use super::redis::{redact_error, RedisOptions};
+use super::error::redact_error;
+use super::options::RedisOptions;
 use crate::error::BuildError;
 
 /// Redirects (MOVED, ASK) and TRYAGAIN are retried this often, quickly: the

@@ -24,7 +24,7 @@ use deadpool_redis::redis::{
 use futures_util::future::join_all;
 use tokio::sync::{mpsc, watch};
 
-use super::redis::RedisOptions;
+use super::options::RedisOptions;
 use crate::key::CacheKey;
 
 /// What a waiter sees of its key.

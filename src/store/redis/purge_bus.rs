@@ -1,10 +1,6 @@
-//! Purges across instances: group indexes in Redis (URL and `Surrogate-Key`
-//! tags) and a broadcast channel every instance listens on to clear its L1.
-//!
-//! A group index `{ns}:g:{G}` (`G` a hash of the group's name) is a sorted
-//! set of entry keys scored by when each entry expires. Writes trim the
-//! expired members, so an index holds the group's live entries only, and the
-//! index key itself expires with its last entry. A purge walks it in batches.
+//! The purge bus: the one subscriber connection per store that hears purge
+//! notices from every instance and hands each to the installed handler.
+//! Deletes nothing in Redis; that is the purge's own work.
 //!
 //! A purge deletes the entries from Redis, then publishes a notice; every
 //! instance (the sender too) applies it to its own memory. If an instance
@@ -14,16 +10,12 @@
 //! entry gone in Redis and replaces the copy.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Script};
-use futures_util::future::join_all;
+use deadpool_redis::redis;
 use futures_util::StreamExt;
 use tokio::sync::watch;
-
-use crate::key::CacheKey;
-use crate::store::redis::{RedisStore, StoreError};
 
 /// Applies a purge notice (raw payload) to this process.
 pub(crate) type PurgeHandler = Arc<dyn Fn(&[u8]) + Send + Sync>;
@@ -33,7 +25,7 @@ pub(crate) type PurgeHandler = Arc<dyn Fn(&[u8]) + Send + Sync>;
 pub(crate) struct PurgeBus {
     /// A std `Mutex`: only cloned out or replaced, never held across `.await`.
     handler: Mutex<Option<PurgeHandler>>,
-    started: AtomicBool,
+    pub(super) started: AtomicBool,
 }
 
 impl std::fmt::Debug for PurgeBus {
@@ -61,195 +53,9 @@ impl PurgeBus {
     }
 }
 
-static INDEX: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
--- KEYS: group index (sorted set), its older plain-set form
--- ARGV: member ttl_ms
--- Members are scored by when their entry expires (server clock) and the
--- expired ones are trimmed on every write, so the index holds only the
--- group's live entries: it cannot outgrow what Redis stores.
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'set' then
-  -- Written by an older version: kept aside (its TTL no longer extended),
-  -- still walked by purges until it expires.
-  redis.call('RENAME', KEYS[1], KEYS[2])
-elseif kind ~= 'zset' and kind ~= 'none' then
-  redis.call('DEL', KEYS[1])
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
-return 1
-",
-    )
-});
-
-/// Members purged per batch: each batch is a few round trips under the reply
-/// timeout, so a group of any size never blocks Redis or trips the breaker.
-const PURGE_BATCH: usize = 256;
-
-impl RedisStore {
-    fn group_key(&self, group: &str) -> String {
-        // Hashed: no request or tag text reaches a key name or picks a slot.
-        format!(
-            "{}:g:{{{}}}",
-            self.options.namespace,
-            CacheKey::new(group).to_hex()
-        )
-    }
-
-    /// The plain set an older version kept a group in (same slot).
-    fn legacy_group_key(&self, group: &str) -> String {
-        format!("{}:set", self.group_key(group))
-    }
-
-    fn purge_channel(&self) -> String {
-        format!("{}:purge", self.options.namespace)
-    }
-
-    /// Record `key` as a member of each group, kept at least `ttl`.
-    pub(crate) async fn index_groups(&self, key: &CacheKey, groups: &[String], ttl: Duration) {
-        let member = key.to_hex();
-        let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
-        join_all(groups.iter().map(|g| {
-            let mut inv = INDEX.prepare_invoke();
-            inv.key(self.group_key(g))
-                .key(self.legacy_group_key(g))
-                .arg(&member)
-                .arg(ttl_ms);
-            async move {
-                let _: Result<i64, _> = self.invoke("index", &inv).await;
-            }
-        }))
-        .await;
-    }
-
-    /// Delete every entry indexed under `group`, walking the index in
-    /// batches of [`PURGE_BATCH`]: read a batch, purge its entries, then drop
-    /// them from the index. A failed batch stops the walk with its members
-    /// still indexed, so a later purge finds them.
-    pub(crate) async fn purge_group(&self, group: &str) -> Result<(), StoreError> {
-        let index = self.group_key(group);
-        let legacy = self.legacy_group_key(group);
-        let kind: String = self
-            .query("purge_group", redis::cmd("TYPE").arg(&index))
-            .await?;
-        if kind == "set" {
-            // Not rewritten since an older version kept it.
-            self.purge_set(&index).await?;
-            return self.purge_set(&legacy).await;
-        }
-        let count: usize = self
-            .query("purge_group", redis::cmd("ZCARD").arg(&index))
-            .await?;
-        // Bounded by the size at the start: fills that land meanwhile do
-        // not keep the walk going.
-        for _ in 0..count.div_ceil(PURGE_BATCH) {
-            let batch: Vec<Vec<u8>> = self
-                .query(
-                    "purge_group",
-                    redis::cmd("ZRANGE").arg(&index).arg(0).arg(PURGE_BATCH - 1),
-                )
-                .await?;
-            if batch.is_empty() {
-                break;
-            }
-            self.purge_members(&batch).await?;
-            let _: i64 = self
-                .query("purge_group", redis::cmd("ZREM").arg(&index).arg(&batch))
-                .await?;
-        }
-        self.purge_set(&legacy).await
-    }
-
-    /// The same walk over an index kept by an older version (a plain set).
-    async fn purge_set(&self, index: &str) -> Result<(), StoreError> {
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<Vec<u8>>) = self
-                .query(
-                    "purge_group",
-                    redis::cmd("SSCAN")
-                        .arg(index)
-                        .arg(cursor)
-                        .arg("COUNT")
-                        .arg(PURGE_BATCH),
-                )
-                .await?;
-            if !batch.is_empty() {
-                self.purge_members(&batch).await?;
-                let _: i64 = self
-                    .query("purge_group", redis::cmd("SREM").arg(index).arg(&batch))
-                    .await?;
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
-        }
-    }
-
-    /// Purge the entries of one batch of index members (hex keys), all at
-    /// once: they live in different slots, so each is its own call.
-    async fn purge_members(&self, members: &[Vec<u8>]) -> Result<(), StoreError> {
-        let deletions = members
-            .iter()
-            .filter_map(|m| CacheKey::from_hex(m))
-            .map(|k| async move { self.purge(&k).await });
-        for r in join_all(deletions).await {
-            r?;
-        }
-        Ok(())
-    }
-
-    /// Tell every instance (this one too) to apply `payload` to its memory.
-    pub(crate) async fn publish_purge(&self, payload: &[u8]) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(self.purge_channel()).arg(payload);
-        let _: i64 = self.query("publish_purge", &cmd).await?;
-        Ok(())
-    }
-
-    /// Install what applies purge notices here, and start listening.
-    pub(crate) fn set_purge_handler(&self, handler: PurgeHandler) {
-        self.purge_bus.set_handler(handler);
-        self.ensure_purge_listener();
-    }
-
-    /// Start the listener task once, when inside a runtime.
-    pub(crate) fn ensure_purge_listener(&self) {
-        if self.purge_bus.started.load(Ordering::Relaxed)
-            || tokio::runtime::Handle::try_current().is_err()
-        {
-            return;
-        }
-        if !self.purge_bus.started.swap(true, Ordering::SeqCst) {
-            let client = match self.pubsub_client() {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "no purge listener: other instances' purges reach this one only through L1 expiry");
-                    return;
-                }
-            };
-            tokio::spawn(listen(
-                Arc::downgrade(&self.purge_bus),
-                client,
-                self.purge_channel(),
-                self.options.connect_timeout,
-                self.shutdown_signal(),
-                Arc::clone(&self.renew),
-            ));
-        }
-    }
-}
-
 /// The purge listener: one subscriber connection, reconnecting with back-off,
 /// ending when the store is dropped.
-async fn listen(
+pub(super) async fn listen(
     bus: Weak<PurgeBus>,
     client: redis::Client,
     channel: String,
