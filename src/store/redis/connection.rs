@@ -12,18 +12,19 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::{Manager, Pool, Runtime};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::breaker::Breaker;
 use super::cluster::ClusterLink;
 use super::error::{describe, redact_error, ErrorClass, StoreError};
 use super::fills::FillSource;
 use super::options::{redact, RedisOptions};
-use super::store::RedisStore;
 use super::tls;
 use crate::error::BuildError;
 
 /// How commands reach Redis.
-pub(super) enum Link {
+enum Link {
     Standalone {
         pool: Pool,
         /// Multiplexed connections kept checked out, used in turn.
@@ -38,7 +39,7 @@ type PendingConnect = Shared<BoxFuture<'static, Result<MultiplexedConnection, Ar
 
 /// One kept connection and its (re)connect.
 #[derive(Default)]
-pub(super) struct Slot {
+struct Slot {
     /// A std `Mutex`: only held to clone or replace a handle, never across `.await`.
     conn: Mutex<Option<MultiplexedConnection>>,
     /// The connect under way. Its own task drives it, so a caller that stops
@@ -139,8 +140,71 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
-impl RedisStore {
-    pub(super) fn standalone(options: &RedisOptions) -> Result<(Link, FillSource), BuildError> {
+/// The way to Redis of one store. Every command goes through
+/// [`invoke`](Self::invoke) or [`query`](Self::query): breaker first, then a
+/// kept connection, then the reply under the response timeout.
+pub(super) struct Connection {
+    link: Link,
+    breaker: Breaker,
+    /// Bound on every reply.
+    response_timeout: Duration,
+    /// Bound on getting a connection: pool wait plus connect.
+    connect_bound: Duration,
+    /// Shortest time between two replacements of every connection (the
+    /// breaker's first back-off).
+    renew_gap: Duration,
+    /// Tells the subscriber connections (fills, purges) to reconnect after
+    /// the server turned out to be no master: they may be pinned to it too.
+    renew: Arc<Notify>,
+    /// Last warning about a per-key reply error (see [`WARN_EVERY`]).
+    last_warn: Mutex<Option<Instant>>,
+    /// Last time every connection was replaced (see `drop_all_connections`).
+    last_renew: Mutex<Option<Instant>>,
+}
+
+impl Connection {
+    /// The connection of a store with `options` (nothing is opened yet), and
+    /// where its fill subscriber connects.
+    pub(super) fn new(options: &RedisOptions) -> Result<(Self, FillSource), BuildError> {
+        let (link, fill_source) = if options.cluster {
+            (
+                Link::Cluster(Box::new(ClusterLink::new(options)?)),
+                FillSource::Cluster(Box::new(options.clone())),
+            )
+        } else {
+            Self::standalone(options)?
+        };
+        let connection = Self {
+            link,
+            breaker: Breaker::new(options),
+            response_timeout: options.response_timeout,
+            connect_bound: options.pool_wait_timeout + options.connect_timeout,
+            renew_gap: options.breaker_min_backoff,
+            renew: Arc::default(),
+            last_warn: Mutex::new(None),
+            last_renew: Mutex::new(None),
+        };
+        Ok((connection, fill_source))
+    }
+
+    /// Whether calls go to Redis now (the breaker is closed, or due a probe).
+    /// Does not use up the probe: the call itself does.
+    pub(super) fn available(&self) -> bool {
+        self.breaker.would_allow()
+    }
+
+    /// Whether the breaker is closed (Redis answered the last call).
+    pub(super) fn is_closed(&self) -> bool {
+        self.breaker.is_closed()
+    }
+
+    /// Notified when every connection is replaced: subscriber connections
+    /// then reconnect too.
+    pub(super) fn renew_signal(&self) -> Arc<Notify> {
+        Arc::clone(&self.renew)
+    }
+
+    fn standalone(options: &RedisOptions) -> Result<(Link, FillSource), BuildError> {
         let url = options.urls.first().map(String::as_str).unwrap_or_default();
         let invalid = |e: redis::RedisError| {
             BuildError::with_source(
@@ -189,7 +253,7 @@ impl RedisStore {
     }
 
     /// A script call under the store's timeouts and breaker.
-    pub(crate) async fn invoke<T: redis::FromRedisValue>(
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
         op: &'static str,
         inv: &redis::ScriptInvocation<'_>,
@@ -198,13 +262,12 @@ impl RedisStore {
             return Err(StoreError::Unavailable);
         }
         let (slot, mut conn) = self.connection(op).await?;
-        let result =
-            tokio::time::timeout(self.options.response_timeout, inv.invoke_async(&mut conn)).await;
+        let result = tokio::time::timeout(self.response_timeout, inv.invoke_async(&mut conn)).await;
         self.settle(op, slot, result)
     }
 
     /// A command under the store's timeouts and breaker.
-    pub(crate) async fn query<T: redis::FromRedisValue>(
+    pub(super) async fn query<T: redis::FromRedisValue>(
         &self,
         op: &'static str,
         cmd: &redis::Cmd,
@@ -213,8 +276,7 @@ impl RedisStore {
             return Err(StoreError::Unavailable);
         }
         let (slot, mut conn) = self.connection(op).await?;
-        let result =
-            tokio::time::timeout(self.options.response_timeout, cmd.query_async(&mut conn)).await;
+        let result = tokio::time::timeout(self.response_timeout, cmd.query_async(&mut conn)).await;
         self.settle(op, slot, result)
     }
 
@@ -304,7 +366,7 @@ impl RedisStore {
     }
 
     async fn connection(&self, op: &'static str) -> Result<(usize, Conn), StoreError> {
-        let connect_bound = self.options.pool_wait_timeout + self.options.connect_timeout;
+        let connect_bound = self.connect_bound;
         match &self.link {
             Link::Standalone { pool, slots, next } => {
                 let i = next.fetch_add(1, Ordering::Relaxed) % slots.len();
@@ -326,7 +388,7 @@ impl RedisStore {
                 let wait = if self.breaker.is_closed() {
                     connect_bound
                 } else {
-                    self.options.response_timeout
+                    self.response_timeout
                 };
                 match tokio::time::timeout(wait, pending).await {
                     Ok(Ok(conn)) => Ok((i, Conn::Standalone(conn))),
@@ -382,7 +444,7 @@ impl RedisStore {
                 .last_renew
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if last.is_some_and(|t| now.duration_since(t) < self.options.breaker_min_backoff) {
+            if last.is_some_and(|t| now.duration_since(t) < self.renew_gap) {
                 return;
             }
             *last = Some(now);

@@ -1,6 +1,5 @@
 //! The Redis key names of one entry, all under the entry's hash tag.
 
-use super::store::RedisStore;
 use crate::key::CacheKey;
 
 /// The Redis key names of one entry.
@@ -13,11 +12,11 @@ pub(crate) struct EntryKeys {
     pub(crate) pass: String,
 }
 
-impl RedisStore {
-    pub(crate) fn keys(&self, key: &CacheKey) -> EntryKeys {
-        let ns = &self.options.namespace;
+impl EntryKeys {
+    /// The key names of `key`'s entry under the namespace `ns`.
+    pub(super) fn new(ns: &str, key: &CacheKey) -> Self {
         let h = key.to_hex();
-        EntryKeys {
+        Self {
             value: format!("{ns}:{{{h}}}:v"),
             fresh: format!("{ns}:{{{h}}}:fresh"),
             lock: format!("{ns}:{{{h}}}:lock"),

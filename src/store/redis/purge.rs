@@ -199,7 +199,7 @@ impl RedisStore {
                 self.purge_channel(),
                 self.options.connect_timeout,
                 self.shutdown_signal(),
-                Arc::clone(&self.renew),
+                self.connection.renew_signal(),
             ));
         }
     }

@@ -7,14 +7,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, Value as RedisValue};
-use tokio::sync::{mpsc, watch, Notify};
-use tokio::time::Instant;
+use tokio::sync::{mpsc, watch};
 
-use super::breaker::Breaker;
-use super::cluster::ClusterLink;
-use super::connection::Link;
+use super::connection::Connection;
 use super::error::StoreError;
 use super::fills::{run_subscriber, FillSource, FillSubscription, Fills};
+use super::keys::EntryKeys;
 use super::options::RedisOptions;
 use super::purge_bus::PurgeBus;
 use super::scripts::{
@@ -30,30 +28,22 @@ use crate::lock::{FenceToken, LeaseToken};
 /// The Redis store of one cache.
 pub(crate) struct RedisStore {
     pub(crate) options: RedisOptions,
-    pub(super) link: Link,
-    pub(super) breaker: Breaker,
-    pub(super) fills: Arc<Fills>,
+    pub(super) connection: Connection,
+    fills: Arc<Fills>,
     /// Taken by the subscriber task when the first waiter subscribes.
-    pub(super) fill_source: Mutex<Option<(FillSource, mpsc::UnboundedReceiver<CacheKey>)>>,
-    pub(super) entry_prefix: Vec<u8>,
-    pub(super) shutdown: watch::Sender<bool>,
+    fill_source: Mutex<Option<(FillSource, mpsc::UnboundedReceiver<CacheKey>)>>,
+    entry_prefix: Vec<u8>,
+    shutdown: watch::Sender<bool>,
     /// The lease is taken on Redlock nodes, so lookups never lease here.
-    pub(super) lease_elsewhere: bool,
+    lease_elsewhere: bool,
     pub(crate) purge_bus: Arc<PurgeBus>,
-    /// Tells the subscriber connections (fills, purges) to reconnect after
-    /// the server turned out to be no master: they may be pinned to it too.
-    pub(crate) renew: Arc<Notify>,
-    /// Last warning about a per-key reply error (see `WARN_EVERY`).
-    pub(super) last_warn: Mutex<Option<Instant>>,
-    /// Last time every connection was replaced (see `drop_all_connections`).
-    pub(super) last_renew: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("options", &self.options)
-            .field("available", &self.breaker.is_closed())
+            .field("available", &self.connection.is_closed())
             .finish_non_exhaustive()
     }
 }
@@ -67,37 +57,30 @@ impl Drop for RedisStore {
 impl RedisStore {
     pub(crate) fn new(options: RedisOptions) -> Result<Self, BuildError> {
         options.validate()?;
-        let (link, fill_source) = if options.cluster {
-            (
-                Link::Cluster(Box::new(ClusterLink::new(&options)?)),
-                FillSource::Cluster(Box::new(options.clone())),
-            )
-        } else {
-            Self::standalone(&options)?
-        };
+        let (connection, fill_source) = Connection::new(&options)?;
         let (fills, changes) = Fills::new(&options.namespace);
         let mut entry_prefix = MAGIC.to_vec();
         entry_prefix.push(VERSION);
         Ok(Self {
-            link,
-            breaker: Breaker::new(&options),
+            connection,
             fills,
             fill_source: Mutex::new(Some((fill_source, changes))),
             entry_prefix,
             shutdown: watch::channel(false).0,
             lease_elsewhere: false,
             purge_bus: Arc::default(),
-            renew: Arc::default(),
-            last_warn: Mutex::new(None),
-            last_renew: Mutex::new(None),
             options,
         })
+    }
+
+    pub(crate) fn keys(&self, key: &CacheKey) -> EntryKeys {
+        EntryKeys::new(&self.options.namespace, key)
     }
 
     /// Whether calls go to Redis now (the breaker is closed, or due a probe).
     /// Does not use up the probe: the call itself does.
     pub(crate) fn available(&self) -> bool {
-        self.breaker.would_allow()
+        self.connection.available()
     }
 
     /// One round trip: the entry and its freshness, or the lease and a fence token.
@@ -255,7 +238,7 @@ impl RedisStore {
                     self.options.connect_timeout,
                     self.options.response_timeout,
                     self.shutdown.subscribe(),
-                    Arc::clone(&self.renew),
+                    self.connection.renew_signal(),
                 ));
             }
         }
@@ -265,6 +248,24 @@ impl RedisStore {
     /// Whether the subscriber connection is up (when it is not, waiters poll faster).
     pub(crate) fn notifications_live(&self) -> bool {
         self.fills.connected.load(Ordering::SeqCst)
+    }
+
+    /// A script call under the store's timeouts and breaker.
+    pub(crate) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        self.connection.invoke(op, inv).await
+    }
+
+    /// A command under the store's timeouts and breaker.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        self.connection.query(op, cmd).await
     }
 
     /// A client for classic pub/sub (purge notices) on the first URL. On a
