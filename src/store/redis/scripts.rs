@@ -62,6 +62,7 @@ pub(crate) enum WriteMode<'a> {
     Release,
 }
 
+/// The entry and its freshness, or the lease and a fence token, in one round trip.
 pub(super) static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("fence.lua"),
@@ -69,6 +70,8 @@ pub(super) static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Store only if the fence is not older than the newest accepted write;
+/// release the lease if still ours; announce the fill.
 pub(super) static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("fence.lua"),
@@ -76,6 +79,7 @@ pub(super) static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| 
     ))
 });
 
+/// Delete an entry and raise its fence above every lease taken before.
 pub(super) static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("fence.lua"),
@@ -83,38 +87,30 @@ pub(super) static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-",
-    )
-});
+/// Extend the lease while the token still holds it.
+pub(super) static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("extend.lua")));
 
+/// Compare-and-delete of the lease.
 #[allow(
     dead_code,
     reason = "the guarded-work API and Redlock release through it"
 )]
-pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-",
-    )
-});
+pub(super) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("release.lua")));
 
+/// The next fence token of a key alone, for a write guarded by a lease held
+/// elsewhere (Redlock).
 pub(super) static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("fence.lua"),
         include_str!("next_fence.lua")
     ))
 });
+
+/// Records an entry in a group index (purge by URL or tag).
+pub(super) static INDEX: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("index_group.lua")));
 
 pub(super) fn millis(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
