@@ -1,5 +1,6 @@
 //! Where entries live: [`memory`] is the embedded default and the L1 in front
-//! of a shared store.
+//! of a shared store, [`redis`] the shared store. Stores keep bytes and
+//! leases; they decide nothing about HTTP or freshness rules.
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]

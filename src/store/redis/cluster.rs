@@ -1,4 +1,6 @@
-//! Redis Cluster: one `ClusterConnection` per store, built directly.
+//! Redis Cluster: one `ClusterConnection` per store, built directly. Opens
+//! and replaces that connection only; errors and the breaker are the
+//! connection's.
 //!
 //! Why not deadpool's cluster pool, as for a standalone Redis: its manager
 //! builds the client from URLs alone, so it cannot take our connect and

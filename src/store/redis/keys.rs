@@ -1,4 +1,5 @@
-//! The Redis key names of one entry, all under the entry's hash tag.
+//! The Redis key names of one entry, all under the entry's hash tag. Names
+//! only: no key is read or written here.
 
 use crate::key::CacheKey;
 
