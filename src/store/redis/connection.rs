@@ -104,19 +104,19 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A connection of either kind; both multiplex, so a clone per call is cheap.
 #[derive(Clone)]
-enum Conn {
+enum Multiplexed {
     Standalone(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
-impl redis::aio::ConnectionLike for Conn {
+impl redis::aio::ConnectionLike for Multiplexed {
     fn req_packed_command<'a>(
         &'a mut self,
         cmd: &'a redis::Cmd,
     ) -> redis::RedisFuture<'a, RedisValue> {
         match self {
-            Conn::Standalone(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Multiplexed::Standalone(c) => c.req_packed_command(cmd),
+            Multiplexed::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -127,15 +127,15 @@ impl redis::aio::ConnectionLike for Conn {
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<RedisValue>> {
         match self {
-            Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Multiplexed::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Multiplexed::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Standalone(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Multiplexed::Standalone(c) => c.get_db(),
+            Multiplexed::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -365,13 +365,13 @@ impl Connection {
         }
     }
 
-    async fn connection(&self, op: &'static str) -> Result<(usize, Conn), StoreError> {
+    async fn connection(&self, op: &'static str) -> Result<(usize, Multiplexed), StoreError> {
         let connect_bound = self.connect_bound;
         match &self.link {
             Link::Standalone { pool, slots, next } => {
                 let i = next.fetch_add(1, Ordering::Relaxed) % slots.len();
                 if let Some(conn) = slots[i].current() {
-                    return Ok((i, Conn::Standalone(conn)));
+                    return Ok((i, Multiplexed::Standalone(conn)));
                 }
                 let pending = slots[i].connect(pool, connect_bound);
                 // Another kept connection serves meanwhile: nobody waits for
@@ -381,7 +381,7 @@ impl Connection {
                     .enumerate()
                     .find_map(|(j, s)| s.current().map(|c| (j, c)))
                 {
-                    return Ok((j, Conn::Standalone(conn)));
+                    return Ok((j, Multiplexed::Standalone(conn)));
                 }
                 // None is up. A probe of an open breaker waits no longer than
                 // a reply would; the connect goes on in its task regardless.
@@ -391,7 +391,7 @@ impl Connection {
                     self.response_timeout
                 };
                 match tokio::time::timeout(wait, pending).await {
-                    Ok(Ok(conn)) => Ok((i, Conn::Standalone(conn))),
+                    Ok(Ok(conn)) => Ok((i, Multiplexed::Standalone(conn))),
                     Ok(Err(why)) => {
                         self.failure(op, ErrorClass::Connection, &why);
                         Err(StoreError::Unavailable)
@@ -406,7 +406,7 @@ impl Connection {
                 // The connect is bounded by the connection timeout; waiting
                 // behind another caller's connect, by the pool wait.
                 match tokio::time::timeout(connect_bound, link.get()).await {
-                    Ok(Ok(conn)) => Ok((0, Conn::Cluster(conn))),
+                    Ok(Ok(conn)) => Ok((0, Multiplexed::Cluster(conn))),
                     Ok(Err(e)) => {
                         self.failure(op, ErrorClass::Connection, &describe(&e));
                         Err(StoreError::Unavailable)

@@ -16,7 +16,7 @@ use futures_util::future::join_all;
 
 use super::error::StoreError;
 use super::purge_bus::{listen, PurgeHandler};
-use super::scripts::INDEX;
+use super::scripts::INDEX_GROUP;
 use super::store::RedisStore;
 use crate::key::CacheKey;
 
@@ -48,7 +48,7 @@ impl RedisStore {
         let member = key.to_hex();
         let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
         join_all(groups.iter().map(|g| {
-            let mut inv = INDEX.prepare_invoke();
+            let mut inv = INDEX_GROUP.prepare_invoke();
             inv.key(self.group_key(g))
                 .key(self.legacy_group_key(g))
                 .arg(&member)

@@ -109,7 +109,7 @@ pub(super) static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Records an entry in a group index (purge by URL or tag).
-pub(super) static INDEX: LazyLock<Script> =
+pub(super) static INDEX_GROUP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("index_group.lua")));
 
 pub(super) fn millis(d: Duration) -> u64 {
