@@ -1,5 +1,5 @@
 //! In-process store on moka: the embedded default, and the L1 tier in front of
-//! Redis.
+//! Redis. Never talks to Redis and never waits: every call returns at once.
 //!
 //! We use `moka::sync::Cache` rather than the future cache: its `get` needs no
 //! `.await`, so a hit is answered inside `Service::call` with a ready future and

@@ -1,18 +1,11 @@
 //! Where entries live: [`memory`] is the embedded default and the L1 in front
-//! of a shared store.
+//! of a shared store, [`redis`] the shared store. Stores keep bytes and
+//! leases; they decide nothing about HTTP or freshness rules.
 
-#[cfg(feature = "redis")]
-pub(crate) mod cluster;
-#[cfg(feature = "redis")]
-pub(crate) mod fills;
 pub(crate) mod memory;
-#[cfg(feature = "redis")]
-pub(crate) mod purge_bus;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 // Same path as the real store, so its users need no cfg of their own.
 #[cfg(not(feature = "redis"))]
 #[path = "no_redis.rs"]
 pub(crate) mod redis;
-#[cfg(feature = "redis")]
-pub(crate) mod tls;

@@ -1,5 +1,6 @@
 //! The Redis store when the `redis` feature is off: its types exist but have
-//! no values.
+//! no values. Holds no behaviour; it must mirror only the signatures that
+//! code compiled either way calls.
 //!
 //! An `Option<Arc<RedisStore>>` is then always `None`, so the engine keeps
 //! one code path and its Redis branches are dead code the compiler can see

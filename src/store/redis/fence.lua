@@ -1,4 +1,6 @@
--- Shared by the scripts that issue fence tokens (prepended to each).
+-- KEYS, ARGV: none. Functions only, prepended to the scripts that issue fence
+-- tokens (lookup_or_lease, fenced_write, purge_entry, next_fence); they pass
+-- the fence hash key and the retention in.
 -- The fence hash holds `next` (last token issued) and `hw` (highest token
 -- accepted, or raised by a purge). Tokens are whole numbers below 2^53, exact
 -- as Lua numbers; they are written back with %.0f, never tostring (which

@@ -1,4 +1,6 @@
-//! Redis Cluster: one `ClusterConnection` per store, built directly.
+//! Redis Cluster: one `ClusterConnection` per store, built directly. Opens
+//! and replaces that connection only; errors and the breaker are the
+//! connection's.
 //!
 //! Why not deadpool's cluster pool, as for a standalone Redis: its manager
 //! builds the client from URLs alone, so it cannot take our connect and
@@ -16,7 +18,8 @@ use deadpool_redis::redis::{
     cluster_async::ClusterConnection,
 };
 
-use super::redis::{redact_error, RedisOptions};
+use super::error::redact_error;
+use super::options::RedisOptions;
 use crate::error::BuildError;
 
 /// Redirects (MOVED, ASK) and TRYAGAIN are retried this often, quickly: the

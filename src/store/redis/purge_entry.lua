@@ -1,5 +1,6 @@
 -- KEYS: v fresh pass fence
 -- ARGV: fence_retention_ms
+-- Returns the raised fence, or 0 when the key had no fence hash.
 -- Delete the entry and raise `hw` to a fresh token: every leader that leased
 -- before the purge holds an older token, so its fenced write is refused and
 -- the purge is not undone by a fill that started before it. No fence hash, no

@@ -2,6 +2,8 @@
 -- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only ahead_ms
 -- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
 -- ahead_ms > 0 (refresh-ahead): lease a fresh entry with at most that long left.
+-- Returns {status, value, fresh_ms, hard_ms, fence, lease_or_pass_ms}; status is
+-- fresh, stale, stale_leased, leased, held, pass or miss.
 local v = false
 if ARGV[3] ~= '1' then
   -- A value of another type (WRONGTYPE) is foreign: a miss, and the fill's

@@ -1,7 +1,9 @@
 -- KEYS: v fresh lock fence pass
 -- ARGV: token fence mode value fresh_ms hard_ms channel key_hex fence_retention_ms pass_ms
 --       entry_prefix fence_offset
+-- mode: store (value, fresh_ms, hard_ms), pass (pass_ms) or release (nothing).
 -- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
+-- Returns {accepted, released}, each 0 or 1.
 local f = tonumber(ARGV[2])
 -- The newest write (or purge) we know of: `hw`, or, when the fence hash is
 -- gone, the fence the stored entry was written with (it is part of the

@@ -1,5 +1,6 @@
 //! TLS for `rediss://` URLs (cargo feature `tls`): rustls with the ring
 //! provider, the system root store by default, or a private CA given as PEM.
+//! Builds clients only; connects nothing.
 
 use deadpool_redis::redis;
 

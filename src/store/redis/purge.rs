@@ -1,92 +1,24 @@
-//! Purges across instances: group indexes in Redis (URL and `Surrogate-Key`
-//! tags) and a broadcast channel every instance listens on to clear its L1.
+//! Purges in Redis: group indexes (URL and `Surrogate-Key` tags) walked in
+//! batches, and the notice every instance hears. Local memory is not cleared
+//! here: the purge bus hands notices to the handler the layer installed.
 //!
 //! A group index `{ns}:g:{G}` (`G` a hash of the group's name) is a sorted
 //! set of entry keys scored by when each entry expires. Writes trim the
 //! expired members, so an index holds the group's live entries only, and the
 //! index key itself expires with its last entry. A purge walks it in batches.
-//!
-//! A purge deletes the entries from Redis, then publishes a notice; every
-//! instance (the sender too) applies it to its own memory. If an instance
-//! misses the notice (its listener was reconnecting) answers fresh from its
-//! copy for at most the L1 lifetime (1 s by default): that is the bound on
-//! the delay. A stale answer from the copy starts a refresh, which finds the
-//! entry gone in Redis and replaces the copy.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Script};
+use deadpool_redis::redis;
 use futures_util::future::join_all;
-use futures_util::StreamExt;
-use tokio::sync::watch;
 
+use super::error::StoreError;
+use super::purge_bus::{listen, PurgeHandler};
+use super::scripts::INDEX_GROUP;
+use super::store::RedisStore;
 use crate::key::CacheKey;
-use crate::store::redis::{RedisStore, StoreError};
-
-/// Applies a purge notice (raw payload) to this process.
-pub(crate) type PurgeHandler = Arc<dyn Fn(&[u8]) + Send + Sync>;
-
-/// The listening side, shared with its background task.
-#[derive(Default)]
-pub(crate) struct PurgeBus {
-    /// A std `Mutex`: only cloned out or replaced, never held across `.await`.
-    handler: Mutex<Option<PurgeHandler>>,
-    started: AtomicBool,
-}
-
-impl std::fmt::Debug for PurgeBus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PurgeBus")
-            .field("started", &self.started.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-impl PurgeBus {
-    pub(crate) fn set_handler(&self, handler: PurgeHandler) {
-        *self.handler.lock().unwrap_or_else(PoisonError::into_inner) = Some(handler);
-    }
-
-    fn apply(&self, payload: &[u8]) {
-        let handler = self
-            .handler
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(h) = handler {
-            h(payload);
-        }
-    }
-}
-
-static INDEX: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
--- KEYS: group index (sorted set), its older plain-set form
--- ARGV: member ttl_ms
--- Members are scored by when their entry expires (server clock) and the
--- expired ones are trimmed on every write, so the index holds only the
--- group's live entries: it cannot outgrow what Redis stores.
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'set' then
-  -- Written by an older version: kept aside (its TTL no longer extended),
-  -- still walked by purges until it expires.
-  redis.call('RENAME', KEYS[1], KEYS[2])
-elseif kind ~= 'zset' and kind ~= 'none' then
-  redis.call('DEL', KEYS[1])
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
-return 1
-",
-    )
-});
 
 /// Members purged per batch: each batch is a few round trips under the reply
 /// timeout, so a group of any size never blocks Redis or trips the breaker.
@@ -116,7 +48,7 @@ impl RedisStore {
         let member = key.to_hex();
         let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
         join_all(groups.iter().map(|g| {
-            let mut inv = INDEX.prepare_invoke();
+            let mut inv = INDEX_GROUP.prepare_invoke();
             inv.key(self.group_key(g))
                 .key(self.legacy_group_key(g))
                 .arg(&member)
@@ -241,61 +173,8 @@ impl RedisStore {
                 self.purge_channel(),
                 self.options.connect_timeout,
                 self.shutdown_signal(),
-                Arc::clone(&self.renew),
+                self.connection.renew_signal(),
             ));
         }
-    }
-}
-
-/// The purge listener: one subscriber connection, reconnecting with back-off,
-/// ending when the store is dropped.
-async fn listen(
-    bus: Weak<PurgeBus>,
-    client: redis::Client,
-    channel: String,
-    connect_timeout: Duration,
-    mut shutdown: watch::Receiver<bool>,
-    renew: Arc<tokio::sync::Notify>,
-) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let mut renewed = false;
-        if let Ok(Ok(mut pubsub)) =
-            tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await
-        {
-            if let Ok(Ok(())) =
-                tokio::time::timeout(connect_timeout, pubsub.subscribe(&channel)).await
-            {
-                backoff = Duration::from_millis(100);
-                let mut messages = pubsub.into_on_message();
-                loop {
-                    tokio::select! {
-                        msg = messages.next() => match (msg, bus.upgrade()) {
-                            (Some(m), Some(b)) => b.apply(m.get_payload_bytes()),
-                            (Some(_), None) => return,
-                            (None, _) => break,
-                        },
-                        // The server was found demoted: reconnect, perhaps elsewhere.
-                        _ = renew.notified() => {
-                            renewed = true;
-                            break;
-                        }
-                        _ = shutdown.changed() => return,
-                    }
-                }
-            }
-        }
-        if bus.strong_count() == 0 {
-            return;
-        }
-        if renewed {
-            // Asked to move, not failed: reconnect at once.
-            continue;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.changed() => return,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }

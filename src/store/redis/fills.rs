@@ -1,4 +1,6 @@
-//! Fill notifications over sharded pub/sub (Redis 7: SPUBLISH / SSUBSCRIBE).
+//! Fill notifications over sharded pub/sub (Redis 7: SPUBLISH / SSUBSCRIBE):
+//! the waiters' registry and its one subscriber connection. Publishes nothing
+//! (the fenced write does) and reads no entry.
 //!
 //! The fenced write publishes on `{ns}:{H}:fill`, a channel under the entry's
 //! own hash tag: on a cluster it lives in the entry's slot, so the script may
@@ -24,7 +26,7 @@ use deadpool_redis::redis::{
 use futures_util::future::join_all;
 use tokio::sync::{mpsc, watch};
 
-use super::redis::RedisOptions;
+use super::options::RedisOptions;
 use crate::key::CacheKey;
 
 /// What a waiter sees of its key.

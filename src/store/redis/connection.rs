@@ -1,0 +1,460 @@
+//! The way to Redis: kept multiplexed connections (or one cluster
+//! connection), their reconnects, and the breaker and error handling every
+//! command goes through. Knows no entry, key or script.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use deadpool_redis::redis::{
+    self, aio::MultiplexedConnection, cluster_async::ClusterConnection, AsyncConnectionConfig,
+    IntoConnectionInfo, Value as RedisValue,
+};
+use deadpool_redis::{Manager, Pool, Runtime};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::breaker::Breaker;
+use super::cluster::ClusterLink;
+use super::error::{describe, redact_error, ErrorClass, StoreError};
+use super::fills::FillSource;
+use super::options::{redact, RedisOptions};
+use super::tls;
+use crate::error::BuildError;
+
+/// How commands reach Redis.
+enum Link {
+    Standalone {
+        pool: Pool,
+        /// Multiplexed connections kept checked out, used in turn.
+        slots: Vec<Arc<Slot>>,
+        next: AtomicUsize,
+    },
+    Cluster(Box<ClusterLink>),
+}
+
+/// A connect that runs in its own task, shared by everyone waiting for it.
+type PendingConnect = Shared<BoxFuture<'static, Result<MultiplexedConnection, Arc<str>>>>;
+
+/// One kept connection and its (re)connect.
+#[derive(Default)]
+struct Slot {
+    /// A std `Mutex`: only held to clone or replace a handle, never across `.await`.
+    conn: Mutex<Option<MultiplexedConnection>>,
+    /// The connect under way. Its own task drives it, so a caller that stops
+    /// waiting (its bound ran out) does not cancel it: a later call finds the
+    /// connection ready instead of starting over against a slow server.
+    connecting: Mutex<Option<PendingConnect>>,
+}
+
+impl Slot {
+    fn current(&self) -> Option<MultiplexedConnection> {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn clear(&self) {
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The connect of this slot, started now unless one is under way.
+    fn connect(self: &Arc<Self>, pool: &Pool, bound: Duration) -> PendingConnect {
+        let mut pending = self
+            .connecting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = pending.as_ref() {
+            return p.clone();
+        }
+        let (slot, pool) = (Arc::clone(self), pool.clone());
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(bound, pool.get()).await {
+                Ok(Ok(pooled)) => {
+                    let conn = deadpool_redis::Connection::take(pooled);
+                    *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                    Ok(conn)
+                }
+                Ok(Err(deadpool_redis::PoolError::Backend(e))) => Err(Arc::from(describe(&e))),
+                Ok(Err(other)) => Err(Arc::from(redact_error(&other))),
+                Err(_) => Err(Arc::from("connect timed out")),
+            };
+            *slot
+                .connecting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+            result
+        });
+        let shared = async move {
+            task.await
+                .unwrap_or_else(|_| Err(Arc::from("connect task ended early")))
+        }
+        .boxed()
+        .shared();
+        *pending = Some(shared.clone());
+        shared
+    }
+}
+
+/// Per-key reply errors are logged at most this often, so one bad key or a
+/// full server does not write a line per request.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// A connection of either kind; both multiplex, so a clone per call is cheap.
+#[derive(Clone)]
+enum Multiplexed {
+    Standalone(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Multiplexed {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, RedisValue> {
+        match self {
+            Multiplexed::Standalone(c) => c.req_packed_command(cmd),
+            Multiplexed::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<RedisValue>> {
+        match self {
+            Multiplexed::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Multiplexed::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Multiplexed::Standalone(c) => c.get_db(),
+            Multiplexed::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The way to Redis of one store. Every command goes through
+/// [`invoke`](Self::invoke) or [`query`](Self::query): breaker first, then a
+/// kept connection, then the reply under the response timeout.
+pub(super) struct Connection {
+    link: Link,
+    breaker: Breaker,
+    /// Bound on every reply.
+    response_timeout: Duration,
+    /// Bound on getting a connection: pool wait plus connect.
+    connect_bound: Duration,
+    /// Shortest time between two replacements of every connection (the
+    /// breaker's first back-off).
+    renew_gap: Duration,
+    /// Tells the subscriber connections (fills, purges) to reconnect after
+    /// the server turned out to be no master: they may be pinned to it too.
+    renew: Arc<Notify>,
+    /// Last warning about a per-key reply error (see [`WARN_EVERY`]).
+    last_warn: Mutex<Option<Instant>>,
+    /// Last time every connection was replaced (see `drop_all_connections`).
+    last_renew: Mutex<Option<Instant>>,
+}
+
+impl Connection {
+    /// The connection of a store with `options` (nothing is opened yet), and
+    /// where its fill subscriber connects.
+    pub(super) fn new(options: &RedisOptions) -> Result<(Self, FillSource), BuildError> {
+        let (link, fill_source) = if options.cluster {
+            (
+                Link::Cluster(Box::new(ClusterLink::new(options)?)),
+                FillSource::Cluster(Box::new(options.clone())),
+            )
+        } else {
+            Self::standalone(options)?
+        };
+        let connection = Self {
+            link,
+            breaker: Breaker::new(options),
+            response_timeout: options.response_timeout,
+            connect_bound: options.pool_wait_timeout + options.connect_timeout,
+            renew_gap: options.breaker_min_backoff,
+            renew: Arc::default(),
+            last_warn: Mutex::new(None),
+            last_renew: Mutex::new(None),
+        };
+        Ok((connection, fill_source))
+    }
+
+    /// Whether calls go to Redis now (the breaker is closed, or due a probe).
+    /// Does not use up the probe: the call itself does.
+    pub(super) fn available(&self) -> bool {
+        self.breaker.would_allow()
+    }
+
+    /// Whether the breaker is closed (Redis answered the last call).
+    pub(super) fn is_closed(&self) -> bool {
+        self.breaker.is_closed()
+    }
+
+    /// Notified when every connection is replaced: subscriber connections
+    /// then reconnect too.
+    pub(super) fn renew_signal(&self) -> Arc<Notify> {
+        Arc::clone(&self.renew)
+    }
+
+    fn standalone(options: &RedisOptions) -> Result<(Link, FillSource), BuildError> {
+        let url = options.urls.first().map(String::as_str).unwrap_or_default();
+        let invalid = |e: redis::RedisError| {
+            BuildError::with_source(
+                format!("invalid redis url {}", redact(url)),
+                redact_error(&e),
+            )
+        };
+        let info = url.into_connection_info().map_err(invalid)?;
+        #[cfg(feature = "tls")]
+        let root_cert = options.tls_root_cert.as_deref();
+        #[cfg(not(feature = "tls"))]
+        let root_cert = None;
+        // The client carries the TLS settings (and the private CA) into the
+        // connection info that the pool and the subscriber both use.
+        let info = tls::client(info, root_cert)
+            .map_err(invalid)?
+            .get_connection_info()
+            .clone();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        let manager = Manager::new_with_config(info.clone(), config).map_err(invalid)?;
+        let n = options.connections.max(1);
+        let pool = Pool::builder(manager)
+            .max_size(n * 2)
+            .wait_timeout(Some(options.pool_wait_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.response_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| BuildError::with_source("cannot build the redis pool", e.to_string()))?;
+        // Pushes (sharded messages) need RESP3 on the subscriber connection.
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let subscriber = redis::Client::open(info.set_redis_settings(resp3)).map_err(invalid)?;
+        Ok((
+            Link::Standalone {
+                pool,
+                slots: (0..n).map(|_| Arc::default()).collect(),
+                next: AtomicUsize::new(0),
+            },
+            FillSource::Standalone(Box::new(subscriber)),
+        ))
+    }
+
+    /// A script call under the store's timeouts and breaker.
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        if !self.breaker.allow() {
+            return Err(StoreError::Unavailable);
+        }
+        let (slot, mut conn) = self.connection(op).await?;
+        let result = tokio::time::timeout(self.response_timeout, inv.invoke_async(&mut conn)).await;
+        self.settle(op, slot, result)
+    }
+
+    /// A command under the store's timeouts and breaker.
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        if !self.breaker.allow() {
+            return Err(StoreError::Unavailable);
+        }
+        let (slot, mut conn) = self.connection(op).await?;
+        let result = tokio::time::timeout(self.response_timeout, cmd.query_async(&mut conn)).await;
+        self.settle(op, slot, result)
+    }
+
+    fn settle<T>(
+        &self,
+        op: &'static str,
+        slot: usize,
+        result: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, StoreError> {
+        match result {
+            Ok(Ok(v)) => {
+                self.breaker.success();
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                let class = ErrorClass::of(&e);
+                match class {
+                    ErrorClass::Connection => {
+                        self.drop_connection(slot, &e);
+                        self.failure(op, class, &describe(&e));
+                    }
+                    ErrorClass::Role => {
+                        self.failure(op, class, &describe(&e));
+                        self.drop_all_connections();
+                    }
+                    ErrorClass::Timeout => self.failure(op, class, &describe(&e)),
+                    // A reply error about one key, or a full server that
+                    // still reads, says nothing about Redis being down: no
+                    // breaker trip, and the caller serves from memory.
+                    ErrorClass::Oom | ErrorClass::Foreign | ErrorClass::Other => {
+                        self.record_error(op, class);
+                        self.warn_throttled(op, class, &describe(&e));
+                    }
+                }
+                Err(StoreError::Redis(e))
+            }
+            Err(_) => {
+                self.failure(op, ErrorClass::Timeout, "timed out");
+                Err(StoreError::Timeout)
+            }
+        }
+    }
+
+    fn record_error(&self, op: &'static str, class: ErrorClass) {
+        crate::metrics::redis_error(self.breaker.cache.as_deref(), op, class.label());
+    }
+
+    fn failure(&self, op: &'static str, class: ErrorClass, why: &str) {
+        self.record_error(op, class);
+        if self.breaker.failure() {
+            tracing::warn!(
+                op,
+                class = class.label(),
+                why,
+                "redis unavailable; serving from memory until it answers again"
+            );
+        } else {
+            tracing::debug!(op, class = class.label(), why, "redis call failed");
+        }
+    }
+
+    fn warn_throttled(&self, op: &'static str, class: ErrorClass, why: &str) {
+        let now = Instant::now();
+        let due = {
+            let mut last = self
+                .last_warn
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let due = last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY);
+            if due {
+                *last = Some(now);
+            }
+            due
+        };
+        let what = match class {
+            ErrorClass::Oom => "redis is out of memory; not storing, serving from memory",
+            ErrorClass::Foreign => {
+                "a foreign value at a cache key; treated as a miss and overwritten by the next fill"
+            }
+            _ => "redis command failed",
+        };
+        if due {
+            tracing::warn!(op, class = class.label(), error = why, "{what}");
+        } else {
+            tracing::debug!(op, class = class.label(), error = why, "{what}");
+        }
+    }
+
+    async fn connection(&self, op: &'static str) -> Result<(usize, Multiplexed), StoreError> {
+        let connect_bound = self.connect_bound;
+        match &self.link {
+            Link::Standalone { pool, slots, next } => {
+                let i = next.fetch_add(1, Ordering::Relaxed) % slots.len();
+                if let Some(conn) = slots[i].current() {
+                    return Ok((i, Multiplexed::Standalone(conn)));
+                }
+                let pending = slots[i].connect(pool, connect_bound);
+                // Another kept connection serves meanwhile: nobody waits for
+                // a reconnect while one connection is up.
+                if let Some((j, conn)) = slots
+                    .iter()
+                    .enumerate()
+                    .find_map(|(j, s)| s.current().map(|c| (j, c)))
+                {
+                    return Ok((j, Multiplexed::Standalone(conn)));
+                }
+                // None is up. A probe of an open breaker waits no longer than
+                // a reply would; the connect goes on in its task regardless.
+                let wait = if self.breaker.is_closed() {
+                    connect_bound
+                } else {
+                    self.response_timeout
+                };
+                match tokio::time::timeout(wait, pending).await {
+                    Ok(Ok(conn)) => Ok((i, Multiplexed::Standalone(conn))),
+                    Ok(Err(why)) => {
+                        self.failure(op, ErrorClass::Connection, &why);
+                        Err(StoreError::Unavailable)
+                    }
+                    Err(_) => {
+                        self.failure(op, ErrorClass::Timeout, "connect timed out");
+                        Err(StoreError::Timeout)
+                    }
+                }
+            }
+            Link::Cluster(link) => {
+                // The connect is bounded by the connection timeout; waiting
+                // behind another caller's connect, by the pool wait.
+                match tokio::time::timeout(connect_bound, link.get()).await {
+                    Ok(Ok(conn)) => Ok((0, Multiplexed::Cluster(conn))),
+                    Ok(Err(e)) => {
+                        self.failure(op, ErrorClass::Connection, &describe(&e));
+                        Err(StoreError::Unavailable)
+                    }
+                    Err(_) => {
+                        self.failure(op, ErrorClass::Timeout, "connect timed out");
+                        Err(StoreError::Timeout)
+                    }
+                }
+            }
+        }
+    }
+
+    fn drop_connection(&self, slot: usize, e: &redis::RedisError) {
+        match &self.link {
+            Link::Standalone { slots, .. } => slots[slot].clear(),
+            // A cluster connection reconnects to nodes and refreshes slots by
+            // itself; only an error it cannot get past calls for a new one.
+            Link::Cluster(link) => {
+                if e.is_unrecoverable_error() {
+                    link.reset();
+                }
+            }
+        }
+    }
+
+    /// Replace every kept connection (and the subscribers'): the server they
+    /// lead to is no master any more. At most once per shortest breaker
+    /// back-off: a burst of calls failing on the old server must not turn
+    /// into a burst of reconnects.
+    fn drop_all_connections(&self) {
+        let now = Instant::now();
+        {
+            let mut last = self
+                .last_renew
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|t| now.duration_since(t) < self.renew_gap) {
+                return;
+            }
+            *last = Some(now);
+        }
+        match &self.link {
+            Link::Standalone { slots, .. } => slots.iter().for_each(|s| s.clear()),
+            // The cluster client follows READONLY to the new master by
+            // itself; one that still surfaces means its view is stale.
+            Link::Cluster(link) => link.reset(),
+        }
+        self.renew.notify_waiters();
+    }
+}

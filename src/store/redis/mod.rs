@@ -1,0 +1,60 @@
+//! The shared store on Redis: entries, the lease, the fence, and fill
+//! notifications, each entry's keys under one hash tag so a single Lua script
+//! can touch all of them (also on Redis Cluster). This file only declares the
+//! parts and re-exports what the crate uses; no code lives here.
+//!
+//! ```text
+//! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry
+//! {ns}:{H}:fresh  present while fresh, PX = freshness left
+//! {ns}:{H}:lock   lease token, SET NX PX
+//! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
+//! {ns}:{H}:pass   hit-for-pass marker
+//! ```
+//!
+//! Connections to a standalone Redis: deadpool builds them (with connect and
+//! response timeouts), and we keep a few multiplexed connections checked out
+//! for good. A multiplexed connection already pipelines concurrent commands,
+//! and a pool checkout costs an UNWATCH+PING round trip, which would triple
+//! the commands of a Redis hit. On Redis Cluster one cluster connection does
+//! the same job (see [`cluster`]).
+//!
+//! Fill notifications use sharded pub/sub on a per-entry channel
+//! `{ns}:{H}:fill` (see [`fills`]), on a cluster and standalone alike.
+//!
+//! # Parts
+//!
+//! Imports run down this list only, never back up:
+//!
+//! ```text
+//! purge.rs       purge by group (indexes walked in batches), purge notices sent
+//! store.rs       RedisStore, the facade: lookup-or-lease, fenced write, leases, fill waits
+//! purge_bus.rs   the listener that hears purge notices
+//! scripts.rs     the *.lua scripts, the write modes and the lookup reply
+//! keys.rs        the key names of one entry
+//! connection.rs  kept connections, reconnects, the breaker and error handling
+//! fills.rs       fill notifications: waiter registry and its subscriber
+//! cluster.rs     the Redis Cluster connection
+//! breaker.rs     the circuit breaker
+//! error.rs       StoreError, ErrorClass, redacted error text
+//! options.rs     RedisOptions: plain data, checked when a store is built
+//! tls.rs         rediss:// clients
+//! ```
+
+mod breaker;
+mod cluster;
+mod connection;
+mod error;
+mod fills;
+mod keys;
+mod options;
+mod purge;
+mod purge_bus;
+mod scripts;
+mod store;
+mod tls;
+
+pub(crate) use self::error::{redact_error, StoreError};
+pub(crate) use self::fills::FillSubscription;
+pub use self::options::RedisOptions;
+pub(crate) use self::scripts::{RemoteLookup, WriteMode};
+pub(crate) use self::store::RedisStore;

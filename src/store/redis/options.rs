@@ -1,0 +1,350 @@
+//! [`RedisOptions`]: how to reach Redis and how to use it, with the checks
+//! made when a store is built. Plain data: opens no connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::tls;
+use crate::error::BuildError;
+
+/// How to reach Redis and how to use it. Every timeout has a default.
+///
+/// ```
+/// use std::time::Duration;
+/// use herdguard::RedisOptions;
+/// let opts = RedisOptions::new("redis://127.0.0.1:6379")
+///     .namespace("shop")
+///     .lease_ttl(Duration::from_secs(5))
+///     .l1_ttl(Duration::from_millis(500));
+/// # let _ = opts;
+/// ```
+///
+/// # Redis Cluster
+///
+/// [`RedisOptions::cluster`] takes the URLs of some nodes (any subset is
+/// enough to discover the rest). Every key of one entry shares a hash tag,
+/// so each script touches one slot and runs on a cluster unchanged; entries
+/// of different keys spread over the slots. MOVED and ASK redirects are
+/// followed by the client, and fill notifications go out on sharded pub/sub
+/// (`SPUBLISH` on a channel in the entry's own slot), so they do not
+/// broadcast to every node. Redis 7 or newer is needed for the notifications;
+/// on an older server waiters fall back to polling.
+///
+/// ```
+/// use herdguard::RedisOptions;
+/// let opts = RedisOptions::cluster([
+///     "redis://10.0.0.1:6379",
+///     "redis://10.0.0.2:6379",
+///     "redis://10.0.0.3:6379",
+/// ]);
+/// # let _ = opts;
+/// ```
+///
+/// # Failures
+///
+/// Every call is bounded by the response timeout, and Redis trouble is never
+/// an error response: the layer serves from memory and coalesces within the
+/// process. What happens next depends on the error:
+///
+/// - a broken connection or a timeout opens the circuit breaker, which
+///   probes again after [`breaker_backoff`](Self::breaker_backoff); a
+///   broken connection is replaced (a timed-out one is kept: a frozen server
+///   answers on it once it thaws);
+/// - `READONLY`, `LOADING` or `MASTERDOWN` (a failover demoted the server)
+///   open the breaker and replace every connection, the subscribers' too, so
+///   a failover behind a DNS name or a virtual IP heals without a restart;
+/// - `OOM` skips the write (the lease is still given back) and the answer is
+///   kept in memory; reads keep using Redis;
+/// - a foreign value at an entry key (another type, or bytes this version
+///   cannot read) is a miss, and the next fill overwrites it.
+///
+/// Errors are counted in `herdguard_redis_errors_total{op, class}` (class:
+/// `connection`, `timeout`, `role`, `oom`, `foreign`, `other`); per-key ones
+/// are logged at most every 10 s.
+///
+/// # TLS and credentials
+///
+/// `rediss://` URLs connect over TLS (rustls) when the crate's `tls` feature
+/// is on; without it, building the layer fails with an error that says so.
+/// The server certificate is checked against the system's root store, or
+/// against your own CA with `tls_root_cert_pem`. Credentials go in the URL:
+/// `rediss://user:password@host:6380` for an ACL user, `rediss://:password@host`
+/// for `requirepass`. They are sent with `HELLO`/`AUTH` and never appear in
+/// logs, errors, `Debug` output or metric labels. A wrong password is logged
+/// as an authentication failure and the layer serves from memory meanwhile.
+#[derive(Clone)]
+pub struct RedisOptions {
+    /// Standalone: one URL. Cluster: the seed nodes.
+    pub(crate) urls: Vec<String>,
+    pub(crate) cluster: bool,
+    #[cfg(feature = "tls")]
+    pub(crate) tls_root_cert: Option<Arc<[u8]>>,
+    pub(crate) namespace: String,
+    pub(crate) connections: usize,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) pool_wait_timeout: Duration,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) l1_ttl: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) fallback_poll_interval: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) breaker_min_backoff: Duration,
+    pub(crate) breaker_max_backoff: Duration,
+    pub(crate) fence_retention: Duration,
+    /// The `cache` label of this store's metrics: the layer's name, or none
+    /// for a store outside a layer.
+    pub(crate) metrics_name: Option<String>,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|u| redact(u)).collect();
+        let mut d = f.debug_struct("RedisOptions");
+        d.field("urls", &urls)
+            .field("cluster", &self.cluster)
+            .field("namespace", &self.namespace)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("l1_ttl", &self.l1_ttl);
+        #[cfg(feature = "tls")]
+        d.field(
+            "tls_root_cert",
+            &self.tls_root_cert.as_ref().map(|_| "<pem>"),
+        );
+        d.finish_non_exhaustive()
+    }
+}
+
+/// The URL without credentials, for logs and Debug output.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl RedisOptions {
+    /// Options for the Redis at `url` (`redis://[user:pass@]host:port[/db]`), with defaults:
+    /// namespace `herdguard`, 4 connections, connect timeout 1 s, response
+    /// timeout 250 ms, pool wait 250 ms, lease 5 s (extended every lease/3
+    /// while the origin works), L1 1 s, waiter poll 200 ms (50 ms while fill
+    /// notifications are down).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self::with_urls(vec![url.into()], false)
+    }
+
+    /// Options for the Redis Cluster reached through `urls` (seed nodes, at
+    /// least one; the client discovers the rest and follows the cluster as
+    /// slots move). Same defaults as [`RedisOptions::new`], except that one
+    /// multiplexed cluster connection is used whatever
+    /// [`connections`](Self::connections) says, and no pool is involved.
+    pub fn cluster<I, U>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        Self::with_urls(urls.into_iter().map(Into::into).collect(), true)
+    }
+
+    fn with_urls(urls: Vec<String>, cluster: bool) -> Self {
+        Self {
+            urls,
+            cluster,
+            #[cfg(feature = "tls")]
+            tls_root_cert: None,
+            namespace: "herdguard".to_owned(),
+            connections: 4,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(250),
+            pool_wait_timeout: Duration::from_millis(250),
+            lease_ttl: Duration::from_secs(5),
+            l1_ttl: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(200),
+            fallback_poll_interval: Duration::from_millis(50),
+            watchdog: true,
+            breaker_min_backoff: Duration::from_millis(250),
+            breaker_max_backoff: Duration::from_secs(5),
+            fence_retention: Duration::from_secs(24 * 3600),
+            metrics_name: None,
+        }
+    }
+
+    /// Label this store's metrics with the layer's name.
+    pub(crate) fn metrics_name(mut self, name: &str) -> Self {
+        self.metrics_name = Some(name.to_owned());
+        self
+    }
+
+    /// Prefix of every key (default `herdguard`): letters, digits, `_ - . :`.
+    #[must_use]
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = ns.into();
+        self
+    }
+
+    /// Multiplexed connections kept open (default 4). On a cluster, one
+    /// cluster connection (one multiplexed connection per node) is used.
+    #[must_use]
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n;
+        self
+    }
+
+    /// Bound on opening a connection, TLS and AUTH included (default 1 s).
+    #[must_use]
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Bound on every command's reply (default 250 ms).
+    #[must_use]
+    pub fn response_timeout(mut self, t: Duration) -> Self {
+        self.response_timeout = t;
+        self
+    }
+
+    /// Bound on waiting for a pooled connection (default 250 ms); on a
+    /// cluster, on waiting behind another caller's connect.
+    #[must_use]
+    pub fn pool_wait_timeout(mut self, t: Duration) -> Self {
+        self.pool_wait_timeout = t;
+        self
+    }
+
+    /// Lease lifetime (default 5 s). A dead leader blocks a key at most this long.
+    #[must_use]
+    pub fn lease_ttl(mut self, t: Duration) -> Self {
+        self.lease_ttl = t;
+        self
+    }
+
+    /// How long this process answers *fresh* from its in-memory copy before
+    /// asking Redis again (default 1 s; never longer than the entry stays
+    /// fresh). Past that, the copy may still answer *stale* within the
+    /// entry's stale grace, while a background refresh asks Redis. Zero keeps
+    /// no copy at all: every answer asks Redis.
+    #[must_use]
+    pub fn l1_ttl(mut self, t: Duration) -> Self {
+        self.l1_ttl = t;
+        self
+    }
+
+    /// Poll interval of a waiter in case a fill notification is lost (default 200 ms).
+    ///
+    /// Waiters are woken by the fill notification; this poll is only the
+    /// fallback. A waiter never sleeps past the lease it waits on, so a
+    /// leader that dies is noticed when its lease ends, whatever the poll.
+    #[must_use]
+    pub fn poll_interval(mut self, t: Duration) -> Self {
+        self.poll_interval = t;
+        self
+    }
+
+    /// Poll interval of a waiter while the notification connection is down,
+    /// or on a server without sharded pub/sub (before Redis 7): default
+    /// 50 ms, never longer than [`poll_interval`](Self::poll_interval).
+    #[must_use]
+    pub fn fallback_poll_interval(mut self, t: Duration) -> Self {
+        self.fallback_poll_interval = t;
+        self
+    }
+
+    /// Whether to extend the lease while the origin works (default on).
+    #[must_use]
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Back-off of the circuit breaker after Redis fails: first and longest wait
+    /// before probing again (defaults 250 ms and 5 s, doubling in between).
+    #[must_use]
+    pub fn breaker_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.breaker_min_backoff = first;
+        self.breaker_max_backoff = max.max(first);
+        self
+    }
+
+    /// Trust only this CA (PEM, one or more certificates) for `rediss://`,
+    /// instead of the system's root store: for a private CA or a self-signed
+    /// server certificate. Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    #[must_use]
+    pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into().into());
+        self
+    }
+
+    /// Whether these options name a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    pub(super) fn validate(&self) -> Result<(), BuildError> {
+        if self.urls.is_empty() || self.urls.iter().any(|u| u.trim().is_empty()) {
+            return Err(BuildError::new("redis needs at least one non-empty url"));
+        }
+        if !self.cluster && self.urls.len() > 1 {
+            return Err(BuildError::new(
+                "several redis urls need RedisOptions::cluster",
+            ));
+        }
+        tls::check_available(&self.urls)?;
+        let ns = &self.namespace;
+        let ok = !ns.is_empty()
+            && ns.len() <= 64
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+        if !ok {
+            return Err(BuildError::new(format!(
+                "redis namespace {ns:?} must be 1-64 characters of letters, digits, '_', '-', '.', ':'"
+            )));
+        }
+        if self.lease_ttl < Duration::from_millis(30) {
+            return Err(BuildError::new("lease ttl must be at least 30 ms"));
+        }
+        for (name, d) in [
+            ("connect timeout", self.connect_timeout),
+            ("response timeout", self.response_timeout),
+            ("pool wait timeout", self.pool_wait_timeout),
+            ("poll interval", self.poll_interval),
+            ("fallback poll interval", self.fallback_poll_interval),
+        ] {
+            if d.is_zero() {
+                return Err(BuildError::new(format!("{name} must be above zero")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Credentials never survive redaction.
+    #[test]
+    fn redact_hides_credentials() {
+        assert_eq!(
+            redact("redis://user:secret@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        let opts = RedisOptions::new("rediss://:pw@host:1");
+        assert!(!format!("{opts:?}").contains("pw"));
+    }
+
+    /// Cluster seed URLs are redacted one by one in Debug output.
+    #[test]
+    fn cluster_debug_hides_every_password() {
+        let opts = RedisOptions::cluster(["redis://:pw-first@h:1", "redis://u:pw-second@h:2"]);
+        let shown = format!("{opts:?}");
+        assert!(!shown.contains("pw-"), "{shown}");
+        assert!(shown.contains("h:1") && shown.contains("cluster: true"));
+    }
+}

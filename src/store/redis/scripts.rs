@@ -1,0 +1,175 @@
+//! The Lua scripts (one `.lua` file each, loaded with `include_str!`), the
+//! modes a fenced write takes and what a lookup-or-lease returns. Knows the
+//! scripts' wire shapes only; calling them is the store's job.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_redis::redis::{Script, Value as RedisValue};
+
+use crate::lock::FenceToken;
+
+/// What one lookup-or-lease round trip found.
+#[derive(Debug)]
+pub(crate) enum RemoteLookup {
+    Fresh {
+        bytes: Bytes,
+        fresh_left: Duration,
+        hard_left: Duration,
+    },
+    /// Stale; `fence` is `Some` when this caller also won the lease to refresh it.
+    Stale {
+        bytes: Bytes,
+        hard_left: Duration,
+        fence: Option<FenceToken>,
+    },
+    Leased {
+        fence: FenceToken,
+    },
+    Held {
+        lease_left: Duration,
+    },
+    /// No entry, and the lease is not taken here (it lives on Redlock nodes).
+    Miss,
+    Pass {
+        left: Duration,
+    },
+}
+
+/// What a fenced write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriteOutcome {
+    /// The entry (or pass marker) was stored: its fence was not older than
+    /// the newest accepted write.
+    pub(crate) accepted: bool,
+    /// Our lease was still ours and is now released.
+    pub(crate) released: bool,
+}
+
+/// What a fenced write stores.
+#[derive(Debug)]
+pub(crate) enum WriteMode<'a> {
+    Store {
+        bytes: &'a [u8],
+        fresh: Duration,
+        hard: Duration,
+    },
+    Pass {
+        ttl: Duration,
+    },
+    /// Store nothing; release the lease and wake waiters to compete again.
+    Release,
+}
+
+/// The entry and its freshness, or the lease and a fence token, in one round trip.
+pub(super) static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("lookup_or_lease.lua")
+    ))
+});
+
+/// Store only if the fence is not older than the newest accepted write;
+/// release the lease if still ours; announce the fill.
+pub(super) static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("fenced_write.lua")
+    ))
+});
+
+/// Delete an entry and raise its fence above every lease taken before.
+pub(super) static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("purge_entry.lua")
+    ))
+});
+
+/// Extend the lease while the token still holds it.
+pub(super) static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("extend.lua")));
+
+/// Compare-and-delete of the lease.
+#[allow(
+    dead_code,
+    reason = "the guarded-work API and Redlock release through it"
+)]
+pub(super) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("release.lua")));
+
+/// The next fence token of a key alone, for a write guarded by a lease held
+/// elsewhere (Redlock).
+pub(super) static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("next_fence.lua")
+    ))
+});
+
+/// Records an entry in a group index (purge by URL or tag).
+pub(super) static INDEX_GROUP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("index_group.lua")));
+
+pub(super) fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+fn pttl(ms: i64) -> Duration {
+    // -1 (no expiry) cannot happen for our keys; treat it as "long".
+    match ms {
+        -1 => Duration::from_secs(3600),
+        ms if ms > 0 => Duration::from_millis(ms as u64),
+        _ => Duration::ZERO,
+    }
+}
+
+pub(super) fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
+    let items = match reply {
+        RedisValue::Array(items) => items,
+        _ => return None,
+    };
+    let mut it = items.into_iter();
+    let status = match it.next()? {
+        RedisValue::BulkString(s) => s,
+        RedisValue::SimpleString(s) => s.into_bytes(),
+        _ => return None,
+    };
+    let value = match it.next()? {
+        RedisValue::BulkString(b) => Bytes::from(b),
+        RedisValue::Nil => Bytes::new(),
+        _ => return None,
+    };
+    let mut int = || match it.next() {
+        Some(RedisValue::Int(i)) => Some(i),
+        _ => None,
+    };
+    let (fresh, hard, fence, other) = (int()?, int()?, int()?, int()?);
+    Some(match status.as_slice() {
+        b"fresh" => RemoteLookup::Fresh {
+            bytes: value,
+            fresh_left: pttl(fresh),
+            hard_left: pttl(hard),
+        },
+        b"stale_leased" => RemoteLookup::Stale {
+            bytes: value,
+            hard_left: pttl(hard),
+            fence: Some(FenceToken(fence as u64)),
+        },
+        b"stale" => RemoteLookup::Stale {
+            bytes: value,
+            hard_left: pttl(hard),
+            fence: None,
+        },
+        b"leased" => RemoteLookup::Leased {
+            fence: FenceToken(fence as u64),
+        },
+        b"held" => RemoteLookup::Held {
+            lease_left: pttl(other),
+        },
+        b"pass" => RemoteLookup::Pass { left: pttl(other) },
+        b"miss" => RemoteLookup::Miss,
+        _ => return None,
+    })
+}
