@@ -20,9 +20,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-#[path = "herdguard/proxy/mod.rs"]
 mod proxy;
-#[path = "herdguard/proxy_cmd.rs"]
 mod proxy_cmd;
 
 use clap::{ArgGroup, Parser, Subcommand};
