@@ -723,3 +723,27 @@ async fn inspect_raw_reports_a_missing_key() {
         (&"missing".into(), &"none".into())
     );
 }
+
+/// Each subcommand's --help lists only its own options: the diagnostics' --json and --timeout-ms are not the proxy's.
+#[tokio::test]
+async fn help_lists_only_the_subcommands_own_options() {
+    let proxy = cli(&["proxy", "--help"]).await;
+    assert_eq!(proxy.code, 0, "{}", proxy.stderr);
+    assert!(proxy.stdout.contains("--upstream"), "{}", proxy.stdout);
+    assert!(!proxy.stdout.contains("--json"), "{}", proxy.stdout);
+    assert!(!proxy.stdout.contains("--timeout-ms"), "{}", proxy.stdout);
+    for diagnostic in ["inspect", "locks", "clock-skew", "purge"] {
+        let help = cli(&[diagnostic, "--help"]).await;
+        assert_eq!(help.code, 0, "{}", help.stderr);
+        assert!(
+            help.stdout.contains("--json"),
+            "{diagnostic}: {}",
+            help.stdout
+        );
+        assert!(
+            help.stdout.contains("--timeout-ms"),
+            "{diagnostic}: {}",
+            help.stdout
+        );
+    }
+}

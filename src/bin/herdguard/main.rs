@@ -28,7 +28,8 @@ mod proxy_cmd;
 mod purge;
 mod report;
 
-use clap::{ArgGroup, Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand};
 use serde_json::json;
 
 use report::{Failure, Report, Verdict};
@@ -43,12 +44,24 @@ use report::{Failure, Report, Verdict};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Print one JSON object instead of text.
-    #[arg(long, global = true)]
+    /// Still accepted before the subcommand; each diagnostic lists it.
+    #[arg(long, hide = true)]
     json: bool,
-    /// Bound on each Redis connect and each command, in milliseconds.
-    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    timeout_ms: u64,
+    /// Still accepted before the subcommand; each diagnostic lists it.
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    timeout_ms: Option<u64>,
+}
+
+/// Options of every diagnostic, not of the proxy: they are flattened into
+/// each diagnostic so that `proxy --help` does not list them.
+#[derive(Debug, Clone, Copy, Args)]
+struct Diagnostic {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Bound on each Redis connect and each command, in milliseconds [default: 1000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,6 +92,8 @@ enum Command {
         /// The layer's Redis namespace.
         #[arg(long, default_value = "herdguard")]
         namespace: String,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
     },
     /// The holder of one lock on every node: flags splits and locks held
     /// on fewer than a quorum.
@@ -99,6 +114,8 @@ enum Command {
         /// The lock's namespace.
         #[arg(long, default_value = "herdguard")]
         namespace: String,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
     },
     /// Sample TIME on every node, correct for round trips, and compare the
     /// spread of the clocks with a budget.
@@ -113,6 +130,8 @@ enum Command {
         /// 10 s TTL × 0.01).
         #[arg(long, default_value_t = 100)]
         budget_ms: u64,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
     },
     /// Delete entries from Redis through the layer's own purge path and tell
     /// every instance to drop its memory copies.
@@ -129,17 +148,37 @@ enum Command {
         /// The layer's Redis namespace.
         #[arg(long, default_value = "herdguard")]
         namespace: String,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let diagnostic = match &cli.command {
+        Command::Proxy(_) if cli.json || cli.timeout_ms.is_some() => Cli::command()
+            .error(
+                ErrorKind::ArgumentConflict,
+                "--json and --timeout-ms are options of the diagnostics, not of proxy",
+            )
+            .exit(),
+        Command::Proxy(_) => None,
+        Command::Inspect { diagnostic, .. }
+        | Command::Locks { diagnostic, .. }
+        | Command::ClockSkew { diagnostic, .. }
+        | Command::Purge { diagnostic, .. } => Some(*diagnostic),
+    };
     let command = match cli.command {
         Command::Proxy(args) => return proxy_cmd::main(*args),
         other => other,
     };
-    let timeout = Duration::from_millis(cli.timeout_ms);
-    let as_json = cli.json;
+    // After the subcommand wins over before it.
+    let timeout_ms = diagnostic
+        .and_then(|d| d.timeout_ms)
+        .or(cli.timeout_ms)
+        .unwrap_or(1000);
+    let timeout = Duration::from_millis(timeout_ms);
+    let as_json = cli.json || diagnostic.is_some_and(|d| d.json);
     let result = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -170,23 +209,27 @@ async fn run(command: Command, timeout: Duration) -> Result<Report, Failure> {
             raw,
             redis,
             namespace,
+            ..
         } => inspect::inspect(&target, raw, &redis, &namespace, timeout).await,
         Command::Locks {
             lock,
             raw,
             nodes,
             namespace,
+            ..
         } => locks::locks(&lock, raw, &nodes, &namespace, timeout).await,
         Command::ClockSkew {
             nodes,
             samples,
             budget_ms,
+            ..
         } => clock_skew::clock_skew(&nodes, samples, budget_ms, timeout).await,
         Command::Purge {
             target,
             tag,
             redis,
             namespace,
+            ..
         } => purge::purge(target.as_deref(), tag, &redis, &namespace, timeout).await,
     }
 }
