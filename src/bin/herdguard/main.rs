@@ -1,4 +1,7 @@
-//! `herdguard`: diagnostics for the Redis side of a herdguard deployment.
+//! `herdguard`: the caching reverse proxy, and diagnostics for the Redis
+//! side of a herdguard deployment. This file owns the flags and the dispatch
+//! only; each subcommand lives in its own module, and none of them imports
+//! this file.
 //!
 //! ```text
 //! herdguard inspect <url-or-key> [--raw] --redis URL [--namespace NS]
@@ -15,6 +18,11 @@
 //! `--json` prints one JSON object on stdout instead of text. Every Redis
 //! call is bounded by `--timeout-ms` (default 1000). Credentials in URLs are
 //! never printed.
+//!
+//! Modules: `inspect`, `locks`, `clock_skew`, `purge` (one per diagnostic)
+//! over `conn` (bounded Redis calls) and `report` (verdict and output);
+//! `proxy_cmd` (the proxy's flags) over `proxy/` (the proxy itself, shared
+//! with `examples/reverse_proxy.rs`).
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! X-Forwarded-For / -Proto, and which peers may set them.
+//! X-Forwarded-For / -Proto, and which peers may set them. Header rules
+//! only: imports nothing else of the proxy.
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;

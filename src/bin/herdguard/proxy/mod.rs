@@ -1,6 +1,7 @@
 //! The caching reverse proxy behind `herdguard proxy`, built on herdguard's
 //! public API only. `examples/reverse_proxy.rs` runs this same code (through
-//! `#[path]`), so there is one proxy.
+//! `#[path]`), so there is one proxy. It must not use anything outside
+//! `proxy/` (no flags, no diagnostics): the example compiles it alone.
 //!
 //! - Every method and every end-to-end header is forwarded; hop-by-hop
 //!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
