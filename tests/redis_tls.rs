@@ -168,8 +168,12 @@ async fn tls_cluster_with_acl_user_calls_origin_once_per_key() {
             .fallback_poll_interval(Duration::from_secs(10))
             // TLS in a debug build on a loaded machine can miss the 250 ms
             // default, and a missed reply means fail-open, not coalescing:
-            // this test is about TLS, not timeouts.
+            // this test is about TLS, not timeouts. The same holds for the
+            // first connect (TLS and AUTH to every node), which the other
+            // leaders wait behind for the pool wait: 250 ms + 1 s by default.
             .response_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(5))
+            .pool_wait_timeout(Duration::from_secs(2))
     };
     let origin = Origin::new(CACHEABLE).delay(Duration::from_millis(300));
     let apps: Vec<Router> = (0..2).map(|_| origin.app(layer(options()))).collect();

@@ -1,6 +1,8 @@
 //! `herdguard proxy`: flags, environment and config file, mapped onto the
 //! shared proxy (`proxy/`). Precedence: flag, then environment variable,
 //! then the `--config` file, then the default shown in `--help`.
+//! Holds no proxying logic: that is `proxy/`, which must not depend on
+//! this file (the example builds `proxy/` without clap).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

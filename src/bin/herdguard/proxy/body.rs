@@ -1,6 +1,7 @@
 //! The proxy's bodies: one type for requests and upstream responses, one for
 //! what goes back to clients. Enums, not boxes, so a hit allocates nothing
-//! for its body beyond what the cache already holds.
+//! for its body beyond what the cache already holds. Imports nothing else
+//! of the proxy.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -1,11 +1,31 @@
-//! X-Forwarded-For / -Proto, and which peers may set them.
+//! X-Forwarded-For / -Proto, and which peers may set them. Header rules
+//! only: imports nothing else of the proxy.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use http::header::{HeaderMap, HeaderValue};
 
-use super::{append_list, Peer};
+/// What the server knows about the connection a request came on; put in the
+/// request's extensions (the cache copies them onto the requests it builds).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    pub(crate) addr: SocketAddr,
+    pub(crate) tls: bool,
+}
+
+/// Append to a comma-separated list header (Via, X-Forwarded-For).
+pub(crate) fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
+    let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => {
+            HeaderValue::from_str(&format!("{existing}, {item}"))
+        }
+        _ => HeaderValue::from_str(item),
+    };
+    if let Ok(v) = value {
+        headers.insert(name, v);
+    }
+}
 
 /// An address range, `10.0.0.0/8`, `::1/128`, or one address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! The caching reverse proxy behind `herdguard proxy`, built on herdguard's
 //! public API only. `examples/reverse_proxy.rs` runs this same code (through
-//! `#[path]`), so there is one proxy.
+//! `#[path]`), so there is one proxy. It must not use anything outside
+//! `proxy/` (no flags, no diagnostics): the example compiles it alone.
 //!
 //! - Every method and every end-to-end header is forwarded; hop-by-hop
 //!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
@@ -31,7 +32,6 @@ pub(crate) mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -45,7 +45,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use body::{ClientBody, ProxyBody};
-use forwarded::Cidr;
+pub(crate) use forwarded::Peer;
+use forwarded::{append_list, Cidr};
 use upstream::{Connector, UpstreamOptions};
 
 /// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
@@ -89,14 +90,6 @@ impl ProxyConfig {
             upstream_options: UpstreamOptions::default(),
         }
     }
-}
-
-/// What the server knows about the connection a request came on; put in the
-/// request's extensions (the cache copies them onto the requests it builds).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer {
-    pub(crate) addr: SocketAddr,
-    pub(crate) tls: bool,
 }
 
 /// Where the upstream call made for a request notes how long it took: in
@@ -446,19 +439,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     for name in HOP_BY_HOP {
         headers.remove(name);
-    }
-}
-
-/// Append to a comma-separated list header (Via, X-Forwarded-For).
-pub(crate) fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
-    let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.is_empty() => {
-            HeaderValue::from_str(&format!("{existing}, {item}"))
-        }
-        _ => HeaderValue::from_str(item),
-    };
-    if let Ok(v) = value {
-        headers.insert(name, v);
     }
 }
 

@@ -1,5 +1,6 @@
 //! The listeners: clients (HTTP/1.1 and h2c, or TLS with ALPN), limits on
-//! them, the admin endpoints, and graceful shutdown.
+//! them, the admin endpoints, and graceful shutdown. Hands every request to
+//! `Proxy`; decides nothing about caching or forwarding.
 
 use std::convert::Infallible;
 use std::io;

@@ -1,6 +1,7 @@
 //! Connections to the upstream: plain TCP or rustls, through hyper-util's
 //! pooled client. Names are resolved on every new connection, so a moved
-//! upstream is found on reconnect.
+//! upstream is found on reconnect. Knows nothing of the cache or of
+//! clients.
 
 use std::future::Future;
 use std::io;

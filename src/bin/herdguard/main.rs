@@ -1,0 +1,243 @@
+//! `herdguard`: the caching reverse proxy, and diagnostics for the Redis
+//! side of a herdguard deployment. This file owns the flags and the dispatch
+//! only; each subcommand lives in its own module, and none of them imports
+//! this file.
+//!
+//! ```text
+//! herdguard inspect <url-or-key> [--raw] --redis URL [--namespace NS]
+//! herdguard locks <lock-key-or-resource> [--raw] --nodes URL,URL,... [--namespace NS]
+//! herdguard clock-skew --nodes URL,URL,... [--samples N] [--budget-ms MS]
+//! herdguard purge <url-or-key | --tag TAG> --redis URL [--namespace NS]
+//! herdguard proxy --upstream URL [--listen ADDR] [--admin ADDR] ...
+//! ```
+//!
+//! `proxy` runs the caching reverse proxy (src/bin/herdguard/proxy/); it
+//! runs until SIGTERM or SIGINT and exits 0 after a graceful stop.
+//!
+//! Exit codes: 0 healthy, 1 problem found, 2 usage or connection error.
+//! `--json` prints one JSON object on stdout instead of text. Every Redis
+//! call is bounded by `--timeout-ms` (default 1000). Credentials in URLs are
+//! never printed.
+//!
+//! Modules: `inspect`, `locks`, `clock_skew`, `purge` (one per diagnostic)
+//! over `conn` (bounded Redis calls) and `report` (verdict and output);
+//! `proxy_cmd` (the proxy's flags) over `proxy/` (the proxy itself, shared
+//! with `examples/reverse_proxy.rs`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+mod clock_skew;
+mod conn;
+mod inspect;
+mod locks;
+mod proxy;
+mod proxy_cmd;
+mod purge;
+mod report;
+
+use clap::error::ErrorKind;
+use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand};
+use serde_json::json;
+
+use report::{Failure, Report, Verdict};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "herdguard",
+    version,
+    about = "herdguard's caching reverse proxy, and diagnostics for its Redis: entries, locks, clock skew, purges.",
+    after_help = "Exit codes: 0 healthy, 1 problem found, 2 usage or connection error."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Still accepted before the subcommand; each diagnostic lists it.
+    #[arg(long, hide = true)]
+    json: bool,
+    /// Still accepted before the subcommand; each diagnostic lists it.
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    timeout_ms: Option<u64>,
+}
+
+/// Options of every diagnostic, not of the proxy: they are flattened into
+/// each diagnostic so that `proxy --help` does not list them.
+#[derive(Debug, Clone, Copy, Args)]
+struct Diagnostic {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Bound on each Redis connect and each command, in milliseconds [default: 1000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the caching reverse proxy in front of an HTTP API.
+    ///
+    /// Every option can also be set by its environment variable or in the
+    /// --config file. Logs go to stderr (HERDGUARD_LOG sets the filter,
+    /// e.g. `info,herdguard::access=off`); one line on stdout says where it
+    /// listens.
+    Proxy(Box<proxy_cmd::ProxyArgs>),
+    /// One entry's status, size, freshness, hard TTL, lock and fence.
+    ///
+    /// TARGET is a 32-hex cache key, or an absolute URL turned into the key
+    /// the layer derives for a plain GET of it (host and port, path,
+    /// query; no Authorization, no key headers, no Vary variant). Anything
+    /// else that exists as a Redis key, or any TARGET with `--raw`, is read
+    /// as that key: its type, value and PTTL.
+    Inspect {
+        /// A 32-hex cache key, an http(s) URL, or a Redis key.
+        target: String,
+        /// Read TARGET as a Redis key, verbatim.
+        #[arg(long)]
+        raw: bool,
+        /// The Redis the layer uses (redis://[user:pass@]host:port[/db]).
+        #[arg(long)]
+        redis: String,
+        /// The layer's Redis namespace.
+        #[arg(long, default_value = "herdguard")]
+        namespace: String,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
+    },
+    /// The holder of one lock on every node: flags splits and locks held
+    /// on fewer than a quorum.
+    ///
+    /// LOCK is a full key (`ns:{H}:lock`), a 32-hex cache key, or a
+    /// resource name as given to `Redlock::acquire` (H = its CacheKey). A
+    /// name that exists as a key on some node, such as a lock other clients
+    /// made (`lock:rebuild:{42}`), is read as that key; `--raw` always does.
+    Locks {
+        /// Lock key, cache key, resource name, or any Redis key.
+        lock: String,
+        /// Read LOCK as a Redis key, verbatim.
+        #[arg(long)]
+        raw: bool,
+        /// Every Redlock node, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// The lock's namespace.
+        #[arg(long, default_value = "herdguard")]
+        namespace: String,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
+    },
+    /// Sample TIME on every node, correct for round trips, and compare the
+    /// spread of the clocks with a budget.
+    ClockSkew {
+        /// Every node, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// TIME samples per node (the one with the shortest round trip counts).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        samples: u32,
+        /// Largest tolerated spread in ms (default: Redlock's drift allowance,
+        /// 10 s TTL × 0.01).
+        #[arg(long, default_value_t = 100)]
+        budget_ms: u64,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
+    },
+    /// Delete entries from Redis through the layer's own purge path and tell
+    /// every instance to drop its memory copies.
+    #[command(group(ArgGroup::new("what").required(true).args(["target", "tag"])))]
+    Purge {
+        /// A URL (every stored variant of it) or a 32-hex cache key.
+        target: Option<String>,
+        /// Purge every entry tagged with this Surrogate-Key tag.
+        #[arg(long)]
+        tag: Option<String>,
+        /// The Redis the layer uses.
+        #[arg(long)]
+        redis: String,
+        /// The layer's Redis namespace.
+        #[arg(long, default_value = "herdguard")]
+        namespace: String,
+        #[command(flatten)]
+        diagnostic: Diagnostic,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let diagnostic = match &cli.command {
+        Command::Proxy(_) if cli.json || cli.timeout_ms.is_some() => Cli::command()
+            .error(
+                ErrorKind::ArgumentConflict,
+                "--json and --timeout-ms are options of the diagnostics, not of proxy",
+            )
+            .exit(),
+        Command::Proxy(_) => None,
+        Command::Inspect { diagnostic, .. }
+        | Command::Locks { diagnostic, .. }
+        | Command::ClockSkew { diagnostic, .. }
+        | Command::Purge { diagnostic, .. } => Some(*diagnostic),
+    };
+    let command = match cli.command {
+        Command::Proxy(args) => return proxy_cmd::main(*args),
+        other => other,
+    };
+    // After the subcommand wins over before it.
+    let timeout_ms = diagnostic
+        .and_then(|d| d.timeout_ms)
+        .or(cli.timeout_ms)
+        .unwrap_or(1000);
+    let timeout = Duration::from_millis(timeout_ms);
+    let as_json = cli.json || diagnostic.is_some_and(|d| d.json);
+    let result = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(run(command, timeout)),
+        Err(e) => Err(Failure(format!("cannot start the runtime: {e}"))),
+    };
+    let (verdict, json, text) = match result {
+        Ok(r) => (r.verdict, r.json, r.text),
+        Err(Failure(msg)) => {
+            eprintln!("herdguard: {msg}");
+            (Verdict::Failure, json!({ "error": msg }), String::new())
+        }
+    };
+    if as_json {
+        println!("{json}");
+    } else if !text.is_empty() {
+        print!("{text}");
+    }
+    ExitCode::from(verdict as u8)
+}
+
+async fn run(command: Command, timeout: Duration) -> Result<Report, Failure> {
+    match command {
+        Command::Proxy(_) => Err(Failure("the proxy runs from main".into())),
+        Command::Inspect {
+            target,
+            raw,
+            redis,
+            namespace,
+            ..
+        } => inspect::inspect(&target, raw, &redis, &namespace, timeout).await,
+        Command::Locks {
+            lock,
+            raw,
+            nodes,
+            namespace,
+            ..
+        } => locks::locks(&lock, raw, &nodes, &namespace, timeout).await,
+        Command::ClockSkew {
+            nodes,
+            samples,
+            budget_ms,
+            ..
+        } => clock_skew::clock_skew(&nodes, samples, budget_ms, timeout).await,
+        Command::Purge {
+            target,
+            tag,
+            redis,
+            namespace,
+            ..
+        } => purge::purge(target.as_deref(), tag, &redis, &namespace, timeout).await,
+    }
+}

@@ -1,0 +1,105 @@
+//! `herdguard purge`: deletes entries through the library's own purge path
+//! (`herdguard::inspect::purge_and_wait`), never by deleting keys itself.
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use herdguard::inspect::{self, Purge};
+use herdguard::{CacheLayer, RedisOptions};
+use serde_json::json;
+
+use crate::conn::{bounded, check_namespace, connect};
+use crate::inspect::parse_url;
+use crate::report::{redact, redact_text, source_text, Failure, Report, Verdict};
+
+pub(crate) async fn purge(
+    target: Option<&str>,
+    tag: Option<String>,
+    url: &str,
+    namespace: &str,
+    timeout: Duration,
+) -> Result<Report, Failure> {
+    check_namespace(namespace)?;
+    let (what, described) = match (target, tag) {
+        (_, Some(tag)) if tag.is_empty() || tag.contains(char::is_whitespace) => {
+            return Err(Failure(
+                "a tag is one Surrogate-Key token: not empty, no spaces".to_owned(),
+            ))
+        }
+        (_, Some(tag)) => (Purge::Tag(tag.clone()), json!({ "tag": tag })),
+        (Some(t), None) => match inspect::parse_key(t) {
+            Some(key) => (Purge::Key(key), json!({ "key": key.to_hex() })),
+            None => {
+                let uri = parse_url(t)?;
+                let key = CacheLayer::new().url_key(&uri);
+                (
+                    Purge::Key(key),
+                    json!({ "url": uri.to_string(), "url_key": key.to_hex() }),
+                )
+            }
+        },
+        (None, None) => return Err(Failure("give a URL, a key or --tag".to_owned())),
+    };
+    // The layer's breaker reports any failure as "unavailable"; a direct
+    // PING first tells the operator why (refused, auth, timeout).
+    let mut conn = connect(url, timeout).await?;
+    let _: String = bounded(url, timeout, redis::cmd("PING").query_async(&mut conn)).await?;
+    let layer = CacheLayer::builder()
+        .redis(
+            RedisOptions::new(url)
+                .namespace(namespace)
+                .connections(1)
+                .connect_timeout(timeout)
+                .response_timeout(timeout)
+                .pool_wait_timeout(timeout),
+        )
+        .build()
+        .map_err(|e| Failure(redact_text(&format!("{e}: {}", source_text(&e)))))?;
+    // A purge is a handful of sequential calls, each bounded by `timeout`.
+    let bound = timeout * 8;
+    match tokio::time::timeout(bound, inspect::purge_and_wait(&layer, what)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            return Err(Failure(format!(
+                "{} ({})",
+                redact_text(&e.to_string()),
+                redact(url)
+            )))
+        }
+        Err(_) => {
+            return Err(Failure(format!(
+                "purge at {} did not finish within {bound:?}",
+                redact(url)
+            )))
+        }
+    }
+    let text = match &described {
+        d if d.get("tag").is_some() => format!(
+            "purged every entry tagged {} in {} namespace {namespace}; purge notice published\n",
+            d["tag"],
+            redact(url)
+        ),
+        d if d.get("url").is_some() => format!(
+            "purged every variant of {} (url key {}) in {} namespace {namespace}; purge notice published\n",
+            d["url"],
+            d["url_key"],
+            redact(url)
+        ),
+        d => format!(
+            "purged key {} in {} namespace {namespace}; purge notice published\n",
+            d["key"],
+            redact(url)
+        ),
+    };
+    let json = json!({
+        "purged": described,
+        "redis": redact(url),
+        "namespace": namespace,
+        "notice_published": true,
+    });
+    Ok(Report {
+        verdict: Verdict::Healthy,
+        json,
+        text,
+    })
+}
