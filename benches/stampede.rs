@@ -6,6 +6,7 @@
 //! cargo bench --bench stampede -- --instances 4 --requests 1000 --origin-delay-ms 100 \
 //!     --clients 64 --seconds 5
 //! cargo bench --bench stampede -- --only reload
+//! cargo bench --bench stampede -- --only big --budget-seconds 240
 //! ```
 //! The reload row primes a hot key on every instance, then sends N
 //! concurrent `Cache-Control: max-age=0` requests (a browser reload): they
@@ -25,6 +26,24 @@
 //! leaves out the loopback and client costs that dominate the client-side
 //! number when N connections share 2 cores (the `floor` row shows those);
 //! Redis commands per request (`INFO stats` total_commands_processed delta: client round trips, not commands run inside scripts); errors.
+//!
+//! Peers: the cold and expired bursts add `herdguard mem, P=1` (one
+//! in-memory instance), nginx (`proxy_cache_lock on`) and varnishd rows,
+//! each one cache in front of the same origin, when the programs are
+//! installed (see `common/peers.rs`); otherwise those rows say they were
+//! skipped. They run as their own processes on the same two cores; the
+//! herdguard rows share the bench's runtime with the load generator.
+//!
+//! `big` (only when named in `--only`: it moves N × 50 MB over loopback):
+//! N=`--big-requests` (200) concurrent GETs on one in-memory instance for
+//! one `--big-mb` (50) body, origin `--big-rate-mbps` (100), first byte
+//! after 100 ms, then a storable `--big-stored-mb` (6; 0 leaves it out)
+//! body. The clients run on a runtime of their own (`--big-client-threads`,
+//! 1). Reports origin calls, time to first body byte of the leader and the
+//! waiters (client side, and the crate's `herdguard_stream_waiter_ttfb_seconds`),
+//! every body's BLAKE3 against the origin's, bodies cut off, and peak RSS
+//! (`VmHWM` reset before the burst, and a 5 ms sampler) against a bound
+//! derived from the window, then a verdict line.
 
 mod common;
 
@@ -46,7 +65,8 @@ use common::{ms, quantile, rss_bytes};
 
 const USAGE: &str = "cargo bench --bench stampede -- [--instances P=4] [--requests N=1000] \
 [--origin-delay-ms 100] [--slow-origin-ms 3000] [--clients C=64] [--seconds T=5] \
-[--body-bytes 512] [--only cold,expired,grace,slow,steady,reload] [--budget-seconds 110] [--redis spawn|URL|none]";
+[--body-bytes 512] [--only cold,expired,grace,slow,steady,reload,big] [--budget-seconds 110] [--redis spawn|URL|none] \
+[--big-mb 50] [--big-stored-mb 6] [--big-requests 200] [--big-rate-mbps 100] [--big-client-threads 1]";
 
 /// The operator grace of the `grace` scenario (as `reverse_proxy --grace 60s`).
 const GRACE: Duration = Duration::from_secs(60);
@@ -536,8 +556,11 @@ async fn run(
         }
     }
     if matches!(scenario, Scenario::Expired | Scenario::Grace) {
-        // Past max-age=1 (fresh_for is max-age minus the fill's response delay).
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // Past max-age=1 (fresh_for is max-age minus the fill's response
+        // delay). nginx keeps expiry in whole seconds and calls an entry
+        // stale only once that second has passed: up to 2 s after the fill.
+        let past = if row == Row::Nginx { 2200 } else { 1200 };
+        tokio::time::sleep(Duration::from_millis(past)).await;
     }
 
     let redis_before = match (row, redis) {
