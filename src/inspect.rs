@@ -9,9 +9,9 @@ use bytes::Bytes;
 
 use crate::entry::{decode_entry, entry_flags, CachedResponse, FLAG_RESPONSE};
 use crate::error::DecodeError;
+use crate::http::layer::CacheLayer;
+use crate::http::purge::PurgeTarget;
 use crate::key::CacheKey;
-use crate::layer::CacheLayer;
-use crate::purge::PurgeTarget;
 
 /// The Redis key names of one entry (the layout of the Redis store).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -415,18 +415,15 @@
 // docs.rs: mark feature-gated items with the feature they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod body;
-mod conditional;
 mod engine;
 mod entry;
 mod error;
 mod flight;
-mod future;
+mod http;
 #[cfg(feature = "redis")]
 #[doc(hidden)]
 pub mod inspect;
 mod key;
-mod layer;
 #[cfg(feature = "redis")]
 mod lock;
 // Same path as the real leases, so their users need no cfg of their own.
@@ -434,35 +431,31 @@ mod lock;
 #[path = "lock/no_redis.rs"]
 mod lock;
 mod metrics;
-mod policy;
-mod purge;
 mod purge_log;
-mod request_body;
 mod retain;
-mod route;
-mod service;
 mod store;
-mod stream;
-mod targeted;
-mod vary;
 
-pub use body::CacheBody;
+// moved: the engine-side entry code still names these at the crate root.
+use http::{policy, vary};
+
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup};
 pub use entry::{CachedResponse, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error};
-pub use future::ResponseFuture;
+pub use http::body::CacheBody;
+pub use http::future::ResponseFuture;
+pub use http::layer::{CacheLayer, CacheLayerBuilder};
+pub use http::purge::{PurgeError, PurgeHandle, Purged};
+pub use http::request_body::RequestBody;
+pub use http::route::{DefaultPredicate, Predicate, RoutePolicy};
+pub use http::service::CacheService;
+pub use http::state::ReloadMode;
 pub use key::CacheKey;
-pub use layer::{CacheLayer, CacheLayerBuilder, ReloadMode};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
 pub use metrics::{describe_metrics, Source, Stats};
-pub use purge::{PurgeError, PurgeHandle, Purged};
-pub use request_body::RequestBody;
-pub use route::{DefaultPredicate, Predicate, RoutePolicy};
-pub use service::CacheService;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::redis::RedisOptions;

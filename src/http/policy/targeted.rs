@@ -8,7 +8,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use crate::policy::CacheControl;
+use crate::http::policy::CacheControl;
 
 /// The RFC 9213 field for CDN caches; a shared cache in front of an origin
 /// is one.

@@ -9,9 +9,9 @@ use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
 
-use crate::body::CacheBody;
-use crate::purge::Invalidation;
-use crate::service::CACHE_STATUS;
+use crate::http::body::CacheBody;
+use crate::http::cache_status::CACHE_STATUS;
+use crate::http::purge::Invalidation;
 
 const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
 

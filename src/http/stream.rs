@@ -495,7 +495,7 @@ mod tests {
             vary: Vec::new(),
             initial_age: 0,
             url: key,
-            rules: crate::policy::StoredRules::default(),
+            rules: crate::http::policy::StoredRules::default(),
             revalidated: false,
         };
         let head = Arc::new(Stored::new(

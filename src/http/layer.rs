@@ -3,141 +3,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderName;
+use http::{HeaderName, Uri};
 use tower_layer::Layer;
 
 use crate::engine::{EngineConfig, Shared};
-use crate::entry::CachedResponse;
 use crate::error::BuildError;
+use crate::http::purge::{url_key, PurgeHandle, PurgeTarget};
+use crate::http::route::RoutePolicy;
+use crate::http::service::CacheService;
+use crate::http::state::{HttpConfig, LayerState, MemoryBudget, ReloadMode, VARY_URL_BYTES};
+use crate::http::vary::VaryIndex;
 use crate::key::CacheKey;
 use crate::metrics::Stats;
-use crate::policy::ResponseRules;
 use crate::retain::RetainedStore;
-use crate::route::{RouteKey, RoutePolicy, RoutePredicate};
-use crate::service::CacheService;
 #[cfg(feature = "redis")]
 use crate::store::redis::RedisOptions;
-use crate::vary::VaryIndex;
-
-/// HTTP-side settings.
-#[derive(Debug, Clone)]
-pub(crate) struct HttpConfig {
-    pub(crate) max_body_bytes: usize,
-    pub(crate) rules: ResponseRules,
-    pub(crate) cache_name: String,
-    pub(crate) key_headers: Vec<HeaderName>,
-    /// How long a stored response is kept past its stale grace: to be
-    /// revalidated with a conditional request, or served to `max-stale`.
-    pub(crate) keep: Duration,
-    /// Whether clients see `Cache-Status` (else it is only logged).
-    pub(crate) show_cache_status: bool,
-    pub(crate) reload: ReloadMode,
-    /// Hand responses that may not be stored to every request waiting on
-    /// the same key (opt-in: only for origins that answer everyone alike).
-    pub(crate) share_uncacheable: bool,
-    /// Remove the user's own targeted field from every response sent on.
-    pub(crate) strip_own_cache_control: bool,
-    /// A route's own key function, in place of host, path and query.
-    pub(crate) route_key: Option<RouteKey>,
-    /// A route's say on what is stored.
-    pub(crate) predicate: Option<RoutePredicate>,
-    /// Remove `Surrogate-Key` from every response to a client.
-    pub(crate) strip_surrogate_key: bool,
-}
-
-/// What a request that refuses the stored response does: `Cache-Control:
-/// no-cache`, `Pragma: no-cache`, `max-age=0`, a `max-age` below the entry's
-/// age, or a `min-fresh` the entry cannot meet (what browsers send on reload).
-///
-/// Whatever the mode, such requests never multiply origin calls without
-/// bound: [`Honor`](Self::Honor) is capped by the fallback limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReloadMode {
-    /// Join the single flight (the default): the request shares the refresh
-    /// already running for its key, or starts one that goes to the origin
-    /// (with the stored validators) and replaces the entry. One such refresh
-    /// runs per key at a time, cluster-wide with Redis, so a thousand reloads
-    /// cost one origin call. A reload may thus share a refresh that started
-    /// a moment before it arrived, never the entry it refused.
-    #[default]
-    Coalesce,
-    /// Each request makes its own origin call and stores the result (RFC
-    /// 9111 to the letter), while fewer than
-    /// [`fallback_limit`](CacheLayerBuilder::fallback_limit) such calls run;
-    /// beyond that, requests share a refresh as with `Coalesce`.
-    Honor,
-    /// The directives above are ignored and the stored response is served
-    /// while it is fresh (what nginx and Varnish do by default). `max-stale`,
-    /// `only-if-cached` and `no-store` still apply.
-    Ignore,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 8 * 1024 * 1024,
-            rules: ResponseRules::default(),
-            cache_name: "herdguard".to_owned(),
-            key_headers: Vec::new(),
-            keep: Duration::from_secs(600),
-            show_cache_status: true,
-            reload: ReloadMode::Coalesce,
-            share_uncacheable: false,
-            strip_own_cache_control: true,
-            route_key: None,
-            predicate: None,
-            strip_surrogate_key: true,
-        }
-    }
-}
-
-/// What one Vary index entry (a URL's key and its header names) costs in
-/// memory, moka's bookkeeping included: an estimate, generous for the usual
-/// one or two names.
-const VARY_URL_BYTES: u64 = 256;
-
-/// `capacity_bytes` carved into the stores that hold memory for long: every
-/// stored byte counts against exactly one of them, so together they never
-/// exceed the capacity (a body shared by L1 and a retained copy counts
-/// twice, so the real total is lower still).
-#[derive(Debug, Clone, Copy)]
-struct MemoryBudget {
-    /// Entries (fresh and stale) in the engine's store.
-    l1: u64,
-    /// Responses kept past their stale window for revalidation.
-    retained: u64,
-    /// The Vary index.
-    vary: u64,
-}
-
-impl MemoryBudget {
-    fn of(capacity: u64) -> Self {
-        let retained = capacity / 4;
-        let vary = (capacity / 64).max(VARY_URL_BYTES * 64);
-        Self {
-            l1: capacity.saturating_sub(retained + vary),
-            retained,
-            vary,
-        }
-    }
-}
-
-/// What every clone of a layer, and every service it makes, shares.
-#[derive(Debug)]
-pub(crate) struct LayerState {
-    pub(crate) engine: Arc<Shared<CachedResponse>>,
-    pub(crate) http: HttpConfig,
-    /// Header names each URL varies on, so variants get keys of their own.
-    pub(crate) vary: VaryIndex,
-    /// Responses kept past their stale grace for revalidation and stale-if-error.
-    pub(crate) retained: RetainedStore,
-    /// Fills whose body is streaming, offered to their flight's waiters.
-    pub(crate) streams: Arc<crate::stream::Streams>,
-    /// The layer a route layer was made from: kept alive while any route is,
-    /// because the Redis purge handler reaches memory through it.
-    pub(crate) root: Option<Arc<LayerState>>,
-}
 
 /// A Tower layer that caches GET and HEAD responses and lets exactly one
 /// request per key compute a missing entry.
@@ -319,16 +199,6 @@ impl CacheLayer {
             k.key(&copy.into_parts().0)
         });
         self.state.target_for(request, route_key).key
-    }
-}
-
-impl LayerState {
-    /// The response header to remove before a response leaves the layer.
-    pub(crate) fn stripped_header(&self) -> Option<HeaderName> {
-        if !self.http.strip_own_cache_control {
-            return None;
-        }
-        self.http.rules.own_cache_control.clone()
     }
 }
 
@@ -657,7 +527,7 @@ impl CacheLayerBuilder {
             retained: RetainedStore::new(budget.retained),
             engine: Arc::new(Shared::new(engine)?),
             http: self.http,
-            streams: Arc::new(crate::stream::Streams::new()),
+            streams: Arc::new(crate::http::stream::Streams::new()),
             root: None,
         });
         if let Some(remote) = &state.engine.remote {
@@ -671,5 +541,49 @@ impl CacheLayerBuilder {
             }));
         }
         Ok(CacheLayer { state })
+    }
+}
+
+impl CacheLayer {
+    /// The key of a URL: what [`purge_key`](Self::purge_key) takes to remove
+    /// every stored variant of it. Scheme and fragment are ignored; the host
+    /// is compared case-insensitively and the port counts, as in the cache
+    /// key (a request's `Host: shop.test:1337` is another site than
+    /// `shop.test`).
+    ///
+    /// ```
+    /// use herdguard::CacheLayer;
+    /// let cache = CacheLayer::new();
+    /// let a = cache.url_key(&"http://example.test/r?x=1".parse().unwrap());
+    /// let b = cache.url_key(&"https://EXAMPLE.test/r?x=1".parse().unwrap());
+    /// let c = cache.url_key(&"http://example.test:8443/r?x=1".parse().unwrap());
+    /// assert_eq!(a, b);
+    /// assert_ne!(a, c);
+    /// ```
+    pub fn url_key(&self, url: &Uri) -> CacheKey {
+        url_key(
+            url.authority().map(|a| a.as_str().as_bytes()),
+            url.path().as_bytes(),
+            url.query().map(str::as_bytes),
+        )
+    }
+
+    /// Remove every stored variant of `url` (with and without Authorization,
+    /// every Vary variant): from this process at once, and from Redis and
+    /// every instance through the returned [`PurgeHandle`].
+    pub fn purge_url(&self, url: &Uri) -> PurgeHandle {
+        self.purge_key(&self.url_key(url))
+    }
+
+    /// Remove the entry with `key`, or every entry of the URL whose
+    /// [`url_key`](Self::url_key) it is. See [`PurgeHandle`].
+    pub fn purge_key(&self, key: &CacheKey) -> PurgeHandle {
+        self.state.purge(PurgeTarget::Key(*key))
+    }
+
+    /// Remove every entry whose response carried `tag` in its space-separated
+    /// `Surrogate-Key` header. See [`PurgeHandle`].
+    pub fn purge_tag(&self, tag: &str) -> PurgeHandle {
+        self.state.purge(PurgeTarget::Tag(Box::from(tag)))
     }
 }

@@ -17,8 +17,8 @@ use http::Uri;
 use tokio::sync::oneshot;
 
 use crate::entry::CachedResponse;
+use crate::http::state::LayerState;
 use crate::key::CacheKey;
-use crate::layer::{CacheLayer, LayerState};
 use crate::store::redis::{redact_error, RedisStore, StoreError};
 
 /// What a purge removes. Plain data, so it can travel over pub/sub.
@@ -334,49 +334,5 @@ pub(crate) fn key_authority(authority: &[u8]) -> &[u8] {
     match authority.iter().rposition(|&b| b == b'@') {
         Some(at) => &authority[at + 1..],
         None => authority,
-    }
-}
-
-impl CacheLayer {
-    /// The key of a URL: what [`purge_key`](Self::purge_key) takes to remove
-    /// every stored variant of it. Scheme and fragment are ignored; the host
-    /// is compared case-insensitively and the port counts, as in the cache
-    /// key (a request's `Host: shop.test:1337` is another site than
-    /// `shop.test`).
-    ///
-    /// ```
-    /// use herdguard::CacheLayer;
-    /// let cache = CacheLayer::new();
-    /// let a = cache.url_key(&"http://example.test/r?x=1".parse().unwrap());
-    /// let b = cache.url_key(&"https://EXAMPLE.test/r?x=1".parse().unwrap());
-    /// let c = cache.url_key(&"http://example.test:8443/r?x=1".parse().unwrap());
-    /// assert_eq!(a, b);
-    /// assert_ne!(a, c);
-    /// ```
-    pub fn url_key(&self, url: &Uri) -> CacheKey {
-        url_key(
-            url.authority().map(|a| a.as_str().as_bytes()),
-            url.path().as_bytes(),
-            url.query().map(str::as_bytes),
-        )
-    }
-
-    /// Remove every stored variant of `url` (with and without Authorization,
-    /// every Vary variant): from this process at once, and from Redis and
-    /// every instance through the returned [`PurgeHandle`].
-    pub fn purge_url(&self, url: &Uri) -> PurgeHandle {
-        self.purge_key(&self.url_key(url))
-    }
-
-    /// Remove the entry with `key`, or every entry of the URL whose
-    /// [`url_key`](Self::url_key) it is. See [`PurgeHandle`].
-    pub fn purge_key(&self, key: &CacheKey) -> PurgeHandle {
-        self.state.purge(PurgeTarget::Key(*key))
-    }
-
-    /// Remove every entry whose response carried `tag` in its space-separated
-    /// `Surrogate-Key` header. See [`PurgeHandle`].
-    pub fn purge_tag(&self, tag: &str) -> PurgeHandle {
-        self.state.purge(PurgeTarget::Tag(Box::from(tag)))
     }
 }

@@ -10,7 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::error::BoxError;
-use crate::stream::StreamReader;
+use crate::http::stream::StreamReader;
 
 pin_project! {
     /// Response body of [`CacheService`](crate::CacheService).

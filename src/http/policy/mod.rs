@@ -1,6 +1,7 @@
 //! RFC 9111 decisions for a shared cache: may this request use the cache, may
 //! this response be stored or shared, and for how long.
 
+pub(crate) mod targeted;
 use std::time::{Duration, SystemTime};
 
 use http::header::{self, HeaderMap, HeaderName};
@@ -355,10 +356,11 @@ pub(crate) fn response_directives(
     rules: &ResponseRules,
     headers: &HeaderMap,
 ) -> (CacheControl, bool) {
-    let (cc, expires) = match crate::targeted::targeted(rules.own_cache_control.as_ref(), headers) {
-        Some(cc) => (cc, false),
-        None => (CacheControl::parse(headers), true),
-    };
+    let (cc, expires) =
+        match crate::http::policy::targeted::targeted(rules.own_cache_control.as_ref(), headers) {
+            Some(cc) => (cc, false),
+            None => (CacheControl::parse(headers), true),
+        };
     if !rules.ignore_cache_control {
         return (cc, expires);
     }

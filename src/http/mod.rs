@@ -1,0 +1,17 @@
+//! Everything that knows HTTP: the Tower layer and its service, RFC 9111
+//! rules, Vary, conditional requests, purge by URL and tag, streamed bodies.
+//! It drives the engine ([`crate::engine`]); nothing below it imports this.
+
+pub(crate) mod body;
+pub(crate) mod cache_status;
+pub(crate) mod conditional;
+pub(crate) mod future;
+pub(crate) mod layer;
+pub(crate) mod policy;
+pub(crate) mod purge;
+pub(crate) mod request_body;
+pub(crate) mod route;
+pub(crate) mod service;
+pub(crate) mod state;
+pub(crate) mod stream;
+pub(crate) mod vary;

@@ -1,0 +1,336 @@
+//! A request with no usable entry: lead or follow the key's flight, take
+//! the leader's answer only if it is for this request, or be released to
+//! call the origin itself under the fallback cap.
+
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use tower_service::Service;
+
+use crate::engine::Resolved;
+use crate::entry::CachedResponse;
+use crate::error::BoxError;
+use crate::http::body::CacheBody;
+use crate::http::policy::{self, Forward, RequestVerdict, Usable};
+use crate::http::state::{LayerState, ReloadMode};
+use crate::http::stream::Stream;
+use crate::metrics::Source;
+use crate::store::memory::Stored;
+
+use super::direct::{direct, direct_with, forward, spare_call};
+use super::fill::is_stored;
+use super::origin::OriginCall;
+use super::respond::{stale_detail, Served, View};
+use super::target::Target;
+
+/// Lead or follow the flight for `key`, then answer from its outcome.
+/// `stale` is the stored response to revalidate, if there is one; `reload`:
+/// the request refuses it, so only a refresh answers it.
+///
+/// A waiter gets the flight's answer only if the cache could have stored it
+/// and served it to this very request (storable, its Vary values and
+/// credentials match, its directives accept it); otherwise it is released
+/// to call the origin itself under the fallback cap.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the request's parts, moved in once; a struct would only rename them"
+)]
+pub(super) async fn miss<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    mut target: Target,
+    head: bool,
+    inner: S,
+    req: Request<ReqB>,
+    stale: Option<Arc<Stored<CachedResponse>>>,
+    mut spare: Option<(S, Request<ReqB>)>,
+    reload: bool,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let request_headers = req.headers().clone();
+    let view = View {
+        head,
+        headers: &request_headers,
+    };
+    let mut fwd = if reload {
+        Forward::Request
+    } else if stale.is_some() {
+        Forward::Stale
+    } else {
+        target.miss
+    };
+    let stored = stale.as_ref().map(|e| e.value.clone());
+    let (leader, mut passthrough_rx, mut error_slot) =
+        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
+    let mut compute = Some(leader);
+    let arrived = std::time::Instant::now();
+    let grace = state.http.rules.grace;
+    // The flight's outcome, or before it: this request's own handoff if it
+    // leads, or the leader's stream if the cache could have served it here.
+    let first = {
+        let resolving = async {
+            if reload {
+                state.engine.resolve_refresh(target.key, &mut compute).await
+            } else {
+                state.engine.resolve(target.key, &mut compute).await
+            }
+        };
+        let streaming = state.streams.wait(target.key, |s| {
+            s.head.value.vary_matches(&request_headers)
+                && acceptable(&request_headers, &s.head, grace)
+        });
+        tokio::select! {
+            biased;
+            Ok(handoff) = &mut passthrough_rx => First::Handoff(handoff),
+            // A reload refuses what other requests are served; it waits for
+            // its refresh's outcome.
+            stream = streaming, if !reload => First::Stream(stream),
+            resolved = resolving => First::Resolved(resolved),
+        }
+    };
+    let mut resolved = match first {
+        First::Resolved(r) => r,
+        First::Handoff(handoff) => return Ok(state.handed_off(handoff, &view, fwd, Source::Miss)),
+        First::Stream(stream) => {
+            let Some(reader) = stream.body.reader(Some(arrived)) else {
+                // The window has left the start: this request calls itself.
+                let status = state.status_fwd(fwd, Some("stream-window-passed"));
+                let call = compute.or_else(|| {
+                    spare.map(|(inner, req)| {
+                        OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
+                    })
+                });
+                return released(&state, call, status, |_| None).await;
+            };
+            state.engine.counters.record(Source::Coalesced);
+            let status = state.status(format_args!(
+                "fwd={}; fwd-status={}; collapsed; detail=streamed",
+                fwd.as_str(),
+                stream.status().as_u16()
+            ));
+            return Ok(state.respond_streamed(&stream, reader, &view, status));
+        }
+    };
+    // An entry made for other Vary values (or other credentials) names the
+    // variant this request needs: follow it once, as a flight of its own.
+    if let Resolved::Value { entry, .. } = &resolved {
+        if let Some(next) = state.variant_for(&target, entry, &request_headers) {
+            target = next;
+            fwd = Forward::VaryMiss;
+            compute = match compute {
+                Some(mut call) => {
+                    call.target = next;
+                    call.stale = None;
+                    Some(call)
+                }
+                None => spare.take().map(|(inner, req)| {
+                    let (call, rx, slot) =
+                        OriginCall::initiated(inner, req, Arc::clone(&state), next, None);
+                    passthrough_rx = rx;
+                    error_slot = slot;
+                    call
+                }),
+            };
+            resolved = match compute {
+                Some(_) if reload => state.engine.resolve_refresh(target.key, &mut compute).await,
+                Some(_) => state.engine.resolve(target.key, &mut compute).await,
+                None => Resolved::Pass(None),
+            };
+        }
+    }
+    let counters = &state.engine.counters;
+    // stale-if-error: the stored response stands in for a failed origin.
+    let fallback = |fwd_status: Option<u16>| {
+        let entry = stale.as_ref()?;
+        let age = entry.value.current_age(entry.age());
+        if !policy::stale_if_error_allows(entry.value.rules, age) {
+            return None;
+        }
+        counters.record(Source::Stale);
+        Some(state.respond(entry, &view, Served::StaleIfError { fwd_status }))
+    };
+    // This request's own call, made when the flight's answer is not for it.
+    let own_call = |compute: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+                    spare: Option<(S, Request<ReqB>)>| {
+        compute.or_else(|| {
+            spare.map(|(inner, req)| {
+                OriginCall::new(inner, req, Arc::clone(&state), None, target, None)
+            })
+        })
+    };
+    match resolved {
+        Resolved::Value { entry, source } => {
+            // Never a variant made for other header values, from any path.
+            if !entry.value.vary_matches(&request_headers) {
+                let status = state.status_fwd(Forward::VaryMiss, None);
+                return released(&state, own_call(compute, spare), status, fallback).await;
+            }
+            // A stored copy shared by the flight may still be refused by this
+            // request's own directives (max-age, min-fresh): such a request
+            // goes to the origin itself. The leader's own answer is for it,
+            // and so is a refresh to a request that refused the stored one
+            // (a refresh's answer is never the entry it refused).
+            let grace = state.http.rules.grace;
+            let refused = !reload
+                && state.http.reload != ReloadMode::Ignore
+                && source != Source::Miss
+                && is_stored(&entry)
+                && !acceptable(&request_headers, &entry, grace);
+            if refused {
+                let call = own_call(compute, spare);
+                return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
+            }
+            if entry.value.status.is_server_error() {
+                if let Some(r) = fallback(Some(entry.value.status.as_u16())) {
+                    return Ok(r);
+                }
+            }
+            counters.record(source);
+            let served = match source {
+                Source::Hit => Served::Hit,
+                Source::Stale => Served::Stale(stale_detail(policy::usability(
+                    &policy::RequestDirectives::default(),
+                    entry.value.rules,
+                    entry.value.current_age(entry.age()),
+                    grace,
+                ))),
+                Source::Coalesced => Served::Forwarded {
+                    fwd,
+                    collapsed: true,
+                },
+                _ => Served::Forwarded {
+                    fwd,
+                    collapsed: false,
+                },
+            };
+            Ok(state.respond(&entry, &view, served))
+        }
+        Resolved::Pass(Some(value)) => {
+            if value.status.is_server_error() {
+                if let Some(r) = fallback(Some(value.status.as_u16())) {
+                    return Ok(r);
+                }
+            }
+            counters.record(Source::Miss);
+            Ok(state.respond_uncached(value, &view, fwd))
+        }
+        Resolved::Pass(None) => {
+            if let Ok(handoff) = passthrough_rx.try_recv() {
+                return Ok(state.handed_off(handoff, &view, fwd, Source::Miss));
+            }
+            // The answer was not for everyone: each waiter asks for its own.
+            let status = state.status_fwd(fwd, Some("uncacheable"));
+            released(&state, own_call(compute, spare), status, fallback).await
+        }
+        Resolved::Failed(error) => {
+            if let Some(r) = fallback(None) {
+                return Ok(r);
+            }
+            // The inner service's own error goes back to the caller that made it.
+            if let Some(e) = error_slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                counters.record_error();
+                return Err(e);
+            }
+            counters.record_error();
+            Ok(state.error_response(&error))
+        }
+        Resolved::WaitTimedOut(permit) => {
+            let status = state.status_fwd(fwd, Some("wait-timeout"));
+            direct_with(&state, own_call(compute, spare), status, Some(permit)).await
+        }
+        Resolved::Overloaded => {
+            let status = state.status_fwd(fwd, Some("overloaded"));
+            released(&state, own_call(compute, spare), status, fallback).await
+        }
+    }
+}
+
+/// What a request in [`miss`] learns first.
+pub(super) enum First<V, H> {
+    Resolved(V),
+    Handoff(H),
+    Stream(Arc<Stream>),
+}
+
+/// A request that refuses the stored response (`no-cache`, `max-age` …):
+/// by default it shares one refresh per key ([`ReloadMode::Coalesce`]); in
+/// [`ReloadMode::Honor`] it calls the origin on its own while a fallback
+/// permit is free, and shares a refresh beyond that.
+pub(super) async fn reload<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    inner: S,
+    req: Request<ReqB>,
+    stored: Option<Arc<Stored<CachedResponse>>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    if state.http.reload == ReloadMode::Honor {
+        if let Some(permit) = state.engine.try_fallback_permit() {
+            let stored = stored.map(|e| e.value.clone());
+            return forward(state, target, head, inner, req, stored, permit).await;
+        }
+    }
+    let spare = spare_call(&inner, &req);
+    miss(state, target, head, inner, req, stored, spare, true).await
+}
+
+/// A request released from a flight calls the origin itself, under the
+/// fallback cap (waiting at most `max_wait` for a permit); past the cap it
+/// gets stale-if-error or a 503.
+pub(super) async fn released<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    fallback: impl FnOnce(Option<u16>) -> Option<Response<CacheBody<ResB>>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let Some(permit) = state.engine.fallback_permit().await else {
+        if let Some(r) = fallback(None) {
+            return Ok(r);
+        }
+        state.engine.counters.record_error();
+        return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
+    };
+    direct_with(state, call, status, Some(permit)).await
+}
+
+/// Whether a request with these headers accepts `entry` served as it is now.
+pub(super) fn acceptable(
+    request_headers: &HeaderMap,
+    entry: &Stored<CachedResponse>,
+    grace: Duration,
+) -> bool {
+    let RequestVerdict::Cacheable(rd) = policy::classify_request(&Method::GET, request_headers)
+    else {
+        return false;
+    };
+    let age = entry.value.current_age(entry.age());
+    matches!(
+        policy::usability(&rd, entry.value.rules, age, grace),
+        Usable::StaleWhileRevalidate | Usable::Grace | Usable::StaleAccepted | Usable::Fresh
+    )
+}

@@ -1,0 +1,183 @@
+//! Origin calls outside any flight: a reload in `ReloadMode::Honor`, and a
+//! released request's own call, always under a fallback permit and the
+//! origin timeout. Nothing here is shared with other requests.
+
+use std::future::poll_fn;
+use std::sync::{Arc, PoisonError};
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use tokio::sync::OwnedSemaphorePermit;
+use tower_service::Service;
+
+use crate::engine::{Compute, Fill, Freshness};
+use crate::entry::CachedResponse;
+use crate::error::{BoxError, Error};
+use crate::http::body::CacheBody;
+use crate::http::policy::Forward;
+use crate::http::state::LayerState;
+use crate::metrics::Source;
+
+use super::origin::{strip_framing, OriginCall};
+use super::respond::{Served, View};
+use super::target::Target;
+use crate::http::cache_status::CACHE_STATUS;
+
+/// A request that asked for a fresh answer, in [`ReloadMode::Honor`]: call
+/// the origin for it alone (holding a fallback permit), and store what comes
+/// back for everyone else.
+pub(super) async fn forward<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    inner: S,
+    req: Request<ReqB>,
+    stored: Option<CachedResponse>,
+    _permit: OwnedSemaphorePermit,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let request_headers = req.headers().clone();
+    let view = View {
+        head,
+        headers: &request_headers,
+    };
+    let (call, mut passthrough_rx, error_slot) =
+        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
+    let counters = &state.engine.counters;
+    counters.origin_call();
+    let served = Served::Forwarded {
+        fwd: Forward::Request,
+        collapsed: false,
+    };
+    match state.engine.run_compute(call.start()).await {
+        Ok(Fill::Store {
+            value,
+            fresh_for,
+            stale_for,
+        }) => {
+            let freshness = Freshness::new(fresh_for).with_stale(stale_for);
+            let value_copy = value.clone();
+            match state
+                .engine
+                .store_outside_flight(target.key, value, freshness)
+            {
+                Some(entry) => {
+                    counters.record(Source::Miss);
+                    Ok(state.respond(&entry, &view, served))
+                }
+                None => Ok(state.respond_uncached(value_copy, &view, Forward::Request)),
+            }
+        }
+        Ok(Fill::Share(value) | Fill::Pass(Some(value)) | Fill::Private(value)) => {
+            counters.record(Source::Bypass);
+            Ok(state.respond_uncached(value, &view, Forward::Request))
+        }
+        Ok(Fill::Pass(None) | Fill::Unbuffered) => match passthrough_rx.try_recv() {
+            Ok(handoff) => Ok(state.handed_off(handoff, &view, Forward::Request, Source::Bypass)),
+            Err(_) => {
+                counters.record_error();
+                Ok(state.error_response(&Error::Aborted))
+            }
+        },
+        Err(error) => {
+            counters.record_error();
+            if let Some(e) = error_slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                return Err(e);
+            }
+            Ok(state.error_response(&error))
+        }
+    }
+}
+
+/// A spare inner service and request for a request that may need a call of
+/// its own after its flight: a stored entry for other Vary values or other
+/// credentials names the variant to look up, or its directives (`max-age`,
+/// `min-fresh`) refuse what the flight hands out. If the request leads, its
+/// first call is spent on the flight.
+pub(super) fn spare_call<S: Clone, B: Default>(
+    inner: &S,
+    req: &Request<B>,
+) -> Option<(S, Request<B>)> {
+    Some((inner.clone(), refresh_request(req)))
+}
+
+/// Call the origin for this request alone, streaming, storing nothing:
+/// under a fallback permit (held until the response head arrives), and
+/// bounded by the origin timeout.
+pub(super) async fn direct<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    direct_with(state, call, status, None).await
+}
+
+/// [`direct`] with a fallback permit already taken (`None`: take one).
+pub(super) async fn direct_with<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let Some(OriginCall { mut inner, req, .. }) = call else {
+        // Only the leader has no call left, and a leader always has an outcome.
+        state.engine.counters.record_error();
+        return Ok(state.error_response(&Error::Aborted));
+    };
+    let counters = &state.engine.counters;
+    let permit = match permit {
+        Some(p) => Some(p),
+        None => state.engine.fallback_permit().await,
+    };
+    let Some(_permit) = permit else {
+        // The cap stayed full for a whole max_wait: shed this request
+        // rather than add to an origin that is already this far behind.
+        counters.record_error();
+        return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
+    };
+    counters.record(Source::Bypass);
+    counters.origin_call();
+    let call = async {
+        poll_fn(|cx| inner.poll_ready(cx)).await?;
+        inner.call(req).await
+    };
+    let Ok(response) = tokio::time::timeout(state.engine.config.origin_timeout, call).await else {
+        counters.record_error();
+        return Ok(state.own_answer(StatusCode::GATEWAY_TIMEOUT, &status, "origin-timeout"));
+    };
+    let (mut parts, body) = response?.into_parts();
+    parts.headers.insert(CACHE_STATUS, status);
+    Ok(Response::from_parts(parts, CacheBody::inner(body)))
+}
+
+/// A GET for a background refresh, rebuilt from the request that found the
+/// entry stale (its body, if any, is not needed for GET or HEAD).
+pub(super) fn refresh_request<B: Default>(req: &Request<B>) -> Request<B> {
+    let mut r = Request::new(B::default());
+    *r.method_mut() = Method::GET;
+    *r.uri_mut() = req.uri().clone();
+    *r.version_mut() = req.version();
+    *r.headers_mut() = req.headers().clone();
+    strip_framing(r.headers_mut());
+    *r.extensions_mut() = req.extensions().clone();
+    r
+}

@@ -1,0 +1,384 @@
+//! One origin request as a flight's computation: validators in, 304 merge,
+//! verdict, Vary capture, body buffered up to the limit (or handed to
+//! `streamed` when it spans frames). It decides nothing about waiters.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tower_service::Service;
+
+use crate::engine::{Compute, ComputeFuture, Fill};
+use crate::entry::CachedResponse;
+use crate::error::BoxError;
+use crate::http::body::CacheBody;
+use crate::http::conditional;
+use crate::http::policy::{self, StoredRules};
+use crate::http::state::LayerState;
+use crate::http::vary::stored_values;
+
+use super::streamed::{join, stream_head, stream_rest, Handoff, Passthrough, StreamStart};
+use super::target::{url_of, Target};
+use super::{CONDITIONAL, NOT_STORED};
+
+/// What only the request that started a flight receives.
+pub(super) struct Initiator<ResB, E> {
+    /// A response too large to buffer, streamed to this request alone, or
+    /// this request's reader of a streamed fill.
+    pub(super) passthrough: oneshot::Sender<Handoff<ResB>>,
+    /// The inner service's error, handed back as-is.
+    pub(super) error: Arc<Mutex<Option<E>>>,
+}
+
+/// One origin request, run as a flight's computation or directly.
+pub(super) struct OriginCall<S, ReqB, ResB, E> {
+    pub(super) inner: S,
+    pub(super) req: Request<ReqB>,
+    pub(super) state: Arc<LayerState>,
+    pub(super) initiator: Option<Initiator<ResB, E>>,
+    pub(super) target: Target,
+    /// The stored response to revalidate: its validators go out with the
+    /// request, and a 304 freshens it.
+    pub(super) stale: Option<CachedResponse>,
+}
+
+impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
+    pub(super) fn new(
+        inner: S,
+        req: Request<ReqB>,
+        state: Arc<LayerState>,
+        initiator: Option<Initiator<ResB, E>>,
+        target: Target,
+        stale: Option<CachedResponse>,
+    ) -> Self {
+        Self {
+            inner,
+            req,
+            state,
+            initiator,
+            target,
+            stale,
+        }
+    }
+
+    /// A call made for the request that is waiting on it: a response too
+    /// large to store comes back through the receiver, and the inner
+    /// service's own error through the slot.
+    pub(super) fn initiated(
+        inner: S,
+        req: Request<ReqB>,
+        state: Arc<LayerState>,
+        target: Target,
+        stale: Option<CachedResponse>,
+    ) -> (Self, Passthrough<ResB>, Arc<Mutex<Option<E>>>) {
+        let (passthrough, passthrough_rx) = oneshot::channel();
+        let error = Arc::new(Mutex::new(None));
+        let initiator = Initiator {
+            passthrough,
+            error: Arc::clone(&error),
+        };
+        let call = Self::new(inner, req, state, Some(initiator), target, stale);
+        (call, passthrough_rx, error)
+    }
+}
+
+/// The origin answered with an error of the inner service's own type.
+#[derive(Debug)]
+pub(super) struct OriginFailed;
+
+impl std::fmt::Display for OriginFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the inner service returned an error")
+    }
+}
+
+impl std::error::Error for OriginFailed {}
+
+impl<S, ReqB, ResB> Compute<CachedResponse> for OriginCall<S, ReqB, ResB, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    fn start(self) -> ComputeFuture<CachedResponse> {
+        Box::pin(self.run())
+    }
+}
+
+impl<S, ReqB, ResB> OriginCall<S, ReqB, ResB, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Default + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    pub(super) async fn run(self) -> Result<Fill<CachedResponse>, BoxError> {
+        let OriginCall {
+            mut inner,
+            req,
+            state,
+            initiator,
+            target,
+            mut stale,
+        } = self;
+        let (passthrough, error_slot) = match initiator {
+            Some(i) => (Some(i.passthrough), Some(i.error)),
+            None => (None, None),
+        };
+        let url = url_of(&req);
+        let (mut template, _body) = req.into_parts();
+        // HEAD is filled with a GET so the stored entry can answer both; the
+        // body of a GET or HEAD carries no meaning.
+        template.method = Method::GET;
+        for name in &CONDITIONAL {
+            template.headers.remove(name);
+        }
+        strip_framing(&mut template.headers);
+        crate::http::vary::normalise_fill_request(&mut template.headers);
+        let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
+        let request_headers = template.headers.clone();
+
+        // At most two origin requests: a conditional one, and a plain one if
+        // the 304 turns out to describe some other representation.
+        let (parts, body, request_time, response_time) = loop {
+            let mut req = Request::from_parts(template.clone(), ReqB::default());
+            if let Some(s) = &stale {
+                conditional::add_validators(req.headers_mut(), s);
+            }
+            let request_time = SystemTime::now();
+            let result = match poll_fn(|cx| inner.poll_ready(cx)).await {
+                Ok(()) => inner.call(req).await,
+                Err(e) => Err(e),
+            };
+            let response = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(slot) = error_slot {
+                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    }
+                    return Err(Box::new(OriginFailed));
+                }
+            };
+            let response_time = SystemTime::now();
+            let (parts, body) = response.into_parts();
+            if parts.status == StatusCode::NOT_MODIFIED {
+                if let Some(s) = stale.take() {
+                    let excluded = |n: &HeaderName| NOT_STORED.contains(n) || n == header::AGE;
+                    match conditional::freshen(&s, &parts.headers, excluded) {
+                        Some(mut merged) => {
+                            // The stored origin Age describes the old exchange.
+                            merged.headers.remove(header::AGE);
+                            // The 304's own Age and Date drive the new age.
+                            let mut for_age = merged.headers.clone();
+                            for_age.remove(header::AGE);
+                            if let Some(age) = parts.headers.get(header::AGE) {
+                                for_age.insert(header::AGE, age.clone());
+                            }
+                            let mut verdict = policy::classify_response(
+                                &state.http.rules,
+                                had_authorization,
+                                merged.status,
+                                &for_age,
+                                request_time,
+                                response_time,
+                            );
+                            if state.http.predicate.is_some() {
+                                let mut res = Response::new(()).into_parts().0;
+                                res.status = merged.status;
+                                res.headers = merged.headers.clone();
+                                verdict = state.route_verdict(&template, &res, verdict);
+                            }
+                            merged.revalidated = true;
+                            return Ok(state.finish(target, merged, verdict, &request_headers));
+                        }
+                        None => continue,
+                    }
+                }
+            }
+            break (parts, body, request_time, response_time);
+        };
+        let (mut parts, body) = (parts, body);
+        let verdict = policy::classify_response(
+            &state.http.rules,
+            had_authorization,
+            parts.status,
+            &parts.headers,
+            request_time,
+            response_time,
+        );
+        let verdict = state.route_verdict(&template, &parts, verdict);
+
+        let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
+        // Credentials vary the answer unless the origin says it is the same
+        // for everyone (`public`, `s-maxage`): key it by their digest then.
+        if had_authorization
+            && !policy::shared_across_credentials(&state.http.rules, &parts.headers)
+            && !names.contains(&header::AUTHORIZATION)
+        {
+            names.push(header::AUTHORIZATION);
+        }
+        let vary: Vec<(HeaderName, Vec<HeaderValue>)> = names
+            .into_iter()
+            .map(|n| {
+                let values = stored_values(&n, &request_headers);
+                (n, values)
+            })
+            .collect();
+        strip_not_stored(&mut parts.headers);
+        // Only a response the cache could store is streamed to waiters.
+        let mut head = stream_head(&verdict, &parts, &vary, url);
+        let mut passthrough = passthrough;
+
+        let limit = state.http.max_body_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let mut body = Box::pin(body);
+        if declared.is_some_and(|len| len > limit as u64) {
+            state.engine.counters.not_stored("too-large");
+            // Too large to store, but shareable: stream it through a window
+            // of `max_body_bytes`, paid for from the fill budget.
+            let window = u32::try_from(limit).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
+            if let (Some(head), Some(window)) = (head, window) {
+                let start = StreamStart {
+                    chunks: VecDeque::new(),
+                    total: 0,
+                    budget: Some(window),
+                    storing: false,
+                };
+                let leader = passthrough;
+                stream_rest(&state, target.key, head, leader, start, &mut body).await?;
+                return Ok(Fill::Pass(None));
+            }
+            if let Some(tx) = passthrough {
+                let response =
+                    Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
+                let _ = tx.send(Handoff::TooLarge(response));
+            }
+            return Ok(Fill::Pass(None));
+        }
+
+        let mut chunks: VecDeque<Bytes> = VecDeque::new();
+        let mut total = 0usize;
+        // This fill's share of the layer-wide fill buffer budget, given
+        // back once the body is joined (the store accounts for it then).
+        let mut buffered: Option<OwnedSemaphorePermit> = None;
+        let mut streamed: Option<Bytes> = None;
+        loop {
+            // Not `while let`: its temporary (the inner error type, maybe
+            // not `Send`) would live across the stream's `.await`.
+            let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await else {
+                break;
+            };
+            let frame = frame.map_err(Into::into)?;
+            // Trailers are not stored; the data is.
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            total += data.len();
+            let share = u32::try_from(data.len()).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
+            chunks.push_back(data);
+            let Some(share) = share else {
+                // Over budget: stream on to this request alone, store nothing,
+                // and mark nothing (the next request may buffer again).
+                if let Some(tx) = passthrough {
+                    let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
+                    let _ = tx.send(Handoff::TooLarge(response));
+                }
+                return Ok(Fill::Unbuffered);
+            };
+            match &mut buffered {
+                Some(held) => held.merge(share),
+                None => buffered = Some(share),
+            }
+            if total > limit {
+                state.engine.counters.not_stored("too-large");
+                if let Some(tx) = passthrough {
+                    let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
+                    let _ = tx.send(Handoff::TooLarge(response));
+                }
+                return Ok(Fill::Pass(None));
+            }
+            // More than one frame: every reader gets the rest as it arrives
+            // (a body in one frame is answered whole, as before).
+            if !body.is_end_stream() {
+                if let Some(head) = head.take() {
+                    let start = StreamStart {
+                        chunks: std::mem::take(&mut chunks),
+                        total,
+                        budget: buffered.take(),
+                        storing: true,
+                    };
+                    let leader = passthrough.take();
+                    match stream_rest(&state, target.key, head, leader, start, &mut body).await? {
+                        Some(whole) => {
+                            streamed = Some(whole);
+                            break;
+                        }
+                        None => return Ok(Fill::Pass(None)),
+                    }
+                }
+            }
+        }
+        let body = streamed.unwrap_or_else(|| join(chunks, total));
+        drop(buffered);
+
+        let value = CachedResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            vary,
+            initial_age: 0,
+            url,
+            rules: StoredRules::default(),
+            revalidated: false,
+        };
+        // While revalidating, an origin error never replaces the stored
+        // response: stale-if-error may still need it.
+        if stale.is_some() && value.status.is_server_error() {
+            return Ok(Fill::Share(value));
+        }
+        Ok(state.finish(target, value, verdict, &request_headers))
+    }
+}
+
+pub(super) fn strip_not_stored(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in NOT_STORED.iter().chain(named.iter()) {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+}
+
+/// A request the cache builds carries no body, so no body framing either.
+pub(super) fn strip_framing(headers: &mut HeaderMap) {
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::TRANSFER_ENCODING);
+}

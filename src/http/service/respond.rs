@@ -1,0 +1,253 @@
+//! Building the answer: a response from a stored, shared or streamed entry,
+//! the layer's own 503/504/502 answers, and the `Cache-Status` wording.
+//! It never calls the origin.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+
+use crate::entry::CachedResponse;
+use crate::error::Error;
+use crate::http::body::CacheBody;
+use crate::http::conditional;
+use crate::http::policy::{Forward, Usable};
+use crate::http::state::LayerState;
+use crate::http::stream::{Stream, StreamReader};
+use crate::metrics::Source;
+use crate::store::memory::Stored;
+
+use super::streamed::Handoff;
+use crate::http::cache_status::CACHE_STATUS;
+
+/// What a response is built for: HEAD or not, and the request's headers for
+/// its own validators.
+pub(super) struct View<'a> {
+    pub(super) head: bool,
+    pub(super) headers: &'a HeaderMap,
+}
+
+impl<'a> View<'a> {
+    pub(super) fn of<B>(req: &'a Request<B>, head: bool) -> Self {
+        Self {
+            head,
+            headers: req.headers(),
+        }
+    }
+}
+
+/// How a response from a stored or shared entry came about, for Cache-Status.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Served {
+    Hit,
+    /// Served stale; the detail says why.
+    Stale(&'static str),
+    /// Forwarded to the origin for this request (or collapsed into one that was).
+    Forwarded {
+        fwd: Forward,
+        collapsed: bool,
+    },
+    /// The origin failed (status or error) and stale-if-error allowed this.
+    StaleIfError {
+        fwd_status: Option<u16>,
+    },
+}
+
+/// `Cache-Status` detail of a stale answer: the origin's
+/// stale-while-revalidate, or the operator's grace.
+pub(super) fn stale_detail(usable: Usable) -> &'static str {
+    match usable {
+        Usable::Grace => "grace",
+        _ => "stale",
+    }
+}
+
+impl LayerState {
+    /// A response built from a stored (or shared) entry.
+    pub(super) fn respond<B>(
+        &self,
+        entry: &Stored<CachedResponse>,
+        view: &View<'_>,
+        served: Served,
+    ) -> Response<CacheBody<B>> {
+        let value = &entry.value;
+        let age = value.current_age(entry.age()).as_secs();
+        // The entry's own remaining freshness (RFC 9211), not how long this
+        // instance keeps its L1 copy before asking Redis again.
+        let ttl = i64::from(value.rules.lifetime) - age.min(i64::MAX as u64) as i64;
+        let origin_status = if value.revalidated {
+            304
+        } else {
+            value.status.as_u16()
+        };
+        let status = match served {
+            Served::Hit => self.status(format_args!("hit; ttl={ttl}")),
+            Served::Stale(detail) => self.status(format_args!("hit; ttl={ttl}; detail={detail}")),
+            Served::Forwarded { fwd, collapsed } => {
+                let fwd = fwd.as_str();
+                let stored = !entry.meta.fresh_for.is_zero() || !entry.meta.stale_for.is_zero();
+                if collapsed {
+                    self.status(format_args!(
+                        "fwd={fwd}; fwd-status={origin_status}; collapsed"
+                    ))
+                } else if stored {
+                    self.status(format_args!(
+                        "fwd={fwd}; fwd-status={origin_status}; stored; ttl={ttl}"
+                    ))
+                } else {
+                    self.status(format_args!("fwd={fwd}; fwd-status={origin_status}"))
+                }
+            }
+            Served::StaleIfError {
+                fwd_status: Some(s),
+            } => self.status(format_args!(
+                "fwd=stale; fwd-status={s}; ttl={ttl}; detail=stale-if-error"
+            )),
+            Served::StaleIfError { fwd_status: None } => {
+                self.status(format_args!("fwd=stale; ttl={ttl}; detail=stale-if-error"))
+            }
+        };
+        // A response fetched for this request (or collapsed into its fetch)
+        // keeps the origin's own Age; anything served from storage, including
+        // after a 304, carries the age computed here (RFC 9111 §4.2.3, §5.1).
+        let fetched = matches!(served, Served::Forwarded { .. }) && !value.revalidated;
+        self.build(value, view, status, (!fetched).then_some(age))
+    }
+
+    /// The initiating request's answer from what its fill handed it.
+    pub(super) fn handed_off<B>(
+        &self,
+        handoff: Handoff<B>,
+        view: &View<'_>,
+        fwd: Forward,
+        source: Source,
+    ) -> Response<CacheBody<B>> {
+        self.engine.counters.record(source);
+        match handoff {
+            Handoff::TooLarge(mut response) => {
+                let status = self.status_fwd(fwd, Some("too-large"));
+                response.headers_mut().insert(CACHE_STATUS, status);
+                response
+            }
+            Handoff::Streaming(stream, reader, detail) => {
+                let status = self.status(format_args!(
+                    "fwd={}; fwd-status={}; detail={detail}",
+                    fwd.as_str(),
+                    stream.status().as_u16()
+                ));
+                self.respond_streamed(&stream, reader, view, status)
+            }
+        }
+    }
+
+    /// A response whose body is read from a streaming fill. The head is
+    /// built as for a fetched response (the origin's `Age` kept); a 304 for
+    /// the request's own validators and HEAD carry no body.
+    pub(super) fn respond_streamed<B>(
+        &self,
+        stream: &Stream,
+        reader: StreamReader,
+        view: &View<'_>,
+        status: HeaderValue,
+    ) -> Response<CacheBody<B>> {
+        let mut response = self.build(&stream.head.value, view, status, None);
+        if response.status() != StatusCode::NOT_MODIFIED && !view.head {
+            *response.body_mut() = CacheBody::shared(reader);
+        }
+        response
+    }
+
+    /// A response the leader may use but nobody else.
+    pub(super) fn respond_uncached<B>(
+        &self,
+        value: CachedResponse,
+        view: &View<'_>,
+        fwd: Forward,
+    ) -> Response<CacheBody<B>> {
+        let status = self.status(format_args!(
+            "fwd={}; fwd-status={}; detail=uncacheable",
+            fwd.as_str(),
+            value.status.as_u16()
+        ));
+        self.build(&value, view, status, None)
+    }
+
+    pub(super) fn build<B>(
+        &self,
+        value: &CachedResponse,
+        view: &View<'_>,
+        status: HeaderValue,
+        age: Option<u64>,
+    ) -> Response<CacheBody<B>> {
+        let mut response = if conditional::not_modified(view.headers, value) {
+            let mut r = Response::new(CacheBody::empty());
+            *r.status_mut() = StatusCode::NOT_MODIFIED;
+            *r.headers_mut() = conditional::not_modified_headers(&value.headers);
+            r
+        } else {
+            let body = if view.head {
+                CacheBody::empty()
+            } else {
+                CacheBody::full(value.body.clone())
+            };
+            let mut r = Response::new(body);
+            *r.status_mut() = value.status;
+            *r.headers_mut() = value.headers.clone();
+            r
+        };
+        let headers = response.headers_mut();
+        if let Some(age) = age {
+            headers.insert(header::AGE, HeaderValue::from(age));
+        }
+        headers.insert(CACHE_STATUS, status);
+        response
+    }
+
+    /// An answer of the layer's own for a call outside any flight: the
+    /// `Cache-Status` it would have had, with `detail` in place of its own.
+    pub(super) fn own_answer<B>(
+        &self,
+        code: StatusCode,
+        status: &HeaderValue,
+        detail: &str,
+    ) -> Response<CacheBody<B>> {
+        let text = status.to_str().unwrap_or("");
+        let kept = text.split("; detail=").next().unwrap_or(text);
+        let mut response = Response::new(CacheBody::empty());
+        *response.status_mut() = code;
+        if code == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        let value = HeaderValue::from_maybe_shared(Bytes::from(format!("{kept}; detail={detail}")))
+            .unwrap_or_else(|_| HeaderValue::from_static("herdguard"));
+        response.headers_mut().insert(CACHE_STATUS, value);
+        response
+    }
+
+    /// RFC 9111 §5.2.1.7: nothing stored may answer an only-if-cached request.
+    pub(super) fn only_if_cached<B>(&self) -> Response<CacheBody<B>> {
+        self.engine.counters.record(Source::Bypass);
+        let mut response = Response::new(CacheBody::empty());
+        *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+        let status = self.status(format_args!("detail=only-if-cached"));
+        response.headers_mut().insert(CACHE_STATUS, status);
+        response
+    }
+
+    /// The answer when a shared computation failed and nothing can be served.
+    pub(crate) fn error_response<B>(&self, error: &Error) -> Response<CacheBody<B>> {
+        let (code, detail) = match error {
+            Error::OriginTimeout => (StatusCode::GATEWAY_TIMEOUT, "origin-timeout"),
+            Error::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            Error::Panicked => (StatusCode::BAD_GATEWAY, "origin-panic"),
+            Error::Aborted => (StatusCode::BAD_GATEWAY, "origin-aborted"),
+            _ => (StatusCode::BAD_GATEWAY, "origin-error"),
+        };
+        let mut response = Response::new(CacheBody::empty());
+        *response.status_mut() = code;
+        let status = self.status(format_args!("fwd=uri-miss; collapsed; detail={detail}"));
+        response.headers_mut().insert(CACHE_STATUS, status);
+        response
+    }
+}

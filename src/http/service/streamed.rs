@@ -1,0 +1,197 @@
+//! A fill whose body spans several frames: read it once into a shared
+//! buffer that the leader and its coalesced waiters read as it arrives.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue};
+use http::Response;
+use http_body::Body;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+
+use crate::entry::CachedResponse;
+use crate::error::BoxError;
+use crate::http::body::CacheBody;
+use crate::http::policy::ResponseVerdict;
+use crate::http::state::LayerState;
+use crate::http::stream::{SharedBody, Stream, StreamReader, Writer};
+use crate::key::CacheKey;
+use crate::store::memory::Stored;
+
+/// The frames a fill had read when it began to stream.
+pub(super) struct StreamStart {
+    pub(super) chunks: VecDeque<Bytes>,
+    pub(super) total: usize,
+    /// Fill budget already held for `chunks` (or for the window).
+    pub(super) budget: Option<OwnedSemaphorePermit>,
+    /// The body may still be stored: keep every chunk.
+    pub(super) storing: bool,
+}
+
+/// The head of a response that could be stored, with an empty body, as
+/// waiters check it before they read the stream.
+pub(super) fn stream_head(
+    verdict: &ResponseVerdict,
+    parts: &http::response::Parts,
+    vary: &[(HeaderName, Vec<HeaderValue>)],
+    url: CacheKey,
+) -> Option<Arc<Stored<CachedResponse>>> {
+    let ResponseVerdict::Store {
+        fresh_for,
+        stale_for,
+        initial_age,
+        rules,
+    } = verdict
+    else {
+        return None;
+    };
+    let value = CachedResponse {
+        status: parts.status,
+        headers: parts.headers.clone(),
+        body: Bytes::new(),
+        vary: vary.to_vec(),
+        initial_age: initial_age.as_secs().min(u64::from(u32::MAX)) as u32,
+        url,
+        rules: *rules,
+        revalidated: false,
+    };
+    let meta = crate::entry::EntryMeta::now(*fresh_for, *stale_for, 0);
+    let usable = fresh_for.saturating_add(*stale_for);
+    Some(Arc::new(Stored::new(
+        value,
+        meta,
+        *fresh_for,
+        usable,
+        Duration::ZERO,
+    )))
+}
+
+/// Read the rest of the origin body into a shared buffer, offered to the
+/// flight's waiters and handed to the initiating request. Returns the
+/// whole body if it may still be stored, `None` if not (too large, over
+/// the fill budget, or every reader left a body nobody will store).
+pub(super) async fn stream_rest<ResB>(
+    state: &Arc<LayerState>,
+    key: CacheKey,
+    head: Arc<Stored<CachedResponse>>,
+    leader: Option<oneshot::Sender<Handoff<ResB>>>,
+    start: StreamStart,
+    body: &mut std::pin::Pin<Box<ResB>>,
+) -> Result<Option<Bytes>, BoxError>
+where
+    ResB: Body<Data = Bytes>,
+    ResB::Error: Into<BoxError>,
+{
+    let StreamStart {
+        mut chunks,
+        mut total,
+        mut budget,
+        mut storing,
+    } = start;
+    let limit = state.http.max_body_bytes;
+    let shared = SharedBody::new();
+    if !storing {
+        shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
+    }
+    for c in &chunks {
+        shared.push(c.clone());
+    }
+    let stream = Arc::new(Stream {
+        head,
+        body: Arc::clone(&shared),
+    });
+    // The initiator's reader first: it starts at byte 0 whatever happens.
+    if let Some(tx) = leader {
+        if let Some(reader) = shared.reader(None) {
+            let detail = if storing { "streamed" } else { "too-large" };
+            let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
+        }
+    }
+    let writer = Writer {
+        body: Arc::clone(&shared),
+        _offer: Some(state.streams.register(key, stream)),
+    };
+    loop {
+        // Not `while let`, and the error boxed at once: the inner error
+        // type need not be `Send`, and must not live across an `.await`.
+        let next = poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        let Some(frame) = next.map(|f| f.map_err(Into::<BoxError>::into)) else {
+            break;
+        };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                shared.fail("origin body failed");
+                return Err(e);
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len();
+        if storing {
+            let share = u32::try_from(data.len()).ok().and_then(|n| {
+                Arc::clone(&state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
+            match share {
+                Some(share) if total <= limit => {
+                    match &mut budget {
+                        Some(held) => held.merge(share),
+                        None => budget = Some(share),
+                    }
+                    chunks.push_back(data.clone());
+                }
+                // Not storable after all: keep what the budget already
+                // pays for as the window, and stop keeping the rest.
+                _ => {
+                    if total > limit {
+                        state.engine.counters.not_stored("too-large");
+                    }
+                    storing = false;
+                    chunks.clear();
+                    shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
+                }
+            }
+        }
+        // Past the limit the fastest reader paces the origin; slower ones
+        // fall out of the window and are cut off.
+        poll_fn(|cx| shared.poll_room(cx)).await;
+        shared.push(data);
+        if !storing && shared.abandoned() {
+            // Nobody reads and nobody can join: drop the origin call.
+            return Ok(None);
+        }
+    }
+    shared.finish();
+    drop(writer);
+    Ok(storing.then(|| join(chunks, total)))
+}
+
+/// Where the initiating request receives a response streamed past the cache.
+pub(super) type Passthrough<ResB> = oneshot::Receiver<Handoff<ResB>>;
+
+/// What the initiating request is handed before the flight's outcome.
+pub(super) enum Handoff<ResB> {
+    /// Too large to store and not shared: streamed to it alone.
+    TooLarge(Response<CacheBody<ResB>>),
+    /// Its own reader of a fill streamed to every waiter, and the
+    /// `Cache-Status` detail (`too-large` when it will not be stored).
+    Streaming(Arc<Stream>, StreamReader, &'static str),
+}
+
+pub(super) fn join(mut chunks: VecDeque<Bytes>, total: usize) -> Bytes {
+    if chunks.len() <= 1 {
+        return chunks.pop_front().unwrap_or_default();
+    }
+    // One copy when filling, so every hit afterwards is a reference count.
+    let mut out = BytesMut::with_capacity(total);
+    for c in chunks {
+        out.extend_from_slice(&c);
+    }
+    out.freeze()
+}

@@ -1,0 +1,183 @@
+//! The state every clone of a layer, every route layer made from it and
+//! every service they make share: the engine, the HTTP settings, the Vary
+//! index, retained copies and streaming fills. Settings only; no I/O.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{request, response, HeaderName};
+
+use crate::engine::Shared;
+use crate::entry::CachedResponse;
+use crate::http::policy::{ResponseRules, ResponseVerdict};
+use crate::http::route::{RouteKey, RoutePredicate};
+use crate::http::stream::Streams;
+use crate::http::vary::VaryIndex;
+use crate::key::CacheKey;
+use crate::retain::RetainedStore;
+
+/// HTTP-side settings.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpConfig {
+    pub(crate) max_body_bytes: usize,
+    pub(crate) rules: ResponseRules,
+    pub(crate) cache_name: String,
+    pub(crate) key_headers: Vec<HeaderName>,
+    /// How long a stored response is kept past its stale grace: to be
+    /// revalidated with a conditional request, or served to `max-stale`.
+    pub(crate) keep: Duration,
+    /// Whether clients see `Cache-Status` (else it is only logged).
+    pub(crate) show_cache_status: bool,
+    pub(crate) reload: ReloadMode,
+    /// Hand responses that may not be stored to every request waiting on
+    /// the same key (opt-in: only for origins that answer everyone alike).
+    pub(crate) share_uncacheable: bool,
+    /// Remove the user's own targeted field from every response sent on.
+    pub(crate) strip_own_cache_control: bool,
+    /// A route's own key function, in place of host, path and query.
+    pub(crate) route_key: Option<RouteKey>,
+    /// A route's say on what is stored.
+    pub(crate) predicate: Option<RoutePredicate>,
+    /// Remove `Surrogate-Key` from every response to a client.
+    pub(crate) strip_surrogate_key: bool,
+}
+
+/// What a request that refuses the stored response does: `Cache-Control:
+/// no-cache`, `Pragma: no-cache`, `max-age=0`, a `max-age` below the entry's
+/// age, or a `min-fresh` the entry cannot meet (what browsers send on reload).
+///
+/// Whatever the mode, such requests never multiply origin calls without
+/// bound: [`Honor`](Self::Honor) is capped by the fallback limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReloadMode {
+    /// Join the single flight (the default): the request shares the refresh
+    /// already running for its key, or starts one that goes to the origin
+    /// (with the stored validators) and replaces the entry. One such refresh
+    /// runs per key at a time, cluster-wide with Redis, so a thousand reloads
+    /// cost one origin call. A reload may thus share a refresh that started
+    /// a moment before it arrived, never the entry it refused.
+    #[default]
+    Coalesce,
+    /// Each request makes its own origin call and stores the result (RFC
+    /// 9111 to the letter), while fewer than
+    /// [`fallback_limit`](crate::CacheLayerBuilder::fallback_limit) such calls run;
+    /// beyond that, requests share a refresh as with `Coalesce`.
+    Honor,
+    /// The directives above are ignored and the stored response is served
+    /// while it is fresh (what nginx and Varnish do by default). `max-stale`,
+    /// `only-if-cached` and `no-store` still apply.
+    Ignore,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 * 1024 * 1024,
+            rules: ResponseRules::default(),
+            cache_name: "herdguard".to_owned(),
+            key_headers: Vec::new(),
+            keep: Duration::from_secs(600),
+            show_cache_status: true,
+            reload: ReloadMode::Coalesce,
+            share_uncacheable: false,
+            strip_own_cache_control: true,
+            route_key: None,
+            predicate: None,
+            strip_surrogate_key: true,
+        }
+    }
+}
+
+/// What one Vary index entry (a URL's key and its header names) costs in
+/// memory, moka's bookkeeping included: an estimate, generous for the usual
+/// one or two names.
+pub(crate) const VARY_URL_BYTES: u64 = 256;
+
+/// `capacity_bytes` carved into the stores that hold memory for long: every
+/// stored byte counts against exactly one of them, so together they never
+/// exceed the capacity (a body shared by L1 and a retained copy counts
+/// twice, so the real total is lower still).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MemoryBudget {
+    /// Entries (fresh and stale) in the engine's store.
+    pub(crate) l1: u64,
+    /// Responses kept past their stale window for revalidation.
+    pub(crate) retained: u64,
+    /// The Vary index.
+    pub(crate) vary: u64,
+}
+
+impl MemoryBudget {
+    pub(crate) fn of(capacity: u64) -> Self {
+        let retained = capacity / 4;
+        let vary = (capacity / 64).max(VARY_URL_BYTES * 64);
+        Self {
+            l1: capacity.saturating_sub(retained + vary),
+            retained,
+            vary,
+        }
+    }
+}
+
+/// What every clone of a layer, and every service it makes, shares.
+#[derive(Debug)]
+pub(crate) struct LayerState {
+    pub(crate) engine: Arc<Shared<CachedResponse>>,
+    pub(crate) http: HttpConfig,
+    /// Header names each URL varies on, so variants get keys of their own.
+    pub(crate) vary: VaryIndex,
+    /// Responses kept past their stale grace for revalidation and stale-if-error.
+    pub(crate) retained: RetainedStore,
+    /// Fills whose body is streaming, offered to their flight's waiters.
+    pub(crate) streams: Arc<Streams>,
+    /// The layer a route layer was made from: kept alive while any route is,
+    /// because the Redis purge handler reaches memory through it.
+    pub(crate) root: Option<Arc<LayerState>>,
+}
+
+impl LayerState {
+    /// The response header to remove before a response leaves the layer.
+    pub(crate) fn stripped_header(&self) -> Option<HeaderName> {
+        if !self.http.strip_own_cache_control {
+            return None;
+        }
+        self.http.rules.own_cache_control.clone()
+    }
+}
+
+impl LayerState {
+    /// The request, and the route's key for it when the route has a key
+    /// function (the request is taken apart and put back: no copy).
+    pub(crate) fn route_key<B>(
+        &self,
+        req: http::Request<B>,
+    ) -> (http::Request<B>, Option<CacheKey>) {
+        let Some(route_key) = &self.http.route_key else {
+            return (req, None);
+        };
+        let (parts, body) = req.into_parts();
+        let key = route_key.key(&parts);
+        (http::Request::from_parts(parts, body), Some(key))
+    }
+
+    /// The verdict on a response once the route's predicate has had its say.
+    pub(crate) fn route_verdict(
+        &self,
+        request: &request::Parts,
+        response: &response::Parts,
+        verdict: ResponseVerdict,
+    ) -> ResponseVerdict {
+        match &self.http.predicate {
+            // Only storing is the predicate's to refuse: an unstored 5xx
+            // still reaches its waiters.
+            Some(p)
+                if matches!(verdict, ResponseVerdict::Store { .. })
+                    && !p.0.should_cache(request, response) =>
+            {
+                ResponseVerdict::Pass("predicate")
+            }
+            _ => verdict,
+        }
+    }
+}
