@@ -6,6 +6,7 @@
 //! cargo bench --bench stampede -- --instances 4 --requests 1000 --origin-delay-ms 100 \
 //!     --clients 64 --seconds 5
 //! cargo bench --bench stampede -- --only reload
+//! cargo bench --bench stampede -- --only big --budget-seconds 240
 //! ```
 //! The reload row primes a hot key on every instance, then sends N
 //! concurrent `Cache-Control: max-age=0` requests (a browser reload): they
@@ -25,6 +26,24 @@
 //! leaves out the loopback and client costs that dominate the client-side
 //! number when N connections share 2 cores (the `floor` row shows those);
 //! Redis commands per request (`INFO stats` total_commands_processed delta: client round trips, not commands run inside scripts); errors.
+//!
+//! Peers: the cold and expired bursts add `herdguard mem, P=1` (one
+//! in-memory instance), nginx (`proxy_cache_lock on`) and varnishd rows,
+//! each one cache in front of the same origin, when the programs are
+//! installed (see `common/peers.rs`); otherwise those rows say they were
+//! skipped. They run as their own processes on the same two cores; the
+//! herdguard rows share the bench's runtime with the load generator.
+//!
+//! `big` (only when named in `--only`: it moves N × 50 MB over loopback):
+//! N=`--big-requests` (200) concurrent GETs on one in-memory instance for
+//! one `--big-mb` (50) body, origin `--big-rate-mbps` (100), first byte
+//! after 100 ms, then a storable `--big-stored-mb` (6; 0 leaves it out)
+//! body. The clients run on a runtime of their own (`--big-client-threads`,
+//! 1). Reports origin calls, time to first body byte of the leader and the
+//! waiters (client side, and the crate's `herdguard_stream_waiter_ttfb_seconds`),
+//! every body's BLAKE3 against the origin's, bodies cut off, and peak RSS
+//! (`VmHWM` reset before the burst, and a 5 ms sampler) against a bound
+//! derived from the window, then a verdict line.
 
 mod common;
 
@@ -33,17 +52,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herdguard::CacheLayer;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Barrier;
 
 use common::args::Args;
+use common::big;
 use common::loadgen::{Class, Conn};
-use common::origin::{spawn_instance, Instance, Origin, Scope};
+use common::origin::{serve, spawn_instance, Instance, Origin, Scope};
+use common::peers::{Peer, PeerProxy};
 use common::redis::{with_redis, RedisTarget, L1};
-use common::{ms, quantile};
+use common::{ms, quantile, rss_bytes};
 
 const USAGE: &str = "cargo bench --bench stampede -- [--instances P=4] [--requests N=1000] \
 [--origin-delay-ms 100] [--slow-origin-ms 3000] [--clients C=64] [--seconds T=5] \
-[--body-bytes 512] [--only cold,expired,grace,slow,steady,reload] [--budget-seconds 110] [--redis spawn|URL|none]";
+[--body-bytes 512] [--only cold,expired,grace,slow,steady,reload,big] [--budget-seconds 110] [--redis spawn|URL|none] \
+[--big-mb 50] [--big-stored-mb 6] [--big-requests 200] [--big-rate-mbps 100] [--big-client-threads 1]";
 
 /// The operator grace of the `grace` scenario (as `reverse_proxy --grace 60s`).
 const GRACE: Duration = Duration::from_secs(60);
@@ -59,6 +82,12 @@ struct Config {
     body_bytes: usize,
     only: Option<Vec<String>>,
     budget: Duration,
+    big_bytes: usize,
+    big_stored_bytes: usize,
+    big_requests: usize,
+    /// Bytes per second.
+    big_rate: f64,
+    big_client_threads: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +101,11 @@ enum Row {
     /// Steady load with refresh-ahead turned off: what expiry costs without it.
     MemoryNoAhead,
     RedisNoAhead,
+    /// One in-memory instance: the same shape as the nginx and Varnish rows
+    /// (one cache in front of the origin, every request through it).
+    MemoryOne,
+    Nginx,
+    Varnish,
 }
 
 impl Row {
@@ -83,6 +117,17 @@ impl Row {
             Row::Redis => "herdguard + Redis",
             Row::MemoryNoAhead => "in-memory, no ahead",
             Row::RedisNoAhead => "+ Redis, no ahead",
+            Row::MemoryOne => "herdguard mem, P=1",
+            Row::Nginx => "nginx cache_lock",
+            Row::Varnish => "varnishd",
+        }
+    }
+
+    fn peer(self) -> Option<Peer> {
+        match self {
+            Row::Nginx => Some(Peer::Nginx),
+            Row::Varnish => Some(Peer::Varnish),
+            _ => None,
         }
     }
 }
@@ -197,16 +242,22 @@ struct Line {
     note: String,
 }
 
-/// P instances in front of one origin.
+/// P instances in front of one origin, or one nginx/varnishd in front of a
+/// bare origin instance.
 struct Cluster {
     instances: Vec<Instance>,
     origin: Arc<Origin>,
     scope: Scope,
+    /// The peer cache every request goes to instead of the instances.
+    front: Option<PeerProxy>,
 }
 
 impl Cluster {
     fn addrs(&self) -> Vec<SocketAddr> {
-        self.instances.iter().map(|i| i.addr).collect()
+        match &self.front {
+            Some(p) => vec![p.addr],
+            None => self.instances.iter().map(|i| i.addr).collect(),
+        }
     }
 }
 
@@ -220,8 +271,12 @@ async fn cluster(
     lease: Option<Duration>,
 ) -> Result<Cluster, String> {
     let origin = Arc::new(Origin::new(delay, cache_control, cfg.body_bytes));
-    let mut instances = Vec::with_capacity(cfg.instances);
-    for i in 0..cfg.instances {
+    let count = match row {
+        Row::MemoryOne | Row::Nginx | Row::Varnish => 1,
+        _ => cfg.instances,
+    };
+    let mut instances = Vec::with_capacity(count);
+    for i in 0..count {
         let mut builder = CacheLayer::builder();
         if scenario == Scenario::Grace {
             builder = builder.grace(GRACE);
@@ -230,8 +285,10 @@ async fn cluster(
             builder = builder.refresh_ahead(0.0);
         }
         let layer = match row {
-            Row::Floor | Row::NoCache => None,
-            Row::Memory | Row::MemoryNoAhead => Some(builder.build().map_err(|e| e.to_string())?),
+            Row::Floor | Row::NoCache | Row::Nginx | Row::Varnish => None,
+            Row::Memory | Row::MemoryNoAhead | Row::MemoryOne => {
+                Some(builder.build().map_err(|e| e.to_string())?)
+            }
             Row::Redis | Row::RedisNoAhead => {
                 let target = redis.ok_or_else(|| "skipped: --redis none".to_owned())?;
                 let builder = with_redis(builder, &target.url, L1::Default, lease)?;
@@ -248,10 +305,19 @@ async fn cluster(
     } else {
         Scope::Instance
     };
+    let front = match row.peer() {
+        Some(peer) => {
+            // Bounded even if this process dies: it outlives no run.
+            let lifetime = cfg.budget + Duration::from_secs(30);
+            Some(PeerProxy::start(peer, instances[0].addr, lifetime).await?)
+        }
+        None => None,
+    };
     Ok(Cluster {
         instances,
         origin,
         scope,
+        front,
     })
 }
 
@@ -453,7 +519,7 @@ async fn run(
         _ => cfg.delay,
     };
     let lease = (scenario == Scenario::Slow).then_some(Duration::from_secs(1));
-    let cluster = match cluster(
+    let mut cluster = match cluster(
         scenario,
         row,
         cfg,
@@ -490,8 +556,11 @@ async fn run(
         }
     }
     if matches!(scenario, Scenario::Expired | Scenario::Grace) {
-        // Past max-age=1 (fresh_for is max-age minus the fill's response delay).
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // Past max-age=1 (fresh_for is max-age minus the fill's response
+        // delay). nginx keeps expiry in whole seconds and calls an entry
+        // stale only once that second has passed: up to 2 s after the fill.
+        let past = if row == Row::Nginx { 2200 } else { 1200 };
+        tokio::time::sleep(Duration::from_millis(past)).await;
     }
 
     let redis_before = match (row, redis) {
@@ -525,13 +594,24 @@ async fn run(
         origin_calls,
     );
     let mut line = summarize(row, &samples, &cluster.origin.fills(), cluster.scope);
+    // Stop the peer before the next row starts (its drop waits for the exit).
+    drop(cluster.front.take());
     line.origin_calls = origin_calls;
     if let (Some(before), Some(r)) = (redis_before, redis) {
         if let Ok(after) = r.commands().await {
             line.redis_per_request = Some((after - before) as f64 / line.requests.max(1) as f64);
         }
     }
-    if row != Row::NoCache && row != Row::Floor {
+    if let Some(peer) = row.peer() {
+        let count = |c: Class| samples.iter().filter(|s| s.ok && s.class == c).count();
+        line.note = format!(
+            "Cache-Status hit/stale/fwd {}/{}/{}; {}",
+            count(Class::Hit),
+            count(Class::Stale),
+            count(Class::Forwarded) + count(Class::Uncached),
+            peer.version().unwrap_or_default()
+        );
+    } else if row != Row::NoCache && row != Row::Floor {
         let stats: Vec<String> = cluster
             .instances
             .iter()
@@ -616,6 +696,11 @@ async fn main() {
             "only",
             "budget-seconds",
             "redis",
+            "big-mb",
+            "big-stored-mb",
+            "big-requests",
+            "big-rate-mbps",
+            "big-client-threads",
         ],
         USAGE,
     );
@@ -631,6 +716,11 @@ async fn main() {
             .value("only")
             .map(|v| v.split(',').map(str::to_owned).collect()),
         budget: Duration::from_secs(args.get("budget-seconds", 110u64)),
+        big_bytes: (args.get("big-mb", 50.0f64).clamp(0.0, 1000.0) * 1e6) as usize,
+        big_stored_bytes: (args.get("big-stored-mb", 6.0f64).clamp(0.0, 8.0) * 1e6) as usize,
+        big_requests: args.get("big-requests", 200usize).clamp(1, 2000),
+        big_rate: args.get("big-rate-mbps", 100.0f64).clamp(1.0, 100_000.0) * 1e6,
+        big_client_threads: args.get("big-client-threads", 1usize).clamp(1, 16),
     };
     let redis = match RedisTarget::from_args(&args) {
         Ok(r) => r,
@@ -670,7 +760,23 @@ async fn main() {
         print_header();
         // The floor is the same for every burst; once is enough.
         let rows: &[Row] = match scenario {
-            Scenario::Cold => &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis],
+            Scenario::Cold => &[
+                Row::Floor,
+                Row::NoCache,
+                Row::Memory,
+                Row::Redis,
+                Row::MemoryOne,
+                Row::Nginx,
+                Row::Varnish,
+            ],
+            Scenario::Expired => &[
+                Row::NoCache,
+                Row::Memory,
+                Row::Redis,
+                Row::MemoryOne,
+                Row::Nginx,
+                Row::Varnish,
+            ],
             // The floor shows what a burst of N costs this machine alone.
             Scenario::Grace => &[Row::Floor, Row::NoCache, Row::Memory, Row::Redis],
             Scenario::Steady => &[
@@ -697,6 +803,33 @@ async fn main() {
             print_line(row, &line);
         }
     }
+    if cfg
+        .only
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|o| o == "big"))
+    {
+        println!(
+            "\n== big body: N={} concurrent GETs on one in-memory instance, origin {:.0} MB/s, first byte after 100 ms, window {} MiB",
+            cfg.big_requests,
+            cfg.big_rate / 1e6,
+            BIG_WINDOW >> 20
+        );
+        let mut sizes = vec![("too large to store", cfg.big_bytes)];
+        if cfg.big_stored_bytes > 0 {
+            sizes.push(("storable", cfg.big_stored_bytes));
+        }
+        for (label, size) in sizes {
+            let left = cfg.budget.saturating_sub(started.elapsed());
+            match tokio::time::timeout(left, run_big(&cfg, size, nonce)).await {
+                Ok(Ok(line)) => print_big(label, &line),
+                Ok(Err(e)) => println!("-- {label}: not run: {e}"),
+                Err(_) => println!(
+                    "-- {label}: not run to the end: the {} s budget ran out",
+                    cfg.budget.as_secs()
+                ),
+            }
+        }
+    }
     match common::chart::write(&common::chart::dir()) {
         Ok(files) => files
             .iter()
@@ -704,4 +837,356 @@ async fn main() {
         Err(e) => eprintln!("charts not written: {e}"),
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// The `big` scenario's window: the crate's default `max_body_bytes`, set
+/// explicitly so the memory bound below is derived from a known number.
+const BIG_WINDOW: usize = 8 * 1024 * 1024;
+/// hyper's HTTP/1 write buffer cap per connection (`DEFAULT_MAX_BUFFER_SIZE`,
+/// 8 KiB + 100 × 4 KiB): the most a connection queues before it stops
+/// polling the body. A slow reader's queued chunks may have left the window,
+/// so each reader can keep that much alive beyond it.
+const HYPER_WRITE_QUEUE: u64 = 8192 + 4096 * 100;
+/// Per reader, besides the write queue: the chunk being written, hyper's
+/// 8 KiB read buffer and connection state, the reader's cursor (rounded up).
+const PER_READER_EXTRA: u64 = (big::CHUNK + 16 * 1024) as u64;
+
+/// One row of the `big` table.
+#[derive(Debug, Default)]
+struct BigLine {
+    size: usize,
+    requests: usize,
+    origin_calls: u64,
+    /// Requests whose `Cache-Status` did not say `collapsed`.
+    uncollapsed: usize,
+    leader_ttfb: Option<Duration>,
+    waiter_ttfb_p50: Option<Duration>,
+    waiter_ttfb_p99: Option<Duration>,
+    waiter_ttfb_max: Option<Duration>,
+    /// Last body complete, from the burst's start.
+    last_done: Option<Duration>,
+    exact: usize,
+    /// A complete body whose hash differs from the origin's.
+    mismatches: usize,
+    /// Bodies that ended before their length (cut off, or the transport failed).
+    incomplete: usize,
+    /// Bytes the incomplete bodies had received: fewest, most.
+    incomplete_bytes: Option<(u64, u64)>,
+    errors: usize,
+    rss_base: u64,
+    rss_peak: u64,
+    bound: u64,
+    bound_how: String,
+    note: String,
+    /// `herdguard_stream_waiter_ttfb_seconds` of this run: p50, p99, count;
+    /// readers cut off (`herdguard_stream_readers_cut_off_total`).
+    server_ttfb: Option<(Duration, Duration, usize, u64)>,
+}
+
+/// The crate's metrics, recorded for the `big` scenario only (installed
+/// before its first layer is built; nothing else in the run reads them).
+fn metrics_snapshotter() -> &'static Snapshotter {
+    static SNAP: std::sync::OnceLock<Snapshotter> = std::sync::OnceLock::new();
+    SNAP.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        if recorder.install().is_err() {
+            eprintln!("a metrics recorder was already installed; server-side TTFB not read");
+        }
+        snap
+    })
+}
+
+/// Server-side waiter TTFB since the last call (the debugging recorder
+/// drains histograms on snapshot) and the cut-off counter's total.
+fn waiter_ttfb_metric() -> Option<(Duration, Duration, usize, u64)> {
+    let mut ttfb: Vec<Duration> = Vec::new();
+    let mut cut = 0;
+    for (k, _, _, v) in metrics_snapshotter().snapshot().into_vec() {
+        match (k.key().name(), v) {
+            ("herdguard_stream_waiter_ttfb_seconds", DebugValue::Histogram(h)) => {
+                ttfb.extend(h.iter().map(|s| Duration::from_secs_f64(s.0.max(0.0))));
+            }
+            ("herdguard_stream_readers_cut_off_total", DebugValue::Counter(c)) => cut += c,
+            _ => {}
+        }
+    }
+    let count = ttfb.len();
+    Some((
+        quantile(&mut ttfb, 0.50)?,
+        quantile(&mut ttfb, 0.99)?,
+        count,
+        cut,
+    ))
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / 1048576.0)
+}
+
+/// N concurrent GETs for one `size`-byte body on one in-memory instance.
+async fn run_big(cfg: &Config, size: usize, nonce: u64) -> Result<BigLine, String> {
+    // Installs the recorder, and drains what an earlier row recorded.
+    let _ = waiter_ttfb_metric();
+    let origin = Arc::new(big::BigOrigin::new(
+        size,
+        cfg.big_rate,
+        Duration::from_millis(100),
+    ));
+    let layer = CacheLayer::builder()
+        .max_body_bytes(BIG_WINDOW)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let router = big::router(&origin).layer(layer.clone());
+    let (addr, server) = serve(router).await.map_err(|e| format!("bind: {e}"))?;
+    let _server = AbortOnDrop(server);
+    let n = cfg.big_requests;
+    // The clients run on a runtime of their own, as they would in other
+    // processes: 200 readers hashing on the server's two worker threads
+    // would be measured as the server's delay.
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.big_client_threads)
+        .thread_name("big-client")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("client runtime: {e}"))?;
+    let path = format!("/big/{size}-{nonce}");
+    // Generous: every body at a hundredth of the origin's rate, plus 30 s.
+    let limit =
+        Duration::from_secs_f64(size as f64 / cfg.big_rate * 100.0) + Duration::from_secs(30);
+    // Every connection and its read buffer exist before the baseline.
+    let connected = Arc::new(Barrier::new(n + 1));
+    let barrier = Arc::new(Barrier::new(n + 1));
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let connected = Arc::clone(&connected);
+        let barrier = Arc::clone(&barrier);
+        let path = path.clone();
+        tasks.push(clients.spawn(async move {
+            let conn =
+                tokio::time::timeout(Duration::from_secs(5), big::HashingConn::connect(addr))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+            // Every task reaches both barriers, connected or not.
+            connected.wait().await;
+            barrier.wait().await;
+            let start = Instant::now();
+            let reply = match conn {
+                Some(c) => tokio::time::timeout(limit, c.get(&path))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::Error::other("timed out"))),
+                None => Err(std::io::Error::other("connect failed")),
+            };
+            (start, reply)
+        }));
+    }
+    connected.wait().await;
+    // Peak RSS from here on: the kernel's high-water mark, reset now, and
+    // a 5 ms sampler in case the reset is not allowed.
+    let reset = big::reset_peak_rss();
+    let base = rss_bytes().unwrap_or(0);
+    let sampled = Arc::new(std::sync::atomic::AtomicU64::new(base));
+    let sampler = {
+        let sampled = Arc::clone(&sampled);
+        AbortOnDrop(tokio::spawn(async move {
+            loop {
+                if let Some(r) = rss_bytes() {
+                    sampled.fetch_max(r, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }))
+    };
+    barrier.wait().await;
+    let burst_start = Instant::now();
+    let mut replies = Vec::with_capacity(n);
+    for t in tasks {
+        if let Ok(r) = t.await {
+            replies.push(r);
+        }
+    }
+    drop(sampler);
+    clients.shutdown_background();
+    let server_ttfb = waiter_ttfb_metric();
+    let peak = sampled
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .max(if reset {
+            big::peak_rss_bytes().unwrap_or(0)
+        } else {
+            0
+        });
+
+    let mut line = BigLine {
+        size,
+        requests: n,
+        origin_calls: origin.calls(),
+        rss_base: base,
+        rss_peak: peak,
+        ..BigLine::default()
+    };
+    let mut waiters = Vec::with_capacity(n);
+    let mut leaders = Vec::new();
+    for (start, reply) in &replies {
+        let r = match reply {
+            Ok(r) => r,
+            Err(_) => {
+                line.errors += 1;
+                continue;
+            }
+        };
+        let done = r.end.saturating_duration_since(burst_start);
+        line.last_done = Some(line.last_done.map_or(done, |d| d.max(done)));
+        let complete = r.status == 200 && r.error.is_none() && r.len == size as u64;
+        if r.status != 200 {
+            line.errors += 1;
+        } else if !complete {
+            line.incomplete += 1;
+            line.incomplete_bytes = Some(
+                line.incomplete_bytes
+                    .map_or((r.len, r.len), |(lo, hi)| (lo.min(r.len), hi.max(r.len))),
+            );
+        } else if r.hash == origin.checksum() {
+            line.exact += 1;
+        } else {
+            line.mismatches += 1;
+        }
+        if let Some(fb) = r.first_byte {
+            let ttfb = fb.saturating_duration_since(*start);
+            if r.collapsed {
+                waiters.push(ttfb);
+            } else {
+                leaders.push((ttfb, r.cache_status.clone()));
+            }
+        }
+        if !r.collapsed {
+            line.uncollapsed += 1;
+        }
+        if r.declared.is_some_and(|d| d != size as u64) {
+            line.note = format!("declared length {:?} != {size}", r.declared);
+        }
+    }
+    // The leader: the request that did not read another's fill and got its
+    // first byte first (there is exactly one when the origin was called once).
+    leaders.sort();
+    line.leader_ttfb = leaders.first().map(|(t, _)| *t);
+    if let Some((_, cs)) = leaders.first() {
+        line.note = format!("leader Cache-Status: {cs}");
+    }
+    line.waiter_ttfb_p50 = quantile(&mut waiters, 0.50);
+    line.waiter_ttfb_p99 = quantile(&mut waiters, 0.99);
+    line.waiter_ttfb_max = waiters.last().copied();
+    let per_reader = HYPER_WRITE_QUEUE + PER_READER_EXTRA;
+    let readers = n as u64;
+    if size > BIG_WINDOW {
+        line.bound = base + BIG_WINDOW as u64 + big::CHUNK as u64 + readers * per_reader;
+        line.bound_how = format!(
+            "baseline {} + window {} + one chunk {} + {n} readers x {} KiB (hyper write queue {} KiB + chunk + 16 KiB)",
+            mib(base),
+            mib(BIG_WINDOW as u64),
+            mib(big::CHUNK as u64),
+            per_reader / 1024,
+            HYPER_WRITE_QUEUE / 1024
+        );
+    } else {
+        // Storable: the fill keeps every chunk, then the stored entry is one
+        // joined copy of the body.
+        line.bound = base + 2 * size as u64 + readers * per_reader;
+        line.bound_how = format!(
+            "baseline {} + 2 x body {} (chunks kept for the store + the stored copy) + {n} readers x {} KiB",
+            mib(base),
+            mib(size as u64),
+            per_reader / 1024
+        );
+    }
+    line.server_ttfb = server_ttfb;
+    let stats = layer.stats();
+    line.note = format!(
+        "{}; layer {}h/{}m/{}c/{}b",
+        line.note, stats.hits, stats.misses, stats.coalesced, stats.bypasses
+    );
+    Ok(line)
+}
+
+/// Aborts a spawned task when dropped (the `big` scenario's server and sampler).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn print_big(label: &str, line: &BigLine) {
+    let d = |o: Option<Duration>| opt_ms(o);
+    println!(
+        "-- {label}: {} MB body, N={}",
+        line.size / 1_000_000,
+        line.requests
+    );
+    if !line.note.is_empty() {
+        println!("   {}", line.note);
+    }
+    if let Some((p50, p99, count, cut)) = line.server_ttfb {
+        println!(
+            "   server-side waiter TTFB (herdguard_stream_waiter_ttfb_seconds, {count} waiters): p50 {} p99 {} ms; readers cut off (counter) {cut}",
+            ms(p50),
+            ms(p99)
+        );
+    }
+    println!(
+        "   origin calls {}   requests not collapsed {}   last body done {} ms",
+        line.origin_calls,
+        line.uncollapsed,
+        d(line.last_done)
+    );
+    let diff = |w: Option<Duration>| match (w, line.leader_ttfb) {
+        (Some(w), Some(l)) => format!("{:+.1}", (w.as_secs_f64() - l.as_secs_f64()) * 1e3),
+        _ => "-".to_owned(),
+    };
+    println!(
+        "   TTFB ms (first body byte): leader {}   waiters p50 {} ({}), p99 {} ({}), max {}",
+        d(line.leader_ttfb),
+        d(line.waiter_ttfb_p50),
+        diff(line.waiter_ttfb_p50),
+        d(line.waiter_ttfb_p99),
+        diff(line.waiter_ttfb_p99),
+        d(line.waiter_ttfb_max)
+    );
+    println!(
+        "   bodies: {} exact (blake3 = origin's), {} checksum mismatches, {} incomplete, {} other errors",
+        line.exact, line.mismatches, line.incomplete, line.errors
+    );
+    if let Some((lo, hi)) = line.incomplete_bytes {
+        println!(
+            "   incomplete bodies ended after {}-{} MiB of {} MiB (cut off by the stream window)",
+            mib(lo),
+            mib(hi),
+            mib(line.size as u64)
+        );
+    }
+    println!(
+        "   peak RSS {} MiB (baseline {} MiB, +{} MiB)   bound {} MiB = {}",
+        mib(line.rss_peak),
+        mib(line.rss_base),
+        mib(line.rss_peak.saturating_sub(line.rss_base)),
+        mib(line.bound),
+        line.bound_how
+    );
+    let ttfb_ok = match (line.waiter_ttfb_p99, line.leader_ttfb) {
+        (Some(w), Some(l)) => w.saturating_sub(l) <= Duration::from_millis(10),
+        _ => false,
+    };
+    let checks = [
+        ("origin calls = 1", line.origin_calls == 1),
+        ("every body exact", line.exact == line.requests),
+        ("waiter TTFB p99 within 10 ms of the leader's", ttfb_ok),
+        ("peak RSS within bound", line.rss_peak <= line.bound),
+    ];
+    let failed: Vec<&str> = checks.iter().filter(|c| !c.1).map(|c| c.0).collect();
+    if failed.is_empty() {
+        println!("   VERDICT: PASS (origin calls 1, every body exact, TTFB within 10 ms, RSS within bound)");
+    } else {
+        println!("   VERDICT: FAIL: {}", failed.join("; "));
+    }
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code, reason = "each bench binary uses a different part")]
 
 pub(crate) mod args;
+pub(crate) mod big;
 pub(crate) mod chart;
 pub(crate) mod loadgen;
 pub(crate) mod origin;
