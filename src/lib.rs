@@ -416,7 +416,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod engine;
-mod entry;
 mod error;
 mod http;
 #[cfg(feature = "redis")]
@@ -439,17 +438,17 @@ pub(crate) use engine::purge_log;
 // moved: engine/retained.rs (now generic); the HTTP layer's name for it
 mod retain {
     pub(crate) type RetainedStore =
-        crate::engine::retained::RetainedStore<crate::entry::CachedResponse>;
+        crate::engine::retained::RetainedStore<crate::http::response::CachedResponse>;
 }
 
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
-pub use entry::CachedResponse;
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};
 pub use http::purge::{PurgeError, PurgeHandle, Purged};
 pub use http::request_body::RequestBody;
+pub use http::response::CachedResponse;
 pub use http::route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use http::service::CacheService;
 pub use http::state::ReloadMode;

@@ -16,7 +16,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::Uri;
 use tokio::sync::oneshot;
 
-use crate::entry::CachedResponse;
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::key::CacheKey;
 use crate::store::redis::{redact_error, RedisStore, StoreError};

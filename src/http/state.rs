@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::{request, response, HeaderName};
 
 use crate::engine::Shared;
-use crate::entry::CachedResponse;
 use crate::http::policy::{ResponseRules, ResponseVerdict};
+use crate::http::response::CachedResponse;
 use crate::http::route::{RouteKey, RoutePredicate};
 use crate::http::stream::Streams;
 use crate::http::vary::VaryIndex;

@@ -15,7 +15,7 @@ use moka::sync::Cache as MokaCache;
 use moka::Expiry;
 use tokio::time::Instant;
 
-use crate::entry::{EntryMeta, Value};
+use crate::http::response::{EntryMeta, Value};
 use crate::key::CacheKey;
 
 /// One entry as held in memory, with its deadlines on the local clock.

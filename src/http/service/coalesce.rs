@@ -12,10 +12,10 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::engine::Resolved;
-use crate::entry::CachedResponse;
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::policy::{self, Forward, RequestVerdict, Usable};
+use crate::http::response::CachedResponse;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::http::stream::Stream;
 use crate::metrics::Source;

@@ -13,10 +13,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use tower_service::Service;
 
 use crate::engine::{Compute, Fill, Freshness};
-use crate::entry::CachedResponse;
 use crate::error::{BoxError, Error};
 use crate::http::body::CacheBody;
 use crate::http::policy::Forward;
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::metrics::Source;
 

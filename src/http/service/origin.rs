@@ -15,11 +15,11 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tower_service::Service;
 
 use crate::engine::{Compute, ComputeFuture, Fill};
-use crate::entry::CachedResponse;
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::conditional;
 use crate::http::policy::{self, StoredRules};
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::vary::stored_values;
 
