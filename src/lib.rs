@@ -431,16 +431,6 @@ mod lock;
 mod metrics;
 mod store;
 
-// moved: the engine-side entry code still names these at the crate root.
-use http::{policy, vary};
-// moved: engine/purge_log.rs (old path for code not yet moved)
-pub(crate) use engine::purge_log;
-// moved: engine/retained.rs (now generic); the HTTP layer's name for it
-mod retain {
-    pub(crate) type RetainedStore =
-        crate::engine::retained::RetainedStore<crate::http::response::CachedResponse>;
-}
-
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use http::body::CacheBody;

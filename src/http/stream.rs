@@ -500,7 +500,7 @@ mod tests {
         };
         let head = Arc::new(Stored::new(
             value,
-            crate::http::response::EntryMeta::now(Default::default(), Default::default(), 0),
+            crate::engine::envelope::EntryMeta::now(Default::default(), Default::default(), 0),
             Default::default(),
             Default::default(),
             Default::default(),

@@ -58,7 +58,7 @@ pub(super) fn stream_head(
         rules: *rules,
         revalidated: false,
     };
-    let meta = crate::http::response::EntryMeta::now(*fresh_for, *stale_for, 0);
+    let meta = crate::engine::envelope::EntryMeta::now(*fresh_for, *stale_for, 0);
     let usable = fresh_for.saturating_add(*stale_for);
     Some(Arc::new(Stored::new(
         value,

@@ -20,8 +20,8 @@ use super::scripts::{
     LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE,
 };
 use super::tls;
+use crate::engine::envelope::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::error::BuildError;
-use crate::http::response::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::key::CacheKey;
 use crate::lock::{FenceToken, LeaseToken};
 
