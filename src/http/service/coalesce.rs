@@ -5,14 +5,11 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body::Body;
 use tower_service::Service;
 
 use crate::engine::Resolved;
-use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::policy::{self, Forward, RequestVerdict, Usable};
 use crate::http::response::CachedResponse;
@@ -21,6 +18,7 @@ use crate::http::stream::Stream;
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 
+use super::bounds::{Origin, OriginBody};
 use super::direct::{direct, direct_with, forward, spare_call};
 use super::fill::is_stored;
 use super::origin::OriginCall;
@@ -50,12 +48,9 @@ pub(super) async fn miss<S, ReqB, ResB>(
     reload: bool,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Origin<ReqB, ResB>,
     ReqB: Default + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: OriginBody,
 {
     let request_headers = req.headers().clone();
     let view = View {
@@ -279,12 +274,9 @@ pub(super) async fn reload<S, ReqB, ResB>(
     stored: Option<Arc<Stored<CachedResponse>>>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Origin<ReqB, ResB> + Clone,
     ReqB: Default + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: OriginBody,
 {
     if state.http.reload == ReloadMode::Honor {
         if let Some(permit) = state.engine.try_fallback_permit() {
