@@ -19,7 +19,7 @@ use crate::metrics::Source;
 use crate::store::memory::Stored;
 
 use super::bounds::{Origin, OriginBody};
-use super::direct::{direct, direct_with, forward, spare_call};
+use super::direct::{direct, direct_with, honor_reload, spare_call};
 use super::fill::is_stored;
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
@@ -281,7 +281,7 @@ where
     if state.http.reload == ReloadMode::Honor {
         if let Some(permit) = state.engine.try_fallback_permit() {
             let stored = stored.map(|e| e.value.clone());
-            return forward(state, target, head, inner, req, stored, permit).await;
+            return honor_reload(state, target, head, inner, req, stored, permit).await;
         }
     }
     let spare = spare_call(&inner, &req);

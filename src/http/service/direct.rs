@@ -27,7 +27,7 @@ use crate::http::cache_status::CACHE_STATUS;
 /// A request that asked for a fresh answer, in [`ReloadMode::Honor`]: call
 /// the origin for it alone (holding a fallback permit), and store what comes
 /// back for everyone else.
-pub(super) async fn forward<S, ReqB, ResB>(
+pub(super) async fn honor_reload<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
     head: bool,
