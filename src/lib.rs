@@ -68,6 +68,43 @@
 //! `tls`) and ACL credentials in the URL are supported; credentials never
 //! reach logs, errors or `Debug` output. See [`RedisOptions`].
 //!
+//! ## Layout
+//!
+//! The modules follow the request flow, top to bottom; nothing below
+//! `http` imports it, and no two files import each other.
+//!
+//! ```text
+//! http/            everything that knows HTTP
+//!   layer.rs         CacheLayer and its builder (the public handle, purges)
+//!   state.rs         what every clone and route layer shares
+//!   service/         the Tower service, one file per step:
+//!     mod.rs           classify the request, find the candidate, pick the path
+//!     coalesce.rs      miss: lead or follow the key's flight, or be released
+//!     origin.rs        one origin request as the flight's computation
+//!     streamed.rs      a fill that spans frames, read once by every reader
+//!     fill.rs          the origin's answer and verdict turned into a fill
+//!     direct.rs        calls outside any flight (Honor reloads, released)
+//!     respond.rs       building answers from entries; the layer's own answers
+//!     target.rs        where a request's entry lives (base and variant key)
+//!   policy/          RFC 9111: directives, request, freshness, storability,
+//!                    targeted (RFC 9213)
+//!   vary.rs, conditional.rs, purge.rs, route.rs, stream.rs, body.rs,
+//!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs
+//! engine/          the HTTP-agnostic read-through state machine
+//!   cache.rs         the public Cache<V>
+//!   resolve.rs       Engine::resolve: the miss path in reading order
+//!   flight.rs        the local single flight
+//!   remote.rs        leading and waiting across instances (Redis)
+//!   redlock.rs       the Redlock lease
+//!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
+//!   value.rs (Value), envelope.rs (the stored bytes)
+//! store/           memory.rs (embedded default and L1), redis/ (connection
+//!                  and breaker, keys, Lua scripts as .lua files, fills,
+//!                  purge bus, cluster, TLS)
+//! lock/            Redlock and the lease watchdog
+//! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
+//! ```
+//!
 //! ## Failure behaviour
 //!
 //! - **Redis down or slow:** every call has a timeout (connect 1 s, reply
