@@ -553,11 +553,14 @@ async fn reader_half_a_window_behind_the_fastest_gets_every_byte() {
     assert_eq!(origin.calls(), 1);
 }
 
+/// What the slow reader's body ended with: an error, or the end time.
+type SlowEnd = Result<(u64, tokio::time::Instant), String>;
+
 /// How long (virtual time) five readers that take 1 ms per chunk need to
 /// read a 64 KiB body too large to store, from the moment the origin has
-/// it all; with `slow`, a reader taking 50 ms per chunk leads the fill and
-/// must be cut off.
-async fn fast_readers_time(slow: bool) -> Duration {
+/// it all; with `slow`, also how the body of a reader taking 50 ms per
+/// chunk, the leader, ended.
+async fn fast_readers_time(slow: bool) -> (Duration, Option<SlowEnd>) {
     let parts = chunks(64, 1024);
     let len = (64 * 1024).to_string();
     let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
@@ -593,26 +596,28 @@ async fn fast_readers_time(slow: bool) -> Duration {
         assert_eq!(got, want);
         last = last.max(done);
     }
-    if let Some(slow) = slow {
-        let err = slow.await.unwrap().expect_err("the slow reader is cut off");
-        assert!(err.contains("fell behind"), "{err}");
-    }
+    let slow = match slow {
+        Some(slow) => Some(slow.await.unwrap()),
+        None => None,
+    };
     assert_eq!(origin.calls(), 1);
-    last - start
+    (last - start, slow)
 }
 
 /// A slow reader is cut off, and the others finish within 10% of the time
 /// they take with no slow reader.
 #[tokio::test(start_paused = true)]
 async fn slow_reader_does_not_slow_the_others() {
-    let alone = tokio::time::timeout(Duration::from_secs(60), fast_readers_time(false))
+    let (alone, _) = tokio::time::timeout(Duration::from_secs(60), fast_readers_time(false))
         .await
         .unwrap();
-    let with_slow = tokio::time::timeout(Duration::from_secs(60), fast_readers_time(true))
+    let (with_slow, slow) = tokio::time::timeout(Duration::from_secs(60), fast_readers_time(true))
         .await
         .unwrap();
     assert!(
         with_slow.as_secs_f64() <= alone.as_secs_f64() * 1.1,
         "{with_slow:?} with a slow reader, {alone:?} without"
     );
+    let err = slow.unwrap().expect_err("the slow reader is cut off");
+    assert!(err.contains("fell behind"), "{err}");
 }

@@ -8,17 +8,21 @@
 //! ```
 //! - Storable so far (≤ `max_body_bytes`): every chunk is kept, because the
 //!   stored entry needs them all anyway; no reader is ever cut off.
-//! - Too large to store: a window of `W` bytes (`max_body_bytes`, paid
-//!   for from the fill budget) is measured back from the *fastest* reader,
-//!   the furthest any reader has read (byte offset `F`):
+//! - Too large to store: a window of `W` bytes is measured back from the
+//!   *fastest* reader, the furthest any reader has read (byte offset `F`).
+//!   `W` is the fill budget the body holds: `max_body_bytes` for a declared
+//!   length, what it had taken so far for a body that outgrows storing.
 //!   - a chunk is kept while it starts at most `W` bytes before `F`, so a
 //!     reader that lags the fastest by at most `W` bytes is never cut off;
-//!   - a reader whose next chunk starts more than `W` bytes before `F` is
-//!     cut off with a body error; memory never grows for it;
-//!   - the writer reads the origin on while it holds less than `W` bytes,
-//!     and otherwise only once the fastest reader has every chunk, so at
-//!     most `W` bytes plus one chunk are held;
-//!   - with no reader left, only the newest `W` bytes are kept.
+//!   - an older chunk is dropped when the next one arrives, and a reader
+//!     that still needs it is cut off with a body error; memory never
+//!     grows for it;
+//!   - the writer takes the next origin chunk only while fewer than `W`
+//!     bytes are held, or once the fastest reader has every chunk; so at
+//!     most `W` bytes plus one chunk are held, however far back the
+//!     window reaches;
+//!   - with no reader left, only the newest `W` bytes are kept (and the
+//!     fill, which nobody can join once the start is gone, is dropped).
 //!
 //!   A request arriving once the window has left the start cannot attach
 //!   and makes its own call.
@@ -81,7 +85,8 @@ struct Buf {
     /// reaches now. The rest of `held` is what the fastest reader has yet
     /// to read.
     behind: usize,
-    /// The writer, parked while the fastest reader is a window behind.
+    /// The writer, parked while a window is held and the fastest reader
+    /// has chunks left to read.
     writer: Option<Waker>,
 }
 
@@ -143,8 +148,8 @@ impl SharedBody {
         })
     }
 
-    /// Stop keeping the whole body (it will not be stored): keep at most
-    /// `window` bytes from now on.
+    /// Stop keeping the whole body (it will not be stored): from now on a
+    /// reader may lag the fastest one by at most `window` bytes.
     pub(crate) fn to_window(&self, window: usize) {
         let wake = {
             let mut buf = self.lock();
