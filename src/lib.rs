@@ -138,8 +138,8 @@
 //! - **Response without freshness information:** not stored and not handed
 //!   to waiters (unless you opt in); give it a
 //!   [`default_ttl`](CacheLayerBuilder::default_ttl) to store and share it.
-//! - **Body larger than the limit:** streamed through to the requesting client
-//!   unbuffered; nothing is stored.
+//! - **Body larger than the limit:** not stored, but still shared in this
+//!   process: see [streamed fills](#streamed-fills).
 //!
 //! ## HTTP choices
 //!
@@ -349,9 +349,36 @@
 //! - **Fill buffers:** at most
 //!   [`fill_buffer_bytes`](CacheLayerBuilder::fill_buffer_bytes) (64 MiB)
 //!   of bodies are buffered for fills at once, and each at most
-//!   `max_body_bytes` (8 MiB). A fill past either streams to the request that
-//!   started it and stores nothing; its waiters go to the origin themselves,
-//!   under the fallback cap.
+//!   `max_body_bytes` (8 MiB). A fill that cannot get budget streams to the
+//!   request that started it alone and stores nothing; its waiters go to the
+//!   origin themselves, under the fallback cap. A body over `max_body_bytes`
+//!   that gets its window is shared as a [streamed fill](#streamed-fills).
+//!
+//! ## Streamed fills
+//!
+//! A response body that arrives in more than one frame is read once, by the
+//! leader's task, and every request coalesced on that flight in this process
+//! reads it as it arrives (shared `Bytes`, one cursor each), under the same
+//! rules as a finished answer (storable, Vary and directives match).
+//!
+//! - **Storable** (up to `max_body_bytes`): every chunk is kept until the
+//!   entry is stored; no reader is cut off.
+//! - **Too large to store:** one origin call still serves every waiter
+//!   present. The buffer is a window of `max_body_bytes` counted back from
+//!   the fastest reader: a reader up to that far behind is never cut off, one
+//!   further behind gets a body error (its connection ends; memory never
+//!   grows for it). The fastest reader paces the origin; slower ones never
+//!   do. A request that arrives after the window has left the first byte
+//!   makes its own call (`detail=stream-window-passed`).
+//! - **Errors:** an origin error or a stall longer than `origin_timeout`
+//!   mid-body ends every reader's body with an error (never silently short)
+//!   and stores nothing; the next request elects a new leader. If the
+//!   leader's own client leaves, the fill goes on for the others; if every
+//!   reader leaves a body that will not be stored, the origin call is dropped.
+//! - **Other instances** wait for the stored fill. For a body too large to
+//!   store no fill comes, and their waiters are released to the origin one by
+//!   one under the fallback cap (sharing one call per instance is not built
+//!   yet).
 //!
 //! ## Work that must not run twice
 //!
