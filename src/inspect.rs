@@ -7,10 +7,11 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::entry::{decode_entry, entry_flags, CachedResponse, FLAG_RESPONSE};
+use crate::engine::envelope::{decode_entry, entry_flags};
 use crate::error::DecodeError;
 use crate::http::layer::CacheLayer;
 use crate::http::purge::PurgeTarget;
+use crate::http::response::{CachedResponse, FLAG_RESPONSE};
 use crate::key::CacheKey;
 
 /// The Redis key names of one entry (the layout of the Redis store).
@@ -153,7 +154,7 @@ mod tests {
     use http::{HeaderMap, HeaderValue, StatusCode};
 
     use super::*;
-    use crate::entry::{encode_entry, EntryMeta};
+    use crate::engine::envelope::{encode_entry, EntryMeta};
     use crate::store::redis::{RedisOptions, RedisStore};
 
     /// The names here are the ones the Redis store uses.

@@ -68,6 +68,43 @@
 //! `tls`) and ACL credentials in the URL are supported; credentials never
 //! reach logs, errors or `Debug` output. See [`RedisOptions`].
 //!
+//! ## Layout
+//!
+//! The modules follow the request flow, top to bottom; nothing below
+//! `http` imports it, and no two files import each other.
+//!
+//! ```text
+//! http/            everything that knows HTTP
+//!   layer.rs         CacheLayer and its builder (the public handle, purges)
+//!   state.rs         what every clone and route layer shares
+//!   service/         the Tower service, one file per step:
+//!     mod.rs           classify the request, find the candidate, pick the path
+//!     coalesce.rs      miss: lead or follow the key's flight, or be released
+//!     origin.rs        one origin request as the flight's computation
+//!     streamed.rs      a fill that spans frames, read once by every reader
+//!     fill.rs          the origin's answer and verdict turned into a fill
+//!     direct.rs        calls outside any flight (Honor reloads, released)
+//!     respond.rs       building answers from entries; the layer's own answers
+//!     target.rs        where a request's entry lives (base and variant key)
+//!   policy/          RFC 9111: directives, request, freshness, storability,
+//!                    targeted (RFC 9213)
+//!   vary.rs, conditional.rs, purge.rs, route.rs, stream.rs, body.rs,
+//!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs
+//! engine/          the HTTP-agnostic read-through state machine
+//!   cache.rs         the public Cache<V>
+//!   resolve.rs       Engine::resolve: the miss path in reading order
+//!   flight.rs        the local single flight
+//!   remote.rs        leading and waiting across instances (Redis)
+//!   redlock.rs       the Redlock lease
+//!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
+//!   value.rs (Value), envelope.rs (the stored bytes)
+//! store/           memory.rs (embedded default and L1), redis/ (connection
+//!                  and breaker, keys, Lua scripts as .lua files, fills,
+//!                  purge bus, cluster, TLS)
+//! lock/            Redlock and the lease watchdog
+//! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
+//! ```
+//!
 //! ## Failure behaviour
 //!
 //! - **Redis down or slow:** every call has a timeout (connect 1 s, reply
@@ -416,7 +453,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod engine;
-mod entry;
 mod error;
 mod http;
 #[cfg(feature = "redis")]
@@ -432,24 +468,14 @@ mod lock;
 mod metrics;
 mod store;
 
-// moved: the engine-side entry code still names these at the crate root.
-use http::{policy, vary};
-// moved: engine/purge_log.rs (old path for code not yet moved)
-pub(crate) use engine::purge_log;
-// moved: engine/retained.rs (now generic); the HTTP layer's name for it
-mod retain {
-    pub(crate) type RetainedStore =
-        crate::engine::retained::RetainedStore<crate::entry::CachedResponse>;
-}
-
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
-pub use entry::CachedResponse;
 pub use error::{BoxError, BuildError, DecodeError, Error};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};
 pub use http::purge::{PurgeError, PurgeHandle, Purged};
 pub use http::request_body::RequestBody;
+pub use http::response::CachedResponse;
 pub use http::route::{DefaultPredicate, Predicate, RoutePolicy};
 pub use http::service::CacheService;
 pub use http::state::ReloadMode;

@@ -305,6 +305,13 @@ impl Counters {
         count(&self.keys.fenced_rejected);
     }
 
+    /// An entry in the shared store that did not decode (read as a miss).
+    #[cfg(feature = "redis")]
+    pub(crate) fn corrupt_entry(&self) {
+        let labels = vec![Label::new(CACHE_LABEL, self.keys.cache.clone())];
+        count(&Key::from_parts(names::CORRUPT_ENTRIES, labels));
+    }
+
     /// An origin answer that was not stored; `reason` is the policy's word.
     pub(crate) fn not_stored(&self, reason: &str) {
         let reason = not_stored_reason(reason);

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::http::Method;
+use deadpool_redis::redis;
 use herdguard::{CacheLayer, RedisOptions};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::origin::{cache_status, get_req, req, send, Origin};
@@ -248,6 +249,51 @@ async fn every_metric_carries_the_cache_name() {
     assert!(
         unlabelled.is_empty(),
         "metrics without cache: {unlabelled:?}"
+    );
+}
+
+/// A corrupt entry in Redis is counted under the cache name of the layer that met it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_entries_carry_the_cache_name() {
+    let mut rec = recorded().lock().await;
+    let server = RedisServer::start();
+    let layer = CacheLayer::builder()
+        .cache_name("corrupt-seen")
+        .redis(RedisOptions::new(server.url()).namespace("cs"))
+        .build()
+        .unwrap();
+    let key = |path| layer.key_for(&get_req(path)).to_hex();
+    let (model, bad) = (key("/model"), key("/bad"));
+    let origin = Origin::new(&[("cache-control", "max-age=60")]);
+    let app = origin.app(layer.clone());
+    send(&app, get_req("/model")).await;
+    // A real entry cut inside its payload: the script's header check passes,
+    // so the decoder is the one that refuses it.
+    let mut conn = server.connection().await;
+    let real: Vec<u8> = redis::cmd("GET")
+        .arg(format!("cs:{{{model}}}:v"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let truncated = real[..real.len().min(48)].to_vec();
+    for (suffix, bytes) in [("v", &truncated[..]), ("fresh", &b"1"[..])] {
+        let _: () = redis::cmd("SET")
+            .arg(format!("cs:{{{bad}}}:{suffix}"))
+            .arg(bytes)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let (code, _, _) = send(&app, get_req("/bad")).await;
+    assert_eq!(code, 200);
+    assert_eq!(origin.calls(), 2, "a corrupt entry is a miss");
+    let samples = rec.of("corrupt-seen");
+    assert_eq!(
+        total(&samples, "herdguard_corrupt_entries_total", None),
+        1,
+        "{samples:?}"
     );
 }
 

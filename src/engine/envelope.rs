@@ -136,12 +136,12 @@ pub(crate) fn decode_entry<V: Value>(mut bytes: Bytes) -> Result<(EntryMeta, V),
 
 /// Log a corrupt entry found in a shared store: a warning at most once per
 /// interval per process (every instance meets the same bad entry until it
-/// is overwritten, and a loop of warnings helps nobody), and a counter.
+/// is overwritten, and a loop of warnings helps nobody). The caller counts it
+/// under its own cache name.
 pub(crate) fn report_corrupt(key: &CacheKey, error: &DecodeError) {
     const EVERY_MS: u64 = 10_000;
     static LAST_MS: AtomicU64 = AtomicU64::new(0);
     static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-    metrics::counter!(crate::metrics::names::CORRUPT_ENTRIES).increment(1);
     let now = unix_ms(SystemTime::now()).max(1);
     let last = LAST_MS.load(Ordering::Relaxed);
     let due = last == 0 || now.saturating_sub(last) >= EVERY_MS;

@@ -48,6 +48,4 @@ pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{Compute, ComputeFuture, Fill};
 pub(crate) use config::EngineConfig;
 pub(crate) use resolve::{Engine, Resolved};
-/// The engine's old name, for code not yet moved.
-pub(crate) type Shared<V> = Engine<V>; // renamed: Engine
 pub use value::Value;

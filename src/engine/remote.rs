@@ -96,6 +96,7 @@ impl<V: Value> Engine<V> {
                     }
                     Err(e) => {
                         super::envelope::report_corrupt(&key, &e);
+                        self.counters.corrupt_entry();
                         skip_entry = true;
                     }
                 },
@@ -107,6 +108,7 @@ impl<V: Value> Engine<V> {
                     let decoded = decode_entry::<V>(bytes);
                     if let Err(e) = &decoded {
                         super::envelope::report_corrupt(&key, e);
+                        self.counters.corrupt_entry();
                     }
                     // An entry stored without a stale window is never handed
                     // out stale: Redis reports one so only in the last

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use http::header::{self, HeaderMap, HeaderName};
 
-use crate::entry::CachedResponse;
+use crate::http::response::CachedResponse;
 
 /// Whether the client's own validators match `stored`, so the answer is 304.
 ///

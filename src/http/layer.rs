@@ -6,7 +6,8 @@ use std::time::Duration;
 use http::{HeaderName, Uri};
 use tower_layer::Layer;
 
-use crate::engine::{EngineConfig, Shared};
+use crate::engine::retained::RetainedStore;
+use crate::engine::{Engine, EngineConfig};
 use crate::error::BuildError;
 use crate::http::purge::{url_key, PurgeHandle, PurgeTarget};
 use crate::http::route::RoutePolicy;
@@ -15,7 +16,6 @@ use crate::http::state::{HttpConfig, LayerState, MemoryBudget, ReloadMode, VARY_
 use crate::http::vary::VaryIndex;
 use crate::key::CacheKey;
 use crate::metrics::Stats;
-use crate::retain::RetainedStore;
 #[cfg(feature = "redis")]
 use crate::store::redis::RedisOptions;
 
@@ -525,7 +525,7 @@ impl CacheLayerBuilder {
         let state = Arc::new(LayerState {
             vary: VaryIndex::new(budget.vary / VARY_URL_BYTES),
             retained: RetainedStore::new(budget.retained),
-            engine: Arc::new(Shared::new(engine)?),
+            engine: Arc::new(Engine::new(engine)?),
             http: self.http,
             streams: Arc::new(crate::http::stream::Streams::new()),
             root: None,

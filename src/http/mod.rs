@@ -10,6 +10,7 @@ pub(crate) mod layer;
 pub(crate) mod policy;
 pub(crate) mod purge;
 pub(crate) mod request_body;
+pub(crate) mod response;
 pub(crate) mod route;
 pub(crate) mod service;
 pub(crate) mod state;

@@ -16,7 +16,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::Uri;
 use tokio::sync::oneshot;
 
-use crate::entry::CachedResponse;
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::key::CacheKey;
 use crate::store::redis::{redact_error, RedisStore, StoreError};
@@ -45,7 +45,10 @@ impl PurgeTarget {
     fn names(&self) -> Vec<String> {
         match self {
             PurgeTarget::Key(k) => {
-                vec![crate::purge_log::key_name(k), format!("url:{}", k.to_hex())]
+                vec![
+                    crate::engine::purge_log::key_name(k),
+                    format!("url:{}", k.to_hex()),
+                ]
             }
             PurgeTarget::Tag(t) => vec![format!("tag:{t}")],
         }
@@ -96,9 +99,9 @@ impl fmt::Display for PurgeError {
 
 impl std::error::Error for PurgeError {}
 
-/// A purge in progress, returned by [`CacheLayer::purge_url`],
-/// [`purge_key`](CacheLayer::purge_key) and
-/// [`purge_tag`](CacheLayer::purge_tag).
+/// A purge in progress, returned by [`CacheLayer::purge_url`](crate::CacheLayer::purge_url),
+/// [`purge_key`](crate::CacheLayer::purge_key) and
+/// [`purge_tag`](crate::CacheLayer::purge_tag).
 ///
 /// This process's memory is purged before the call returns. The Redis part
 /// runs in a spawned task whether or not the handle is awaited: drop it to

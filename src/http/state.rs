@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use http::{request, response, HeaderName};
 
-use crate::engine::Shared;
-use crate::entry::CachedResponse;
+use crate::engine::retained::RetainedStore;
+use crate::engine::Engine;
 use crate::http::policy::{ResponseRules, ResponseVerdict};
+use crate::http::response::CachedResponse;
 use crate::http::route::{RouteKey, RoutePredicate};
 use crate::http::stream::Streams;
 use crate::http::vary::VaryIndex;
 use crate::key::CacheKey;
-use crate::retain::RetainedStore;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
@@ -123,12 +123,12 @@ impl MemoryBudget {
 /// What every clone of a layer, and every service it makes, shares.
 #[derive(Debug)]
 pub(crate) struct LayerState {
-    pub(crate) engine: Arc<Shared<CachedResponse>>,
+    pub(crate) engine: Arc<Engine<CachedResponse>>,
     pub(crate) http: HttpConfig,
     /// Header names each URL varies on, so variants get keys of their own.
     pub(crate) vary: VaryIndex,
     /// Responses kept past their stale grace for revalidation and stale-if-error.
-    pub(crate) retained: RetainedStore,
+    pub(crate) retained: RetainedStore<CachedResponse>,
     /// Fills whose body is streaming, offered to their flight's waiters.
     pub(crate) streams: Arc<Streams>,
     /// The layer a route layer was made from: kept alive while any route is,

@@ -27,8 +27,8 @@ use bytes::Bytes;
 use http::StatusCode;
 use tokio::sync::watch;
 
-use crate::entry::CachedResponse;
 use crate::error::BoxError;
+use crate::http::response::CachedResponse;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
@@ -500,7 +500,7 @@ mod tests {
         };
         let head = Arc::new(Stored::new(
             value,
-            crate::entry::EntryMeta::now(Default::default(), Default::default(), 0),
+            crate::engine::envelope::EntryMeta::now(Default::default(), Default::default(), 0),
             Default::default(),
             Default::default(),
             Default::default(),

@@ -15,7 +15,8 @@ use moka::sync::Cache as MokaCache;
 use moka::Expiry;
 use tokio::time::Instant;
 
-use crate::entry::{EntryMeta, Value};
+use crate::engine::envelope::EntryMeta;
+use crate::engine::Value;
 use crate::key::CacheKey;
 
 /// One entry as held in memory, with its deadlines on the local clock.

@@ -5,23 +5,21 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body::Body;
 use tower_service::Service;
 
 use crate::engine::Resolved;
-use crate::entry::CachedResponse;
-use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::policy::{self, Forward, RequestVerdict, Usable};
+use crate::http::response::CachedResponse;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::http::stream::Stream;
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 
-use super::direct::{direct, direct_with, forward, spare_call};
+use super::bounds::{Origin, OriginBody};
+use super::direct::{direct, direct_with, honor_reload, spare_call};
 use super::fill::is_stored;
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
@@ -50,12 +48,9 @@ pub(super) async fn miss<S, ReqB, ResB>(
     reload: bool,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Origin<ReqB, ResB>,
     ReqB: Default + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: OriginBody,
 {
     let request_headers = req.headers().clone();
     let view = View {
@@ -279,17 +274,14 @@ pub(super) async fn reload<S, ReqB, ResB>(
     stored: Option<Arc<Stored<CachedResponse>>>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Origin<ReqB, ResB> + Clone,
     ReqB: Default + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: OriginBody,
 {
     if state.http.reload == ReloadMode::Honor {
         if let Some(permit) = state.engine.try_fallback_permit() {
             let stored = stored.map(|e| e.value.clone());
-            return forward(state, target, head, inner, req, stored, permit).await;
+            return honor_reload(state, target, head, inner, req, stored, permit).await;
         }
     }
     let spare = spare_call(&inner, &req);

@@ -5,21 +5,20 @@
 use std::future::poll_fn;
 use std::sync::{Arc, PoisonError};
 
-use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, Request, Response, StatusCode};
-use http_body::Body;
 use tokio::sync::OwnedSemaphorePermit;
 use tower_service::Service;
 
 use crate::engine::{Compute, Fill, Freshness};
-use crate::entry::CachedResponse;
-use crate::error::{BoxError, Error};
+use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::policy::Forward;
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::metrics::Source;
 
+use super::bounds::{Origin, OriginBody};
 use super::origin::{strip_framing, OriginCall};
 use super::respond::{Served, View};
 use super::target::Target;
@@ -28,7 +27,7 @@ use crate::http::cache_status::CACHE_STATUS;
 /// A request that asked for a fresh answer, in [`ReloadMode::Honor`]: call
 /// the origin for it alone (holding a fallback permit), and store what comes
 /// back for everyone else.
-pub(super) async fn forward<S, ReqB, ResB>(
+pub(super) async fn honor_reload<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
     head: bool,
@@ -38,12 +37,9 @@ pub(super) async fn forward<S, ReqB, ResB>(
     _permit: OwnedSemaphorePermit,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Origin<ReqB, ResB>,
     ReqB: Default + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: OriginBody,
 {
     let request_headers = req.headers().clone();
     let view = View {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName};
 
 use crate::engine::{Fill, Freshness};
-use crate::entry::CachedResponse;
 use crate::http::policy::{self, Forward, ResponseVerdict};
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::vary::variant_key;
 use crate::store::memory::Stored;

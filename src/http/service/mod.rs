@@ -36,11 +36,13 @@ use crate::http::state::{LayerState, ReloadMode};
 use crate::metrics::Source;
 use crate::store::memory::Probe;
 
+use bounds::{Origin, OriginBody};
 use coalesce::{miss, reload};
 use direct::{refresh_request, spare_call};
 use origin::OriginCall;
 use respond::{stale_detail, Served, View};
 
+mod bounds;
 mod coalesce;
 mod direct;
 mod fill;
@@ -140,12 +142,9 @@ impl<S> CacheService<S> {
     /// `call` but for the final header touch.
     fn route<ReqB, ResB>(&mut self, req: Request<ReqB>) -> ResponseFuture<S::Future, ResB, S::Error>
     where
-        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
+        S: Origin<ReqB, ResB> + Clone,
         ReqB: Default + Send + 'static,
-        ResB: Body<Data = Bytes> + Send + 'static,
-        ResB::Error: Into<BoxError>,
+        ResB: OriginBody,
     {
         // The instance that was polled ready is the one we may call.
         let clone = self.inner.clone();

@@ -12,17 +12,17 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
-use tower_service::Service;
 
 use crate::engine::{Compute, ComputeFuture, Fill};
-use crate::entry::CachedResponse;
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::conditional;
 use crate::http::policy::{self, StoredRules};
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::vary::stored_values;
 
+use super::bounds::{Origin, OriginBody};
 use super::streamed::{join, stream_head, stream_rest, Handoff, Passthrough, StreamStart};
 use super::target::{url_of, Target};
 use super::{CONDITIONAL, NOT_STORED};
@@ -102,12 +102,9 @@ impl std::error::Error for OriginFailed {}
 
 impl<S, ReqB, ResB> Compute<CachedResponse> for OriginCall<S, ReqB, ResB, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Origin<ReqB, ResB>,
     ReqB: Default + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: OriginBody,
 {
     fn start(self) -> ComputeFuture<CachedResponse> {
         Box::pin(self.run())
@@ -116,12 +113,9 @@ where
 
 impl<S, ReqB, ResB> OriginCall<S, ReqB, ResB, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Origin<ReqB, ResB>,
     ReqB: Default + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: OriginBody,
 {
     pub(super) async fn run(self) -> Result<Fill<CachedResponse>, BoxError> {
         let OriginCall {

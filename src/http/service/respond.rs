@@ -6,11 +6,11 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 
-use crate::entry::CachedResponse;
 use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::conditional;
 use crate::http::policy::{Forward, Usable};
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::stream::{Stream, StreamReader};
 use crate::metrics::Source;

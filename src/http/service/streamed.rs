@@ -12,10 +12,10 @@ use http::Response;
 use http_body::Body;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use crate::entry::CachedResponse;
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::policy::ResponseVerdict;
+use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::stream::{SharedBody, Stream, StreamReader, Writer};
 use crate::key::CacheKey;
@@ -58,7 +58,7 @@ pub(super) fn stream_head(
         rules: *rules,
         revalidated: false,
     };
-    let meta = crate::entry::EntryMeta::now(*fresh_for, *stale_for, 0);
+    let meta = crate::engine::envelope::EntryMeta::now(*fresh_for, *stale_for, 0);
     let usable = fresh_for.saturating_add(*stale_for);
     Some(Arc::new(Stored::new(
         value,

@@ -20,7 +20,7 @@ use super::scripts::{
     LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE,
 };
 use super::tls;
-use crate::entry::{FENCE_OFFSET, MAGIC, VERSION};
+use crate::engine::envelope::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::error::BuildError;
 use crate::key::CacheKey;
 use crate::lock::{FenceToken, LeaseToken};

@@ -7,22 +7,10 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-// moved: engine/envelope.rs, engine/value.rs (old paths for code not yet moved)
-pub(crate) use crate::engine::envelope::EntryMeta;
-// moved: engine/envelope.rs
-#[cfg(any(test, feature = "redis"))]
-pub(crate) use crate::engine::envelope::decode_entry;
-// moved: engine/envelope.rs
-#[cfg(test)]
-pub(crate) use crate::engine::envelope::encode_entry;
-// moved: engine/envelope.rs
-#[cfg(feature = "redis")]
-pub(crate) use crate::engine::envelope::{entry_flags, FENCE_OFFSET, MAGIC, VERSION};
-// moved: engine/value.rs
-pub(crate) use crate::engine::Value;
+use crate::engine::Value;
 use crate::error::DecodeError;
+use crate::http::policy::StoredRules;
 use crate::key::CacheKey;
-use crate::policy::StoredRules;
 
 /// Envelope flag: the payload is a [`CachedResponse`], so a diagnostic
 /// reader knows a payload that does not decode as one is corrupt.
@@ -84,7 +72,7 @@ impl CachedResponse {
     pub(crate) fn vary_matches(&self, request: &HeaderMap) -> bool {
         self.vary
             .iter()
-            .all(|(name, values)| crate::vary::values_match(name, request, values))
+            .all(|(name, values)| crate::http::vary::values_match(name, request, values))
     }
 }
 
@@ -249,6 +237,7 @@ fn get_value(b: &mut Bytes) -> Result<HeaderValue, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::envelope::{decode_entry, encode_entry, EntryMeta};
 
     fn sample() -> CachedResponse {
         let mut headers = HeaderMap::new();
