@@ -46,22 +46,29 @@
 //! derived from the window, then a verdict line.
 
 mod common;
+// The `big` scenario, in a file of its own.
+#[path = "stampede/big_run.rs"]
+mod big_run;
+// The table: samples, summarised lines, printing.
+#[path = "stampede/report.rs"]
+mod report;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herdguard::CacheLayer;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
 use tokio::sync::Barrier;
 
 use common::args::Args;
-use common::big;
+
+use big_run::{print_big, run_big, BIG_WINDOW};
 use common::loadgen::{Class, Conn};
-use common::origin::{serve, spawn_instance, Instance, Origin, Scope};
+use common::origin::{spawn_instance, Instance, Origin, Scope};
 use common::peers::{Peer, PeerProxy};
 use common::redis::{with_redis, RedisTarget, L1};
-use common::{ms, quantile, rss_bytes};
+use report::{print_header, print_line, ready_instant, summarize, Line, Sample};
 
 const USAGE: &str = "cargo bench --bench stampede -- [--instances P=4] [--requests N=1000] \
 [--origin-delay-ms 100] [--slow-origin-ms 3000] [--clients C=64] [--seconds T=5] \
@@ -206,40 +213,6 @@ impl Scenario {
             Scenario::Grace | Scenario::Steady => "max-age=1",
         }
     }
-}
-
-/// One request as the client saw it.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    instance: usize,
-    start: Instant,
-    end: Instant,
-    ok: bool,
-    class: Class,
-    /// When the server-side stack had the response ready (`x-bench-ready-us`).
-    ready: Option<Instant>,
-    /// Served at an `Age` of at least its max-age (1 s in these scenarios).
-    past_max_age: bool,
-}
-
-/// One line of the table.
-#[derive(Debug, Default)]
-struct Line {
-    requests: usize,
-    origin_calls: u64,
-    p50: Option<Duration>,
-    p99: Option<Duration>,
-    max: Option<Duration>,
-    forwarded: usize,
-    release_p50: Option<Duration>,
-    release_p99: Option<Duration>,
-    server_release_p50: Option<Duration>,
-    server_release_p99: Option<Duration>,
-    redis_per_request: Option<f64>,
-    errors: usize,
-    /// Responses served at an age past their max-age.
-    past_max_age: usize,
-    note: String,
 }
 
 /// P instances in front of one origin, or one nginx/varnishd in front of a
@@ -452,60 +425,6 @@ async fn steady(
     all
 }
 
-fn ready_instant(us: Option<u64>) -> Option<Instant> {
-    us.map(|us| common::origin::epoch() + Duration::from_micros(us))
-}
-
-fn summarize(row: Row, samples: &[Sample], fills: &[(usize, Instant)], scope: Scope) -> Line {
-    let mut latencies: Vec<Duration> = samples
-        .iter()
-        .filter(|s| s.ok)
-        .map(|s| s.end - s.start)
-        .collect();
-    let forwarded: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| s.ok && matches!(s.class, Class::Forwarded | Class::Uncached))
-        .collect();
-    // The fill a forwarded request waited on: the latest one in its scope
-    // that landed while it was in flight.
-    let fill_of = |s: &Sample| {
-        fills
-            .iter()
-            .filter(|(i, _)| scope == Scope::Cluster || *i == s.instance)
-            .map(|(_, at)| *at)
-            .filter(|at| *at >= s.start && *at <= s.end)
-            .max()
-    };
-    // Without a cache nobody waits for anybody: there is no release delay.
-    let waiters: Vec<(&Sample, Instant)> = if matches!(row, Row::Floor | Row::NoCache) {
-        Vec::new()
-    } else {
-        forwarded
-            .iter()
-            .filter_map(|s| fill_of(s).map(|f| (*s, f)))
-            .collect()
-    };
-    let mut release: Vec<Duration> = waiters.iter().map(|(s, f)| s.end - *f).collect();
-    let mut server_release: Vec<Duration> = waiters
-        .iter()
-        .filter_map(|(s, f)| s.ready.map(|r| r.saturating_duration_since(*f)))
-        .collect();
-    Line {
-        requests: samples.len(),
-        p50: quantile(&mut latencies, 0.50),
-        p99: quantile(&mut latencies, 0.99),
-        max: latencies.last().copied(),
-        forwarded: forwarded.len(),
-        release_p50: quantile(&mut release, 0.50),
-        release_p99: quantile(&mut release, 0.99),
-        server_release_p50: quantile(&mut server_release, 0.50),
-        server_release_p99: quantile(&mut server_release, 0.99),
-        errors: samples.iter().filter(|s| !s.ok).count(),
-        past_max_age: samples.iter().filter(|s| s.ok && s.past_max_age).count(),
-        ..Line::default()
-    }
-}
-
 async fn run(
     scenario: Scenario,
     row: Row,
@@ -636,50 +555,6 @@ async fn run(
         line.note = format!("past max-age {}; {}", line.past_max_age, line.note);
     }
     line
-}
-
-fn opt_ms(d: Option<Duration>) -> String {
-    d.map_or_else(|| "-".to_owned(), ms)
-}
-
-fn print_header() {
-    println!(
-        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}  note",
-        "row",
-        "reqs",
-        "origin",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "fwd",
-        "rel p50",
-        "rel p99",
-        "srv p50",
-        "srv p99",
-        "redis/r",
-        "errors"
-    );
-}
-
-fn print_line(row: Row, l: &Line) {
-    println!(
-        "{:<20} {:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}  {}",
-        row.name(),
-        l.requests,
-        l.origin_calls,
-        opt_ms(l.p50),
-        opt_ms(l.p99),
-        opt_ms(l.max),
-        l.forwarded,
-        opt_ms(l.release_p50),
-        opt_ms(l.release_p99),
-        opt_ms(l.server_release_p50),
-        opt_ms(l.server_release_p99),
-        l.redis_per_request
-            .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
-        l.errors,
-        l.note
-    );
 }
 
 #[tokio::main]
@@ -837,356 +712,4 @@ async fn main() {
         Err(e) => eprintln!("charts not written: {e}"),
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
-}
-
-/// The `big` scenario's window: the crate's default `max_body_bytes`, set
-/// explicitly so the memory bound below is derived from a known number.
-const BIG_WINDOW: usize = 8 * 1024 * 1024;
-/// hyper's HTTP/1 write buffer cap per connection (`DEFAULT_MAX_BUFFER_SIZE`,
-/// 8 KiB + 100 × 4 KiB): the most a connection queues before it stops
-/// polling the body. A slow reader's queued chunks may have left the window,
-/// so each reader can keep that much alive beyond it.
-const HYPER_WRITE_QUEUE: u64 = 8192 + 4096 * 100;
-/// Per reader, besides the write queue: the chunk being written, hyper's
-/// 8 KiB read buffer and connection state, the reader's cursor (rounded up).
-const PER_READER_EXTRA: u64 = (big::CHUNK + 16 * 1024) as u64;
-
-/// One row of the `big` table.
-#[derive(Debug, Default)]
-struct BigLine {
-    size: usize,
-    requests: usize,
-    origin_calls: u64,
-    /// Requests whose `Cache-Status` did not say `collapsed`.
-    uncollapsed: usize,
-    leader_ttfb: Option<Duration>,
-    waiter_ttfb_p50: Option<Duration>,
-    waiter_ttfb_p99: Option<Duration>,
-    waiter_ttfb_max: Option<Duration>,
-    /// Last body complete, from the burst's start.
-    last_done: Option<Duration>,
-    exact: usize,
-    /// A complete body whose hash differs from the origin's.
-    mismatches: usize,
-    /// Bodies that ended before their length (cut off, or the transport failed).
-    incomplete: usize,
-    /// Bytes the incomplete bodies had received: fewest, most.
-    incomplete_bytes: Option<(u64, u64)>,
-    errors: usize,
-    rss_base: u64,
-    rss_peak: u64,
-    bound: u64,
-    bound_how: String,
-    note: String,
-    /// `herdguard_stream_waiter_ttfb_seconds` of this run: p50, p99, count;
-    /// readers cut off (`herdguard_stream_readers_cut_off_total`).
-    server_ttfb: Option<(Duration, Duration, usize, u64)>,
-}
-
-/// The crate's metrics, recorded for the `big` scenario only (installed
-/// before its first layer is built; nothing else in the run reads them).
-fn metrics_snapshotter() -> &'static Snapshotter {
-    static SNAP: std::sync::OnceLock<Snapshotter> = std::sync::OnceLock::new();
-    SNAP.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snap = recorder.snapshotter();
-        if recorder.install().is_err() {
-            eprintln!("a metrics recorder was already installed; server-side TTFB not read");
-        }
-        snap
-    })
-}
-
-/// Server-side waiter TTFB since the last call (the debugging recorder
-/// drains histograms on snapshot) and the cut-off counter's total.
-fn waiter_ttfb_metric() -> Option<(Duration, Duration, usize, u64)> {
-    let mut ttfb: Vec<Duration> = Vec::new();
-    let mut cut = 0;
-    for (k, _, _, v) in metrics_snapshotter().snapshot().into_vec() {
-        match (k.key().name(), v) {
-            ("herdguard_stream_waiter_ttfb_seconds", DebugValue::Histogram(h)) => {
-                ttfb.extend(h.iter().map(|s| Duration::from_secs_f64(s.0.max(0.0))));
-            }
-            ("herdguard_stream_readers_cut_off_total", DebugValue::Counter(c)) => cut += c,
-            _ => {}
-        }
-    }
-    let count = ttfb.len();
-    Some((
-        quantile(&mut ttfb, 0.50)?,
-        quantile(&mut ttfb, 0.99)?,
-        count,
-        cut,
-    ))
-}
-
-fn mib(b: u64) -> String {
-    format!("{:.1}", b as f64 / 1048576.0)
-}
-
-/// N concurrent GETs for one `size`-byte body on one in-memory instance.
-async fn run_big(cfg: &Config, size: usize, nonce: u64) -> Result<BigLine, String> {
-    // Installs the recorder, and drains what an earlier row recorded.
-    let _ = waiter_ttfb_metric();
-    let origin = Arc::new(big::BigOrigin::new(
-        size,
-        cfg.big_rate,
-        Duration::from_millis(100),
-    ));
-    let layer = CacheLayer::builder()
-        .max_body_bytes(BIG_WINDOW)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let router = big::router(&origin).layer(layer.clone());
-    let (addr, server) = serve(router).await.map_err(|e| format!("bind: {e}"))?;
-    let _server = AbortOnDrop(server);
-    let n = cfg.big_requests;
-    // The clients run on a runtime of their own, as they would in other
-    // processes: 200 readers hashing on the server's two worker threads
-    // would be measured as the server's delay.
-    let clients = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.big_client_threads)
-        .thread_name("big-client")
-        .enable_all()
-        .build()
-        .map_err(|e| format!("client runtime: {e}"))?;
-    let path = format!("/big/{size}-{nonce}");
-    // Generous: every body at a hundredth of the origin's rate, plus 30 s.
-    let limit =
-        Duration::from_secs_f64(size as f64 / cfg.big_rate * 100.0) + Duration::from_secs(30);
-    // Every connection and its read buffer exist before the baseline.
-    let connected = Arc::new(Barrier::new(n + 1));
-    let barrier = Arc::new(Barrier::new(n + 1));
-    let mut tasks = Vec::with_capacity(n);
-    for _ in 0..n {
-        let connected = Arc::clone(&connected);
-        let barrier = Arc::clone(&barrier);
-        let path = path.clone();
-        tasks.push(clients.spawn(async move {
-            let conn =
-                tokio::time::timeout(Duration::from_secs(5), big::HashingConn::connect(addr))
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
-            // Every task reaches both barriers, connected or not.
-            connected.wait().await;
-            barrier.wait().await;
-            let start = Instant::now();
-            let reply = match conn {
-                Some(c) => tokio::time::timeout(limit, c.get(&path))
-                    .await
-                    .unwrap_or_else(|_| Err(std::io::Error::other("timed out"))),
-                None => Err(std::io::Error::other("connect failed")),
-            };
-            (start, reply)
-        }));
-    }
-    connected.wait().await;
-    // Peak RSS from here on: the kernel's high-water mark, reset now, and
-    // a 5 ms sampler in case the reset is not allowed.
-    let reset = big::reset_peak_rss();
-    let base = rss_bytes().unwrap_or(0);
-    let sampled = Arc::new(std::sync::atomic::AtomicU64::new(base));
-    let sampler = {
-        let sampled = Arc::clone(&sampled);
-        AbortOnDrop(tokio::spawn(async move {
-            loop {
-                if let Some(r) = rss_bytes() {
-                    sampled.fetch_max(r, std::sync::atomic::Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }))
-    };
-    barrier.wait().await;
-    let burst_start = Instant::now();
-    let mut replies = Vec::with_capacity(n);
-    for t in tasks {
-        if let Ok(r) = t.await {
-            replies.push(r);
-        }
-    }
-    drop(sampler);
-    clients.shutdown_background();
-    let server_ttfb = waiter_ttfb_metric();
-    let peak = sampled
-        .load(std::sync::atomic::Ordering::Relaxed)
-        .max(if reset {
-            big::peak_rss_bytes().unwrap_or(0)
-        } else {
-            0
-        });
-
-    let mut line = BigLine {
-        size,
-        requests: n,
-        origin_calls: origin.calls(),
-        rss_base: base,
-        rss_peak: peak,
-        ..BigLine::default()
-    };
-    let mut waiters = Vec::with_capacity(n);
-    let mut leaders = Vec::new();
-    for (start, reply) in &replies {
-        let r = match reply {
-            Ok(r) => r,
-            Err(_) => {
-                line.errors += 1;
-                continue;
-            }
-        };
-        let done = r.end.saturating_duration_since(burst_start);
-        line.last_done = Some(line.last_done.map_or(done, |d| d.max(done)));
-        let complete = r.status == 200 && r.error.is_none() && r.len == size as u64;
-        if r.status != 200 {
-            line.errors += 1;
-        } else if !complete {
-            line.incomplete += 1;
-            line.incomplete_bytes = Some(
-                line.incomplete_bytes
-                    .map_or((r.len, r.len), |(lo, hi)| (lo.min(r.len), hi.max(r.len))),
-            );
-        } else if r.hash == origin.checksum() {
-            line.exact += 1;
-        } else {
-            line.mismatches += 1;
-        }
-        if let Some(fb) = r.first_byte {
-            let ttfb = fb.saturating_duration_since(*start);
-            if r.collapsed {
-                waiters.push(ttfb);
-            } else {
-                leaders.push((ttfb, r.cache_status.clone()));
-            }
-        }
-        if !r.collapsed {
-            line.uncollapsed += 1;
-        }
-        if r.declared.is_some_and(|d| d != size as u64) {
-            line.note = format!("declared length {:?} != {size}", r.declared);
-        }
-    }
-    // The leader: the request that did not read another's fill and got its
-    // first byte first (there is exactly one when the origin was called once).
-    leaders.sort();
-    line.leader_ttfb = leaders.first().map(|(t, _)| *t);
-    if let Some((_, cs)) = leaders.first() {
-        line.note = format!("leader Cache-Status: {cs}");
-    }
-    line.waiter_ttfb_p50 = quantile(&mut waiters, 0.50);
-    line.waiter_ttfb_p99 = quantile(&mut waiters, 0.99);
-    line.waiter_ttfb_max = waiters.last().copied();
-    let per_reader = HYPER_WRITE_QUEUE + PER_READER_EXTRA;
-    let readers = n as u64;
-    if size > BIG_WINDOW {
-        line.bound = base + BIG_WINDOW as u64 + big::CHUNK as u64 + readers * per_reader;
-        line.bound_how = format!(
-            "baseline {} + window {} + one chunk {} + {n} readers x {} KiB (hyper write queue {} KiB + chunk + 16 KiB)",
-            mib(base),
-            mib(BIG_WINDOW as u64),
-            mib(big::CHUNK as u64),
-            per_reader / 1024,
-            HYPER_WRITE_QUEUE / 1024
-        );
-    } else {
-        // Storable: the fill keeps every chunk, then the stored entry is one
-        // joined copy of the body.
-        line.bound = base + 2 * size as u64 + readers * per_reader;
-        line.bound_how = format!(
-            "baseline {} + 2 x body {} (chunks kept for the store + the stored copy) + {n} readers x {} KiB",
-            mib(base),
-            mib(size as u64),
-            per_reader / 1024
-        );
-    }
-    line.server_ttfb = server_ttfb;
-    let stats = layer.stats();
-    line.note = format!(
-        "{}; layer {}h/{}m/{}c/{}b",
-        line.note, stats.hits, stats.misses, stats.coalesced, stats.bypasses
-    );
-    Ok(line)
-}
-
-/// Aborts a spawned task when dropped (the `big` scenario's server and sampler).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-fn print_big(label: &str, line: &BigLine) {
-    let d = |o: Option<Duration>| opt_ms(o);
-    println!(
-        "-- {label}: {} MB body, N={}",
-        line.size / 1_000_000,
-        line.requests
-    );
-    if !line.note.is_empty() {
-        println!("   {}", line.note);
-    }
-    if let Some((p50, p99, count, cut)) = line.server_ttfb {
-        println!(
-            "   server-side waiter TTFB (herdguard_stream_waiter_ttfb_seconds, {count} waiters): p50 {} p99 {} ms; readers cut off (counter) {cut}",
-            ms(p50),
-            ms(p99)
-        );
-    }
-    println!(
-        "   origin calls {}   requests not collapsed {}   last body done {} ms",
-        line.origin_calls,
-        line.uncollapsed,
-        d(line.last_done)
-    );
-    let diff = |w: Option<Duration>| match (w, line.leader_ttfb) {
-        (Some(w), Some(l)) => format!("{:+.1}", (w.as_secs_f64() - l.as_secs_f64()) * 1e3),
-        _ => "-".to_owned(),
-    };
-    println!(
-        "   TTFB ms (first body byte): leader {}   waiters p50 {} ({}), p99 {} ({}), max {}",
-        d(line.leader_ttfb),
-        d(line.waiter_ttfb_p50),
-        diff(line.waiter_ttfb_p50),
-        d(line.waiter_ttfb_p99),
-        diff(line.waiter_ttfb_p99),
-        d(line.waiter_ttfb_max)
-    );
-    println!(
-        "   bodies: {} exact (blake3 = origin's), {} checksum mismatches, {} incomplete, {} other errors",
-        line.exact, line.mismatches, line.incomplete, line.errors
-    );
-    if let Some((lo, hi)) = line.incomplete_bytes {
-        println!(
-            "   incomplete bodies ended after {}-{} MiB of {} MiB (cut off by the stream window)",
-            mib(lo),
-            mib(hi),
-            mib(line.size as u64)
-        );
-    }
-    println!(
-        "   peak RSS {} MiB (baseline {} MiB, +{} MiB)   bound {} MiB = {}",
-        mib(line.rss_peak),
-        mib(line.rss_base),
-        mib(line.rss_peak.saturating_sub(line.rss_base)),
-        mib(line.bound),
-        line.bound_how
-    );
-    let ttfb_ok = match (line.waiter_ttfb_p99, line.leader_ttfb) {
-        (Some(w), Some(l)) => w.saturating_sub(l) <= Duration::from_millis(10),
-        _ => false,
-    };
-    let checks = [
-        ("origin calls = 1", line.origin_calls == 1),
-        ("every body exact", line.exact == line.requests),
-        ("waiter TTFB p99 within 10 ms of the leader's", ttfb_ok),
-        ("peak RSS within bound", line.rss_peak <= line.bound),
-    ];
-    let failed: Vec<&str> = checks.iter().filter(|c| !c.1).map(|c| c.0).collect();
-    if failed.is_empty() {
-        println!("   VERDICT: PASS (origin calls 1, every body exact, TTFB within 10 ms, RSS within bound)");
-    } else {
-        println!("   VERDICT: FAIL: {}", failed.join("; "));
-    }
 }

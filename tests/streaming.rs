@@ -471,3 +471,153 @@ async fn head_waiter_gets_no_body() {
     );
     assert_eq!(origin.calls(), 1);
 }
+
+/// The next frame's data of `body` (`None` at its end); panics if it stalls
+/// for a virtual second, so a stuck stream fails instead of hanging.
+async fn next_data(body: &mut CacheBody<ChanBody>) -> Option<Result<Bytes, String>> {
+    let frame = tokio::time::timeout(Duration::from_secs(1), body.frame())
+        .await
+        .expect("the stream stalled");
+    frame.map(|f| {
+        f.map(|f| f.into_data().unwrap_or_default())
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Start one GET now and hand back its response.
+fn spawn_get<S>(svc: &S) -> tokio::task::JoinHandle<Response<CacheBody<ChanBody>>>
+where
+    S: Service<Request<()>, Response = Response<CacheBody<ChanBody>>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let svc = svc.clone();
+    tokio::spawn(async move { svc.oneshot(get()).await.unwrap() })
+}
+
+/// A body too large to store, with the origin running ahead of every
+/// reader: a reader that stays half a window behind the fastest one gets
+/// every byte exactly, and one that reads nothing is cut off.
+#[tokio::test(start_paused = true)]
+async fn reader_half_a_window_behind_the_fastest_gets_every_byte() {
+    const WINDOW: usize = 8 * 1024;
+    let parts = chunks(64, 1024);
+    let len = (64 * 1024).to_string();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
+    let svc = layer(WINDOW).layer(origin.service());
+    let fastest = spawn_get(&svc);
+    settle().await;
+    let behind = spawn_get(&svc);
+    let stalled = spawn_get(&svc);
+    settle().await;
+    // The whole body is ready at the origin: only the window holds the
+    // fill back.
+    let tx = origin.body(0);
+    for c in &parts {
+        tx.send(Ok(c.clone())).unwrap();
+    }
+    drop(tx);
+    let mut fastest = fastest.await.unwrap().into_body();
+    let mut behind = behind.await.unwrap().into_body();
+    let (mut fastest_got, mut behind_got) = (Vec::new(), Vec::new());
+    while let Some(c) = next_data(&mut fastest).await {
+        fastest_got.extend_from_slice(&c.unwrap());
+        settle().await;
+        while fastest_got.len() - behind_got.len() > WINDOW / 2 {
+            match next_data(&mut behind).await {
+                Some(Ok(c)) => behind_got.extend_from_slice(&c),
+                other => panic!(
+                    "{} bytes behind the fastest reader: {other:?}",
+                    fastest_got.len() - behind_got.len()
+                ),
+            }
+        }
+    }
+    while let Some(c) = next_data(&mut behind).await {
+        behind_got.extend_from_slice(&c.unwrap());
+    }
+    let want = digest(&concat(&parts));
+    assert_eq!(digest(&fastest_got), want);
+    assert_eq!(digest(&behind_got), want);
+    let err = stalled
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .map(|_| ())
+        .expect_err("a reader more than a window behind is cut off");
+    assert!(err.to_string().contains("fell behind"), "{err}");
+    assert_eq!(origin.calls(), 1);
+}
+
+/// What the slow reader's body ended with: an error, or the end time.
+type SlowEnd = Result<(u64, tokio::time::Instant), String>;
+
+/// How long (virtual time) five readers that take 1 ms per chunk need to
+/// read a 64 KiB body too large to store, from the moment the origin has
+/// it all; with `slow`, also how the body of a reader taking 50 ms per
+/// chunk, the leader, ended.
+async fn fast_readers_time(slow: bool) -> (Duration, Option<SlowEnd>) {
+    let parts = chunks(64, 1024);
+    let len = (64 * 1024).to_string();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
+    let svc = layer(8 * 1024).layer(origin.service());
+    let read_at = |svc, per_chunk: Duration| {
+        let r = spawn_get(svc);
+        tokio::spawn(async move {
+            let mut body = r.await.unwrap().into_body();
+            let mut got = Vec::new();
+            while let Some(c) = body.frame().await {
+                got.extend_from_slice(&c.map_err(|e| e.to_string())?.into_data().unwrap());
+                tokio::time::sleep(per_chunk).await;
+            }
+            Ok::<_, String>((digest(&got), tokio::time::Instant::now()))
+        })
+    };
+    let slow = slow.then(|| read_at(&svc, Duration::from_millis(50)));
+    settle().await;
+    let fast: Vec<_> = (0..5)
+        .map(|_| read_at(&svc, Duration::from_millis(1)))
+        .collect();
+    settle().await;
+    let tx = origin.body(0);
+    let start = tokio::time::Instant::now();
+    for c in &parts {
+        tx.send(Ok(c.clone())).unwrap();
+    }
+    drop(tx);
+    let want = digest(&concat(&parts));
+    let mut last = start;
+    for r in fast {
+        let (got, done) = r.await.unwrap().unwrap();
+        assert_eq!(got, want);
+        last = last.max(done);
+    }
+    let slow = match slow {
+        Some(slow) => Some(slow.await.unwrap()),
+        None => None,
+    };
+    assert_eq!(origin.calls(), 1);
+    (last - start, slow)
+}
+
+/// A slow reader is cut off, and the others finish within 10% of the time
+/// they take with no slow reader.
+#[tokio::test(start_paused = true)]
+async fn slow_reader_does_not_slow_the_others() {
+    let (alone, _) = tokio::time::timeout(Duration::from_secs(60), fast_readers_time(false))
+        .await
+        .unwrap();
+    let (with_slow, slow) = tokio::time::timeout(Duration::from_secs(60), fast_readers_time(true))
+        .await
+        .unwrap();
+    assert!(
+        with_slow.as_secs_f64() <= alone.as_secs_f64() * 1.1,
+        "{with_slow:?} with a slow reader, {alone:?} without"
+    );
+    let err = slow.unwrap().expect_err("the slow reader is cut off");
+    assert!(err.contains("fell behind"), "{err}");
+}

@@ -8,11 +8,26 @@
 //! ```
 //! - Storable so far (≤ `max_body_bytes`): every chunk is kept, because the
 //!   stored entry needs them all anyway; no reader is ever cut off.
-//! - Too large to store: only a window of the newest bytes is kept. A
-//!   reader whose next chunk has left the window is cut off with a body
-//!   error; memory never grows for it. A request arriving once the window
-//!   has left the start cannot attach and makes its own call.
-//! - The writer never waits for a reader: a slow client slows nobody else.
+//! - Too large to store: a window of `W` bytes is measured back from the
+//!   *fastest* reader, the furthest any reader has read (byte offset `F`).
+//!   `W` is the fill budget the body holds: `max_body_bytes` for a declared
+//!   length, what it had taken so far for a body that outgrows storing.
+//!   - a chunk is kept while it starts at most `W` bytes before `F`, so a
+//!     reader that lags the fastest by at most `W` bytes is never cut off;
+//!   - an older chunk is dropped when the next one arrives, and a reader
+//!     that still needs it is cut off with a body error; memory never
+//!     grows for it;
+//!   - the writer takes the next origin chunk only while fewer than `W`
+//!     bytes are held, or once the fastest reader has every chunk; so at
+//!     most `W` bytes plus one chunk are held, however far back the
+//!     window reaches;
+//!   - with no reader left, only the newest `W` bytes are kept (and the
+//!     fill, which nobody can join once the start is gone, is dropped).
+//!
+//!   A request arriving once the window has left the start cannot attach
+//!   and makes its own call.
+//! - The fastest reader paces the writer; slower readers never do, so a
+//!   slow client slows nobody else.
 //!
 //! The HTTP layer keeps the running streams in [`Streams`], keyed by flight
 //! key; the engine knows nothing of them.
@@ -54,8 +69,8 @@ struct Buf {
     /// Absolute index of `chunks[0]`: readers keep absolute cursors.
     first: u64,
     held: usize,
-    /// `None` while the body may still be stored (keep all of it); then the
-    /// bytes kept for readers that lag behind the newest chunk.
+    /// `None` while the body may still be stored (keep all of it); then
+    /// how many bytes a reader may lag behind the fastest one.
     window: Option<usize>,
     end: End,
     /// One waker per waiting reader, by reader id: bounded by the readers.
@@ -63,10 +78,15 @@ struct Buf {
     readers: usize,
     next_reader: u64,
     /// The furthest any reader has read (absolute chunk index): the window
-    /// is measured from it, so the fastest reader paces the fill and only
-    /// readers further behind than the window are cut off.
+    /// is measured back from it, so only readers further behind the
+    /// fastest one than the window are cut off.
     furthest: u64,
-    /// The writer, parked while the fastest reader is a window behind.
+    /// Bytes held in chunks before `furthest`: how far back the window
+    /// reaches now. The rest of `held` is what the fastest reader has yet
+    /// to read.
+    behind: usize,
+    /// The writer, parked while a window is held and the fastest reader
+    /// has chunks left to read.
     writer: Option<Waker>,
 }
 
@@ -97,6 +117,7 @@ impl SharedBody {
                 readers: 0,
                 next_reader: 0,
                 furthest: 0,
+                behind: 0,
                 writer: None,
             }),
         })
@@ -127,8 +148,8 @@ impl SharedBody {
         })
     }
 
-    /// Stop keeping the whole body (it will not be stored): keep at most
-    /// `window` bytes from now on.
+    /// Stop keeping the whole body (it will not be stored): from now on a
+    /// reader may lag the fastest one by at most `window` bytes.
     pub(crate) fn to_window(&self, window: usize) {
         let wake = {
             let mut buf = self.lock();
@@ -174,19 +195,17 @@ impl SharedBody {
         wake_all(wake);
     }
 
-    /// Ready once the fastest reader is less than a window behind the
-    /// newest chunk (always, while the body may be stored or nobody reads).
+    /// Ready while less than a window is held, or once the fastest reader
+    /// has every chunk (always, while the body may be stored or nobody
+    /// reads). Together with [`evict`], this keeps the held bytes under a
+    /// window plus one chunk, however far behind the fastest the window
+    /// reaches.
     pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut buf = self.lock();
         let Some(window) = buf.window else {
             return Poll::Ready(());
         };
-        if buf.readers == 0 {
-            return Poll::Ready(());
-        }
-        let from = buf.furthest.saturating_sub(buf.first) as usize;
-        let unread: usize = buf.chunks.iter().skip(from).map(Bytes::len).sum();
-        if unread < window.max(1) {
+        if buf.readers == 0 || buf.held < window || buf.held == buf.behind {
             return Poll::Ready(());
         }
         buf.writer = Some(cx.waker().clone());
@@ -206,18 +225,37 @@ impl SharedBody {
     }
 }
 
-/// Drop chunks older than the window, but never the newest one.
+/// Drop the chunks that start more than a window before the fastest
+/// reader's position; with no reader, those older than the newest window
+/// (never the newest chunk).
 fn evict(buf: &mut Buf) -> HashMap<u64, Waker> {
     let Some(window) = buf.window else {
         return HashMap::new();
     };
     let mut evicted = false;
-    while buf.held > window && buf.chunks.len() > 1 {
-        if let Some(c) = buf.chunks.pop_front() {
-            buf.held -= c.len();
-            buf.first += 1;
-            evicted = true;
+    while buf.behind > window {
+        // `behind > 0`: the front chunk is before `furthest`.
+        let Some(c) = buf.chunks.pop_front() else {
+            break;
+        };
+        buf.held -= c.len();
+        buf.behind -= c.len();
+        buf.first += 1;
+        evicted = true;
+    }
+    // Nobody paces the writer now (see `poll_room`): bound memory by the
+    // newest bytes instead, until the fill sees it is abandoned.
+    while buf.readers == 0 && buf.held > window && buf.chunks.len() > 1 {
+        let Some(c) = buf.chunks.pop_front() else {
+            break;
+        };
+        buf.held -= c.len();
+        if buf.first < buf.furthest {
+            buf.behind -= c.len();
         }
+        buf.first += 1;
+        buf.furthest = buf.furthest.max(buf.first);
+        evicted = true;
     }
     // Readers behind the window learn it when polled; wake them so a
     // parked one is cut off now rather than at the end of the body.
@@ -265,7 +303,10 @@ impl StreamReader {
             let chunk = chunk.clone();
             self.next += 1;
             let writer = if self.next > buf.furthest {
+                // `next` moves one chunk at a time: this chunk was the
+                // first one the fastest reader had not read.
                 buf.furthest = self.next;
+                buf.behind += chunk.len();
                 buf.writer.take()
             } else {
                 None
@@ -453,19 +494,73 @@ mod tests {
         assert!(next(&mut b).await.is_none());
     }
 
-    /// A reader behind the window is cut off; memory stays at the window.
-    #[tokio::test]
-    async fn window_cuts_off_laggard() {
+    fn poll_now(r: &mut StreamReader) -> Poll<Option<Result<Bytes, BoxError>>> {
+        r.poll_chunk(&mut Context::from_waker(Waker::noop()))
+    }
+
+    fn has_room(body: &SharedBody) -> bool {
+        body.poll_room(&mut Context::from_waker(Waker::noop()))
+            .is_ready()
+    }
+
+    /// The window reaches a full window back from the fastest reader:
+    /// a reader exactly that far behind gets every byte, one further
+    /// behind is cut off, and no more than a window plus a chunk is held.
+    #[test]
+    fn window_is_measured_back_from_the_fastest_reader() {
+        const WINDOW: usize = 40;
+        const CHUNK: usize = 4;
+        const CHUNKS: usize = 100;
+        let body = SharedBody::new();
+        body.to_window(WINDOW);
+        let mut fast = body.reader(None).unwrap();
+        let mut lagging = body.reader(None).unwrap();
+        let mut slow = body.reader(None).unwrap();
+        let (mut written, mut fast_read, mut lagging_got) = (0, 0, Vec::new());
+        while fast_read < CHUNKS {
+            while written < CHUNKS && has_room(&body) {
+                body.push(Bytes::from(vec![written as u8; CHUNK]));
+                written += 1;
+                assert!(body.held() <= WINDOW + CHUNK, "held {}", body.held());
+            }
+            let Poll::Ready(Some(Ok(_))) = poll_now(&mut fast) else {
+                panic!("the fastest reader always has a chunk to read");
+            };
+            fast_read += 1;
+            while (fast_read - lagging_got.len()) * CHUNK > WINDOW {
+                let Poll::Ready(Some(Ok(c))) = poll_now(&mut lagging) else {
+                    panic!(
+                        "cut off {} bytes behind",
+                        (fast_read - lagging_got.len()) * CHUNK
+                    );
+                };
+                lagging_got.push(c[0]);
+            }
+        }
+        body.finish();
+        while let Poll::Ready(Some(c)) = poll_now(&mut lagging) {
+            lagging_got.push(c.unwrap()[0]);
+        }
+        assert_eq!(lagging_got, (0..CHUNKS as u8).collect::<Vec<_>>());
+        let Poll::Ready(Some(Err(e))) = poll_now(&mut slow) else {
+            panic!("a reader more than a window behind is cut off");
+        };
+        assert_eq!(e.to_string(), CUT_OFF);
+        assert!(body.reader(None).is_none(), "start has left the window");
+        drop((fast, lagging, slow));
+        assert!(body.abandoned());
+    }
+
+    /// With nobody reading, only the newest window is kept.
+    #[test]
+    fn no_reader_keeps_the_newest_window() {
         let body = SharedBody::new();
         body.to_window(10);
-        let mut slow = body.reader(None).unwrap();
         for _ in 0..5 {
+            assert!(has_room(&body));
             body.push(Bytes::from(vec![0u8; 4]));
         }
-        assert!(body.held() <= 12);
-        assert!(next(&mut slow).await.unwrap().is_err());
-        assert!(body.reader(None).is_none(), "start has left the window");
-        drop(slow);
+        assert!(body.held() <= 12, "held {}", body.held());
         assert!(body.abandoned());
     }
 

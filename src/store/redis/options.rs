@@ -1,6 +1,7 @@
 //! [`RedisOptions`]: how to reach Redis and how to use it, with the checks
 //! made when a store is built. Plain data: opens no connection.
 
+#[cfg(feature = "tls")]
 use std::sync::Arc;
 use std::time::Duration;
 
