@@ -80,8 +80,19 @@ impl<V: Value> Engine<V> {
         } else {
             hard_left
         };
+        // Redis's `:fresh` key is the cluster's one clock for freshness. Its
+        // TTL starts when the write lands, after the entry was stamped, so by
+        // the stamp alone a copy Redis calls fresh can be past its freshness:
+        // the HTTP layer would then refuse it and call the origin outside the
+        // flight. The age of a fresh copy is the one Redis implies.
+        let age = if fresh_left.is_zero() {
+            meta.elapsed()
+        } else {
+            meta.elapsed()
+                .min(meta.fresh_for.saturating_sub(fresh_left))
+        };
         let entry = Arc::new(
-            Stored::new(value, meta, fresh_left.min(l1), usable, meta.elapsed())
+            Stored::new(value, meta, fresh_left.min(l1), usable, age)
                 .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
         );
         if !usable.is_zero() {
