@@ -9,11 +9,9 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_redis::redis;
 use herdguard::{Cache, CacheKey, CacheLayer, FencedStore, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
-use tokio::time::Instant;
 
 fn url() -> http::Uri {
     "http://example.test/r".parse().unwrap()
@@ -102,29 +100,6 @@ fn layer(server: &RedisServer) -> CacheLayer {
         .unwrap()
 }
 
-/// Wait (at most 5 s) until both instances' purge listeners are subscribed,
-/// so the test does not depend on how fast they start.
-async fn listeners_subscribed(server: &RedisServer, n: i64) {
-    let start = Instant::now();
-    let mut c = server.connection().await;
-    loop {
-        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("race:purge")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        if counts.first().is_some_and(|(_, k)| *k >= n) {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "listeners never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Two instances on Redis: GET on A with a 1 s origin, PURGE on B 300 ms later; A's waiters get that fill, it is not stored anywhere, and the next request goes to the origin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_beats_an_in_flight_fill_across_instances() {
@@ -132,7 +107,7 @@ async fn purge_beats_an_in_flight_fill_across_instances() {
     let origin = Origin::new(&[("cache-control", "max-age=60")]).delay(Duration::from_secs(1));
     let (la, lb) = (layer(&server), layer(&server));
     let (a, b) = (origin.app(la), origin.app(lb.clone()));
-    listeners_subscribed(&server, 2).await;
+    server.wait_for_subscribers("race:purge", 2).await;
     let first = tokio::spawn({
         let a = a.clone();
         async move { send(&a, get_req("/r")).await }

@@ -4,11 +4,10 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::Method;
 use axum::Router;
-use deadpool_redis::redis;
 use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::RedisServer;
@@ -23,30 +22,6 @@ fn layer(server: &RedisServer) -> CacheLayer {
         )
         .build()
         .unwrap()
-}
-
-/// Wait until `n` purge listeners are subscribed (each starts when its layer
-/// is built; a notice sent before that is only bounded by the L1 TTL, which
-/// these tests set long on purpose).
-async fn listeners_subscribed(server: &RedisServer, n: i64) {
-    let start = Instant::now();
-    let mut c = server.connection().await;
-    loop {
-        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("p:purge")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        if counts.first().is_some_and(|(_, k)| *k >= n) {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "listeners never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Poll `app` for `uri` until it is no longer a hit, at most 2 s.
@@ -77,7 +52,7 @@ async fn purge_by_url_reaches_every_instance() {
     let origin = Origin::new(&[("cache-control", "max-age=60")]);
     let (la, lb) = (layer(&server), layer(&server));
     let (a, b) = (origin.app(la.clone()), origin.app(lb));
-    listeners_subscribed(&server, 2).await;
+    server.wait_for_subscribers("p:purge", 2).await;
     send(&a, get_req("/item/1")).await;
     assert!(is_hit(&b, "/item/1").await, "B reads A's fill from Redis");
     assert!(is_hit(&b, "/item/1").await, "and keeps it in its L1");
@@ -109,7 +84,7 @@ async fn purge_by_tag_reaches_every_instance() {
         tagged.app(lb.clone()),
         plain.app(lb),
     );
-    listeners_subscribed(&server, 2).await;
+    server.wait_for_subscribers("p:purge", 2).await;
     for uri in ["/a", "/b"] {
         send(&ta, get_req(uri)).await;
         assert!(is_hit(&tb, uri).await);
@@ -130,7 +105,7 @@ async fn unsafe_method_on_one_instance_invalidates_all() {
     let server = RedisServer::start();
     let origin = Origin::new(&[("cache-control", "max-age=60")]);
     let (a, b) = (origin.app(layer(&server)), origin.app(layer(&server)));
-    listeners_subscribed(&server, 2).await;
+    server.wait_for_subscribers("p:purge", 2).await;
     send(&a, get_req("/cart")).await;
     assert!(is_hit(&b, "/cart").await);
     let (code, _, _) = send(&a, req(Method::PUT, "/cart", &[])).await;

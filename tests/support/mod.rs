@@ -156,6 +156,30 @@ impl RedisServer {
             .await
             .expect("connect to test redis")
     }
+
+    /// Wait (at most 10 s) until `n` clients are subscribed to `channel`,
+    /// e.g. the purge listeners of `n` layers, which start when each layer
+    /// is built: a test that publishes before then depends on start-up speed.
+    pub async fn wait_for_subscribers(&self, channel: &str, n: i64) {
+        let start = Instant::now();
+        let mut c = self.connection().await;
+        loop {
+            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(channel)
+                .query_async(&mut c)
+                .await
+                .expect("PUBSUB NUMSUB");
+            if counts.first().is_some_and(|(_, k)| *k >= n) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{n} subscribers never joined {channel}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 impl Drop for RedisServer {
