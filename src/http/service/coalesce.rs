@@ -32,11 +32,8 @@ use super::target::Target;
 /// A waiter gets the flight's answer only if the cache could have stored it
 /// and served it to this very request (storable, its Vary values and
 /// credentials match, its directives accept it); otherwise it is released
-/// to call the origin itself under the fallback cap.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the request's parts, moved in once; a struct would only rename them"
-)]
+/// to call the origin itself under the fallback cap: for that, it keeps a
+/// spare copy of its service and request (see [`spare_call`]).
 pub(super) async fn miss<S, ReqB, ResB>(
     state: Arc<LayerState>,
     mut target: Target,
@@ -44,14 +41,14 @@ pub(super) async fn miss<S, ReqB, ResB>(
     inner: S,
     req: Request<ReqB>,
     stale: Option<Arc<Stored<CachedResponse>>>,
-    mut spare: Option<(S, Request<ReqB>)>,
     reload: bool,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
-    S: Origin<ReqB, ResB>,
+    S: Origin<ReqB, ResB> + Clone,
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
+    let mut spare = spare_call(&inner, &req);
     let request_headers = req.headers().clone();
     let view = View {
         head,
@@ -284,8 +281,7 @@ where
             return honor_reload(state, target, head, inner, req, stored, permit).await;
         }
     }
-    let spare = spare_call(&inner, &req);
-    miss(state, target, head, inner, req, stored, spare, true).await
+    miss(state, target, head, inner, req, stored, true).await
 }
 
 /// A request released from a flight calls the origin itself, under the

@@ -38,7 +38,7 @@ use crate::store::memory::Probe;
 
 use bounds::{Origin, OriginBody};
 use coalesce::{miss, reload};
-use direct::{refresh_request, spare_call};
+use direct::refresh_request;
 use origin::OriginCall;
 use respond::{stale_detail, Served, View};
 
@@ -248,17 +248,7 @@ impl<S> CacheService<S> {
                     }
                     _ => None,
                 };
-                let spare = spare_call(&inner, &req);
-                let fut = miss(
-                    Arc::clone(state),
-                    target,
-                    head,
-                    inner,
-                    req,
-                    stale,
-                    spare,
-                    false,
-                );
+                let fut = miss(Arc::clone(state), target, head, inner, req, stale, false);
                 return boxed(Box::pin(fut));
             }
             Probe::Fresh(e) => Some((e, true)),
@@ -282,17 +272,7 @@ impl<S> CacheService<S> {
             if rd.only_if_cached {
                 return ResponseFuture::ready(state.only_if_cached());
             }
-            let spare = spare_call(&inner, &req);
-            let fut = miss(
-                Arc::clone(state),
-                target,
-                head,
-                inner,
-                req,
-                None,
-                spare,
-                false,
-            );
+            let fut = miss(Arc::clone(state), target, head, inner, req, None, false);
             return boxed(Box::pin(fut));
         };
         let stored_age = entry.age();
@@ -346,7 +326,6 @@ impl<S> CacheService<S> {
                 boxed(Box::pin(fut))
             }
             Usable::Fresh | Usable::Revalidate => {
-                let spare = spare_call(&inner, &req);
                 let fut = miss(
                     Arc::clone(state),
                     target,
@@ -354,7 +333,6 @@ impl<S> CacheService<S> {
                     inner,
                     req,
                     Some(entry),
-                    spare,
                     false,
                 );
                 boxed(Box::pin(fut))
