@@ -142,7 +142,7 @@ fn describe_stream_metrics() {
     );
     describe_counter!(
         stream_names::CUT_OFF,
-        "Readers cut off for falling behind a streamed fill's window."
+        "Readers of a body too large to store cut off for holding its fill back."
     );
 }
 
@@ -308,8 +308,12 @@ impl Counters {
     /// An entry in the shared store that did not decode (read as a miss).
     #[cfg(feature = "redis")]
     pub(crate) fn corrupt_entry(&self) {
-        let labels = vec![Label::new(CACHE_LABEL, self.keys.cache.clone())];
-        count(&Key::from_parts(names::CORRUPT_ENTRIES, labels));
+        count(&cache_key(names::CORRUPT_ENTRIES, &self.keys.cache));
+    }
+
+    /// The `cache` label's value.
+    pub(crate) fn cache_name(&self) -> &str {
+        &self.keys.cache
     }
 
     /// An origin answer that was not stored; `reason` is the policy's word.
@@ -395,14 +399,21 @@ pub(crate) mod stream_names {
     pub(crate) const CUT_OFF: &str = "herdguard_stream_readers_cut_off_total";
 }
 
-/// A coalesced waiter's time from its request to the first streamed byte.
-pub(crate) fn record_waiter_ttfb(elapsed: std::time::Duration) {
-    metrics::histogram!(stream_names::WAITER_TTFB).record(elapsed.as_secs_f64());
+fn cache_key(name: &'static str, cache: &str) -> Key {
+    Key::from_parts(name, vec![Label::new(CACHE_LABEL, cache.to_owned())])
 }
 
-/// A reader fell behind a stream's window and was cut off.
-pub(crate) fn record_stream_cut_off() {
-    metrics::counter!(stream_names::CUT_OFF).increment(1);
+/// A coalesced waiter's time from its request to the first streamed byte.
+pub(crate) fn record_waiter_ttfb(cache: &str, elapsed: std::time::Duration) {
+    observe(
+        &cache_key(stream_names::WAITER_TTFB, cache),
+        elapsed.as_secs_f64(),
+    );
+}
+
+/// A reader held a stream's fill back and was cut off.
+pub(crate) fn record_stream_cut_off(cache: &str) {
+    count(&cache_key(stream_names::CUT_OFF, cache));
 }
 
 #[cfg(test)]

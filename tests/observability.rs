@@ -350,3 +350,88 @@ async fn cache_status_can_be_logged_instead_of_sent() {
     );
     assert!(logged[1].contains("cache_status=herdguard; hit"), "{log}");
 }
+
+/// A streamed fill's metrics, waiter time to first byte and readers cut
+/// off, carry the layer's cache name: two waiters read a body too large to
+/// store, a third reads its first chunk and stops, and is cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_metrics_carry_the_cache_name() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let mut rec = recorded().lock().await;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<bytes::Bytes, std::io::Error>>();
+    let rx = Arc::new(Mutex::new(Some(rx)));
+    let layer = CacheLayer::builder()
+        .cache_name("streamed")
+        .max_body_bytes(4)
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/big",
+            axum::routing::get(move || {
+                let rx = rx.lock().unwrap().take().expect("one origin call");
+                let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|c| (c, rx))
+                });
+                async move {
+                    (
+                        [("cache-control", "max-age=60")],
+                        axum::body::Body::from_stream(chunks),
+                    )
+                }
+            }),
+        )
+        .layer(layer);
+    let responses: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(app.clone().oneshot(get_req("/big"))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Every request has its reader before the body outgrows storing.
+    tx.send(Ok(bytes::Bytes::from_static(b"aaaa"))).unwrap();
+    let mut bodies = Vec::new();
+    for r in responses {
+        bodies.push(r.await.unwrap().unwrap().into_body());
+    }
+    tx.send(Ok(bytes::Bytes::from_static(b"bbbb"))).unwrap();
+    // The third reads its first chunk and stops; the others read on.
+    let mut stopped = bodies.pop().unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), stopped.frame())
+        .await
+        .expect("a first chunk");
+    assert_eq!(first.unwrap().unwrap().into_data().unwrap(), "aaaa");
+    let readers: Vec<_> = bodies
+        .into_iter()
+        .map(|b| tokio::spawn(async move { b.collect().await.map(|c| c.to_bytes().len()) }))
+        .collect();
+    for _ in 0..20 {
+        tx.send(Ok(bytes::Bytes::from_static(b"cccc"))).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(tx);
+    for r in readers {
+        // Well before the 5 s a stalled reader is given: the stopped one is
+        // less than half as fast as the others, and cut off for that.
+        let len = tokio::time::timeout(Duration::from_secs(3), r)
+            .await
+            .expect("the readers finish")
+            .unwrap();
+        assert_eq!(len.ok(), Some(88), "every byte");
+    }
+    let rest = tokio::time::timeout(Duration::from_secs(10), stopped.collect())
+        .await
+        .expect("the stopped reader ends");
+    assert!(rest.is_err(), "the stopped reader is cut off");
+    let samples = rec.of("streamed");
+    assert_eq!(
+        total(&samples, "herdguard_stream_readers_cut_off_total", None),
+        1,
+        "{samples:?}"
+    );
+    assert_eq!(
+        total(&samples, "herdguard_stream_waiter_ttfb_seconds", None),
+        2,
+        "{samples:?}"
+    );
+}

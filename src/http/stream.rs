@@ -40,6 +40,7 @@
 //! key; the engine knows nothing of them.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
@@ -77,6 +78,8 @@ enum End {
 #[derive(Debug)]
 pub(crate) struct SharedBody {
     buf: Mutex<Buf>,
+    /// The layer's `cache` metrics label.
+    cache: Arc<str>,
 }
 
 /// A std `Mutex`: held for a few pointer moves, never across an `.await`,
@@ -255,8 +258,10 @@ enum Room {
 }
 
 impl SharedBody {
-    pub(crate) fn new() -> Arc<Self> {
+    /// `cache`: the layer's metrics label.
+    pub(crate) fn new(cache: &str) -> Arc<Self> {
         Arc::new(Self {
+            cache: Arc::from(cache),
             buf: Mutex::new(Buf {
                 chunks: VecDeque::new(),
                 first: 0,
@@ -364,32 +369,28 @@ impl SharedBody {
         }
     }
 
-    /// Wait for room, by the rules in the module docs.
+    /// Wait for room, by the rules in the module docs: until a reader
+    /// wakes the writer, or the latest deadline [`Buf::room`] gave passes.
     pub(crate) async fn room(&self) {
-        loop {
-            let mut deadline = None;
-            let ready = std::future::poll_fn(|cx| match self.check_room(cx) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(Some(d)) => {
-                    deadline = Some(d);
-                    Poll::Ready(false)
+        let mut timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        std::future::poll_fn(|cx| loop {
+            match self.check_room(cx) {
+                Poll::Ready(None) => return Poll::Ready(()),
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(deadline)) => {
+                    let t =
+                        timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if t.deadline() != deadline {
+                        t.as_mut().reset(deadline);
+                    }
+                    if t.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // Past the deadline: the next check cuts off.
                 }
-                Poll::Ready(None) => Poll::Ready(true),
-            })
-            .await;
-            if ready {
-                return;
             }
-            let Some(deadline) = deadline else { continue };
-            // Until the deadline, or until a reader wakes the writer.
-            let woken = std::future::poll_fn(|cx| match self.check_room(cx) {
-                Poll::Ready(None) => Poll::Ready(()),
-                _ => Poll::Pending,
-            });
-            if tokio::time::timeout_at(deadline, woken).await.is_ok() {
-                return;
-            }
-        }
+        })
+        .await
     }
 
     /// `Ready(None)`: room. `Ready(Some(t))`: no room, ask again by `t`.
@@ -404,7 +405,10 @@ impl SharedBody {
                 Room::Ready(wake) => (Poll::Ready(None), wake),
                 Room::Wait(deadline) => {
                     buf.writer = Some(cx.waker().clone());
-                    (deadline.map_or(Poll::Pending, |d| Poll::Ready(Some(d))), Wakers::new())
+                    (
+                        deadline.map_or(Poll::Pending, |d| Poll::Ready(Some(d))),
+                        Wakers::new(),
+                    )
                 }
             }
         };
@@ -454,7 +458,7 @@ impl StreamReader {
         if self.next < buf.first {
             drop(buf);
             self.finished = true;
-            crate::metrics::record_stream_cut_off();
+            crate::metrics::record_stream_cut_off(&self.body.cache);
             return Poll::Ready(Some(Err(Box::new(StreamError(CUT_OFF)))));
         }
         let at = (self.next - buf.first) as usize;
@@ -464,17 +468,13 @@ impl StreamReader {
             buf.shift(at, at + 1);
             // The writer may have room now: nobody needs the oldest chunk.
             let freed = at == 0 && buf.at.front() == Some(&0);
-            let writer = if freed {
-                buf.writer.take()
-            } else {
-                None
-            };
+            let writer = if freed { buf.writer.take() } else { None };
             drop(buf);
             if let Some(w) = writer {
                 w.wake();
             }
             if let Some(since) = self.ttfb_since.take() {
-                crate::metrics::record_waiter_ttfb(since.elapsed());
+                crate::metrics::record_waiter_ttfb(&self.body.cache, since.elapsed());
             }
             return Poll::Ready(Some(Ok(chunk)));
         }
@@ -649,7 +649,7 @@ mod tests {
     /// Every reader gets every chunk, the very same allocation.
     #[tokio::test]
     async fn readers_share_chunks() {
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         let mut a = body.reader(None).unwrap();
         let mut b = body.reader(None).unwrap();
         let chunk = Bytes::from_static(b"hello");
@@ -707,7 +707,7 @@ mod tests {
     #[test]
     fn slow_readers_together_pace_the_writer() {
         const CHUNKS: usize = 100;
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         body.to_window(WINDOW);
         let mut readers: Vec<_> = (0..3).map(|_| body.reader(None).unwrap()).collect();
         let mut got = vec![Vec::new(); 3];
@@ -731,14 +731,17 @@ mod tests {
         for g in got {
             assert_eq!(g, (0..CHUNKS as u8).collect::<Vec<_>>());
         }
-        assert!(waits > 50, "the writer waited for the readers {waits} times");
+        assert!(
+            waits > 50,
+            "the writer waited for the readers {waits} times"
+        );
     }
 
     /// Two readers read a window at 1 ms a chunk, then wait for a third that
     /// stalled after `started` chunks: how long after the first byte the
     /// third is cut off (checked: it is, and the two get everything).
     async fn stalled_third_cut_after(started: usize) -> Duration {
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         body.to_window(WINDOW);
         let mut fast = [body.reader(None).unwrap(), body.reader(None).unwrap()];
         let mut stalled = body.reader(None).unwrap();
@@ -763,7 +766,10 @@ mod tests {
             assert!(poll_now(r).is_pending());
         }
         let more = fill(&body, written, 100);
-        assert!(more - written <= started, "the stalled reader holds the fill back");
+        assert!(
+            more - written <= started,
+            "the stalled reader holds the fill back"
+        );
         for (r, g) in fast.iter_mut().zip(&mut got) {
             assert_eq!(drain(r, g), None);
         }
@@ -771,7 +777,10 @@ mod tests {
             .await
             .expect("the stalled reader is cut off");
         let cut_after = start.elapsed();
-        assert_eq!(drain(&mut stalled, &mut Vec::new()).as_deref(), Some(CUT_OFF));
+        assert_eq!(
+            drain(&mut stalled, &mut Vec::new()).as_deref(),
+            Some(CUT_OFF)
+        );
         let more = fill(&body, more, 100);
         for (r, g) in fast.iter_mut().zip(&mut got) {
             assert_eq!(drain(r, g), None);
@@ -800,7 +809,7 @@ mod tests {
     /// majority, until the fast one has waited the grace.
     #[tokio::test(start_paused = true)]
     async fn fast_minority_waits_for_the_slow_majority_at_most_the_grace() {
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         body.to_window(WINDOW);
         let mut fast = body.reader(None).unwrap();
         let mut stalled = [body.reader(None).unwrap(), body.reader(None).unwrap()];
@@ -835,19 +844,24 @@ mod tests {
     /// chunk moves on, not only when half the readers have read everything.
     #[test]
     fn freeing_the_oldest_chunk_wakes_the_writer() {
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         body.to_window(WINDOW);
         let mut readers: Vec<_> = (0..3).map(|_| body.reader(None).unwrap()).collect();
         fill(&body, 0, 100);
         let flag = Arc::new(Flag(Default::default()));
         let waker = Waker::from(Arc::clone(&flag));
-        assert!(body.poll_room(&mut Context::from_waker(&waker)).is_pending());
+        assert!(body
+            .poll_room(&mut Context::from_waker(&waker))
+            .is_pending());
         for r in &mut readers[..2] {
             assert!(poll_now(r).is_ready());
         }
         assert!(!flag.0.load(Ordering::SeqCst), "a reader still needs it");
         assert!(poll_now(&mut readers[2]).is_ready());
-        assert!(flag.0.load(Ordering::SeqCst), "nobody needs the oldest chunk");
+        assert!(
+            flag.0.load(Ordering::SeqCst),
+            "nobody needs the oldest chunk"
+        );
         assert!(has_room(&body));
     }
 
@@ -855,7 +869,7 @@ mod tests {
     /// left, the fill is abandoned.
     #[test]
     fn leaving_readers_free_the_writer() {
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         body.to_window(WINDOW);
         let mut fast = body.reader(None).unwrap();
         let stalled = [body.reader(None).unwrap(), body.reader(None).unwrap()];
@@ -872,7 +886,7 @@ mod tests {
     /// With nobody reading, only the newest window is kept.
     #[test]
     fn no_reader_keeps_the_newest_window() {
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         body.to_window(10);
         for _ in 0..5 {
             assert!(has_room(&body));
@@ -885,7 +899,7 @@ mod tests {
     /// A failed fill ends every reader's body with an error.
     #[tokio::test]
     async fn failure_reaches_readers() {
-        let body = SharedBody::new();
+        let body = SharedBody::new("test");
         let mut a = body.reader(None).unwrap();
         body.push(Bytes::from_static(b"x"));
         drop(Writer {
@@ -921,7 +935,7 @@ mod tests {
         let s = || {
             Arc::new(Stream {
                 head: Arc::clone(&head),
-                body: SharedBody::new(),
+                body: SharedBody::new("test"),
             })
         };
         let first = streams.register(key, s());

@@ -92,7 +92,7 @@ where
         mut storing,
     } = start;
     let limit = state.http.max_body_bytes;
-    let shared = SharedBody::new();
+    let shared = SharedBody::new(state.engine.counters.cache_name());
     if !storing {
         shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
     }
