@@ -188,11 +188,30 @@ where
         + 'static,
     S::Future: Send,
 {
+    spawn_counted_reads(svc, n, &Arc::default())
+}
+
+/// [`spawn_reads`], counting in `answered` the responses whose head has
+/// arrived (a streamed one: its reader is attached).
+fn spawn_counted_reads<S>(
+    svc: &S,
+    n: usize,
+    answered: &Arc<AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<Read>>
+where
+    S: Service<Request<()>, Response = Response<CacheBody<ChanBody>>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
     (0..n)
         .map(|_| {
             let svc = svc.clone();
+            let answered = Arc::clone(answered);
             tokio::spawn(async move {
                 let r = svc.oneshot(get()).await.unwrap();
+                answered.fetch_add(1, Ordering::SeqCst);
                 let (parts, body) = r.into_parts();
                 let body = body
                     .collect()
@@ -277,8 +296,8 @@ async fn first_frame_over_the_limit_is_shared() {
     let reads = spawn_reads(&svc, N);
     settle().await;
     feed(origin.body(0).await, &parts).await;
+    assert_eq!(origin.calls(), 1, "no waiter was released to call itself");
     assert_exact(reads, &concat(&parts)).await;
-    assert_eq!(origin.calls(), 1);
 }
 
 #[cfg(feature = "redis")]
@@ -357,29 +376,33 @@ mod across_instances {
         }
     }
 
-    /// Two instances on one Redis, a body too large to store, every request
-    /// arriving while A's leader streams: exactly 2 origin calls, exact
-    /// bytes everywhere, and B calls before A's body has even begun.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn each_instance_calls_once_and_early() {
+    /// Two instances on one Redis, a body too large to store (`head`), every
+    /// request arriving while A's leader streams: exactly 2 origin calls,
+    /// exact bytes everywhere, and B's call starts once A has sent the first
+    /// `before_b` chunks, before A's body ends.
+    async fn each_instance_calls_once(head: Head, before_b: usize) {
         const N: usize = 20;
         const M: usize = 20;
         let server = RedisServer::start();
-        let origin = Origin::new(vec![large_head()]).gated();
+        let origin = Origin::new(vec![head]).gated();
         let a = instance(&server).layer(origin.service());
         let b = instance(&server).layer(origin.service());
 
-        let on_a = spawn_reads(&a, N);
+        let answered = Arc::new(AtomicUsize::new(0));
+        let on_a = spawn_counted_reads(&a, N, &answered);
         until("A's leader calls the origin", || origin.calls() == 1).await;
-        let on_b = spawn_reads(&b, M);
+        let on_b = spawn_counted_reads(&b, M, &answered);
         until_waiting(&server).await;
         // Let B's lookup after subscribing land and its wait begin.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(origin.calls(), 1, "B waits while A holds the lease");
 
-        // A learns its body is too large from the head alone.
         origin.open(1);
         let a_body = origin.body(0).await;
+        let parts = large_parts();
+        for c in &parts[..before_b] {
+            a_body.send(Ok(c.clone())).unwrap();
+        }
         until("B calls the origin for its own readers", || {
             origin.calls() == 2
         })
@@ -387,10 +410,18 @@ mod across_instances {
         assert!(!a_body.is_closed(), "A's stream has not ended");
         origin.open(1);
         let b_body = origin.body(1).await;
-
-        let parts = large_parts();
-        for c in &parts {
+        // B's stream is offered from its first chunk on (or its head); end
+        // neither body before every request is attached to one: a request
+        // released to call on its own would be a third call.
+        b_body.send(Ok(parts[0].clone())).unwrap();
+        until("every request reads a shared stream", || {
+            answered.load(Ordering::SeqCst) == N + M
+        })
+        .await;
+        for c in &parts[before_b..] {
             a_body.send(Ok(c.clone())).unwrap();
+        }
+        for c in &parts[1..] {
             b_body.send(Ok(c.clone())).unwrap();
         }
         drop((a_body, b_body));
@@ -398,6 +429,20 @@ mod across_instances {
         assert_exact(on_a, &want).await;
         assert_exact(on_b, &want).await;
         assert_eq!(origin.calls(), 2);
+    }
+
+    /// A declared length over the limit: B calls as soon as A has the head.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_instance_calls_once_from_the_declared_length() {
+        each_instance_calls_once(large_head(), 0).await;
+    }
+
+    /// A chunked body that outgrows the limit mid-stream: B calls as soon as
+    /// A has read past the limit (all but the end of its body).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_instance_calls_once_when_the_body_outgrows_the_limit() {
+        let chunked = head(&[("cache-control", "max-age=60")]);
+        each_instance_calls_once(chunked, large_parts().len()).await;
     }
 
     /// A fill after a too-large one on the same key is not treated as too
@@ -412,21 +457,23 @@ mod across_instances {
         let b = instance(&server).layer(origin.service());
         let large_marker = format!("{NS}:*:large");
 
-        // A too-large fill on A leaves its marker behind.
+        // A too-large fill on A marks itself (while it holds the lease: its
+        // body has not begun), and leaves the marker behind.
         let first = spawn_reads(&a, 1);
         origin.open(1);
-        let parts = large_parts();
         let tx = origin.body(0).await;
-        for c in &parts {
-            tx.send(Ok(c.clone())).unwrap();
-        }
-        drop(tx);
-        assert_exact(first, &concat(&parts)).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while keys(&server, &large_marker).await.is_empty() {
             assert!(tokio::time::Instant::now() < deadline, "never marked");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let parts = large_parts();
+        for c in &parts {
+            tx.send(Ok(c.clone())).unwrap();
+        }
+        drop(tx);
+        assert_exact(first, &concat(&parts)).await;
+        assert_eq!(keys(&server, &large_marker).await.len(), 1);
 
         // A leads again (the origin holds its answer): the lease is granted
         // and the old marker is gone.
