@@ -13,8 +13,7 @@ use super::envelope::{decode_entry, encode_entry, EntryMeta};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
 use super::redlock::RedlockTry;
-use super::resolve::Engine;
-use super::resolve::spawn_detached;
+use super::resolve::{spawn_detached, Engine};
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::lock::watchdog::{HeldLease, Watchdog};
@@ -321,7 +320,8 @@ impl<V: Value> Engine<V> {
         self.counters.origin_call();
         let started = Instant::now();
         let result = if single {
-            HELD.scope((key, token.clone()), self.run_compute(fut)).await
+            HELD.scope((key, token.clone()), self.run_compute(fut))
+                .await
         } else {
             self.run_compute(fut).await
         };

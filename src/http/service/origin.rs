@@ -322,18 +322,16 @@ where
             }
             if total > limit {
                 state.engine.counters.not_stored("too-large");
-                // Still storable but for its size: its first frame alone is
-                // past the limit (a later one streams below). Shared through
-                // a window of `max_body_bytes` like a declared length, paid
-                // from what this frame took; the frame itself may be larger.
-                let window = match head.take() {
-                    Some(head) => buffered.take().and_then(|mut held| {
-                        held.split(limit).map(|window| (head, window))
-                    }),
-                    None => None,
-                };
-                if let Some((head, window)) = window {
+                // Storable but for its size (then this is its first frame;
+                // later ones stream below): shared through a window of
+                // `max_body_bytes` like a declared length, paid from what the
+                // frame took. The frame itself may be larger than the window.
+                let storable = head.take();
+                if storable.is_some() {
                     state.engine.mark_too_large(target.key);
+                }
+                let window = buffered.take().and_then(|mut held| held.split(limit));
+                if let (Some(head), Some(window)) = (storable, window) {
                     let start = StreamStart {
                         chunks: std::mem::take(&mut chunks),
                         total,
