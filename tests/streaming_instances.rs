@@ -73,12 +73,20 @@ impl Origin {
     }
 
     /// Each call holds its response head until [`open`](Self::open) lets it go.
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "only the Redis tests hold calls back")
+    )]
     fn gated(mut self) -> Self {
         self.gate = Arc::new(Semaphore::new(0));
         self
     }
 
     /// Let `n` more calls answer.
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "only the Redis tests hold calls back")
+    )]
     fn open(&self, n: usize) {
         self.gate.add_permits(n);
     }
