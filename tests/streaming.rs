@@ -553,8 +553,30 @@ async fn reader_half_a_window_behind_the_fastest_gets_every_byte() {
     assert_eq!(origin.calls(), 1);
 }
 
-/// What the slow reader's body ended with: an error, or the end time.
+/// What a paced reader's body ended with: its digest and end time, or
+/// the error.
 type SlowEnd = Result<(u64, tokio::time::Instant), String>;
+
+/// One GET whose body is read one frame per `per_chunk`.
+fn read_paced<S>(svc: &S, per_chunk: Duration) -> tokio::task::JoinHandle<SlowEnd>
+where
+    S: Service<Request<()>, Response = Response<CacheBody<ChanBody>>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let r = spawn_get(svc);
+    tokio::spawn(async move {
+        let mut body = r.await.unwrap().into_body();
+        let mut got = Vec::new();
+        while let Some(c) = body.frame().await {
+            got.extend_from_slice(&c.map_err(|e| e.to_string())?.into_data().unwrap());
+            tokio::time::sleep(per_chunk).await;
+        }
+        Ok((digest(&got), tokio::time::Instant::now()))
+    })
+}
 
 /// How long (virtual time) five readers that take 1 ms per chunk need to
 /// read a 64 KiB body too large to store, from the moment the origin has
@@ -565,22 +587,10 @@ async fn fast_readers_time(slow: bool) -> (Duration, Option<SlowEnd>) {
     let len = (64 * 1024).to_string();
     let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
     let svc = layer(8 * 1024).layer(origin.service());
-    let read_at = |svc, per_chunk: Duration| {
-        let r = spawn_get(svc);
-        tokio::spawn(async move {
-            let mut body = r.await.unwrap().into_body();
-            let mut got = Vec::new();
-            while let Some(c) = body.frame().await {
-                got.extend_from_slice(&c.map_err(|e| e.to_string())?.into_data().unwrap());
-                tokio::time::sleep(per_chunk).await;
-            }
-            Ok::<_, String>((digest(&got), tokio::time::Instant::now()))
-        })
-    };
-    let slow = slow.then(|| read_at(&svc, Duration::from_millis(50)));
+    let slow = slow.then(|| read_paced(&svc, Duration::from_millis(50)));
     settle().await;
     let fast: Vec<_> = (0..5)
-        .map(|_| read_at(&svc, Duration::from_millis(1)))
+        .map(|_| read_paced(&svc, Duration::from_millis(1)))
         .collect();
     settle().await;
     let tx = origin.body(0);
@@ -620,4 +630,31 @@ async fn slow_reader_does_not_slow_the_others() {
     );
     let err = slow.unwrap().expect_err("the slow reader is cut off");
     assert!(err.contains("fell behind"), "{err}");
+}
+
+/// Readers that are all slower than the origin, at somewhat different
+/// paces, get every byte of a body too large to store from one call: the
+/// median reader paces the origin, nobody is cut off.
+#[tokio::test(start_paused = true)]
+async fn readers_slower_than_the_origin_pace_it_and_all_finish() {
+    let parts = chunks(64, 1024);
+    let len = (64 * 1024).to_string();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
+    let svc = layer(8 * 1024).layer(origin.service());
+    let readers: Vec<_> = [2, 2, 3, 3, 3]
+        .into_iter()
+        .map(|ms| read_paced(&svc, Duration::from_millis(ms)))
+        .collect();
+    settle().await;
+    let tx = origin.body(0);
+    for c in &parts {
+        tx.send(Ok(c.clone())).unwrap();
+    }
+    drop(tx);
+    let want = digest(&concat(&parts));
+    for r in readers {
+        let (got, _) = r.await.unwrap().expect("nobody is cut off");
+        assert_eq!(got, want);
+    }
+    assert_eq!(origin.calls(), 1);
 }

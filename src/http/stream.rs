@@ -8,26 +8,28 @@
 //! ```
 //! - Storable so far (≤ `max_body_bytes`): every chunk is kept, because the
 //!   stored entry needs them all anyway; no reader is ever cut off.
-//! - Too large to store: a window of `W` bytes is measured back from the
-//!   *fastest* reader, the furthest any reader has read (byte offset `F`).
-//!   `W` is the fill budget the body holds: `max_body_bytes` for a declared
-//!   length, what it had taken so far for a body that outgrows storing.
-//!   - a chunk is kept while it starts at most `W` bytes before `F`, so a
-//!     reader that lags the fastest by at most `W` bytes is never cut off;
-//!   - an older chunk is dropped when the next one arrives, and a reader
-//!     that still needs it is cut off with a body error; memory never
-//!     grows for it;
-//!   - the writer takes the next origin chunk only while fewer than `W`
-//!     bytes are held, or once the fastest reader has every chunk; so at
-//!     most `W` bytes plus one chunk are held, however far back the
-//!     window reaches;
-//!   - with no reader left, only the newest `W` bytes are kept (and the
-//!     fill, which nobody can join once the start is gone, is dropped).
-//!
-//!   A request arriving once the window has left the start cannot attach
-//!   and makes its own call.
-//! - The fastest reader paces the writer; slower readers never do, so a
-//!   slow client slows nobody else.
+//! - Too large to store: at most a window of `W` bytes is held (`W` is the
+//!   fill budget the body holds: `max_body_bytes` for a declared length,
+//!   what it had taken so far for a body that outgrows storing).
+//!   - The writer takes origin chunks freely while fewer than `W` bytes are
+//!     held. Once `W` are, the *median* reader paces it: chunks nobody
+//!     needs go first, then chunks that start at least `W` before the
+//!     median reader's position (a reader that still needs one is cut off
+//!     with a body error; memory never grows for it); if that leaves no
+//!     room, the writer waits for the median reader. So at most `W` plus
+//!     one chunk is held.
+//!   - One slow client never slows the fill or the others: it falls behind
+//!     the median and is cut off. When most readers are slow (the machine
+//!     or the network cannot carry the origin's rate to all of them), the
+//!     origin is read at their pace instead of cutting everyone off; a
+//!     reader that has read everything waits for such a majority at most
+//!     `STALL_GRACE`, after which readers a whole window behind the newest
+//!     byte are cut off.
+//!   - Chunks nobody needs stay until the room is needed, so a request can
+//!     attach while the first byte is still held; once it is gone a request
+//!     makes its own call. With no reader left, only the newest `W` bytes
+//!     are kept (and the fill, which nobody can join once the start is
+//!     gone, is dropped).
 //!
 //! The HTTP layer keeps the running streams in [`Streams`], keyed by flight
 //! key; the engine knows nothing of them.
@@ -36,7 +38,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -46,6 +48,10 @@ use crate::error::BoxError;
 use crate::http::response::CachedResponse;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
+
+/// How long a reader that has read everything waits for a slow majority
+/// before the readers a whole window behind are cut off.
+pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
 
 /// How a stream ended, once it has.
 #[derive(Debug, Clone)]
@@ -70,24 +76,27 @@ struct Buf {
     first: u64,
     held: usize,
     /// `None` while the body may still be stored (keep all of it); then
-    /// how many bytes a reader may lag behind the fastest one.
+    /// the most bytes held while a reader still needs the oldest of them.
     window: Option<usize>,
     end: End,
     /// One waker per waiting reader, by reader id: bounded by the readers.
     wakers: HashMap<u64, Waker>,
-    readers: usize,
+    /// Readers not cut off: the ones that pace the writer.
+    live: usize,
     next_reader: u64,
-    /// The furthest any reader has read (absolute chunk index): the window
-    /// is measured back from it, so only readers further behind the
-    /// fastest one than the window are cut off.
-    furthest: u64,
-    /// Bytes held in chunks before `furthest`: how far back the window
-    /// reaches now. The rest of `held` is what the fastest reader has yet
-    /// to read.
-    behind: usize,
-    /// The writer, parked while a window is held and the fastest reader
-    /// has chunks left to read.
+    /// Live readers by position: `at[i]` is how many will read chunk
+    /// `first + i` next; the last slot counts those that have read
+    /// everything there is. One slot per chunk held, plus one.
+    at: VecDeque<usize>,
+    /// The writer, parked while a window is held and the median reader is
+    /// less than a window past the oldest chunk.
     writer: Option<Waker>,
+    /// While the writer is parked: the chunk (absolute index) the median
+    /// reader must reach for room, how many live readers have reached it,
+    /// and how many must for the median to have.
+    mark: Option<u64>,
+    past: usize,
+    need: usize,
 }
 
 /// A body error a reader receives.
@@ -104,6 +113,105 @@ impl std::error::Error for StreamError {}
 
 const CUT_OFF: &str = "reader fell behind the shared stream window";
 
+type Wakers = HashMap<u64, Waker>;
+
+impl Buf {
+    /// Live readers that have read everything there is.
+    fn caught_up(&self) -> usize {
+        self.at.back().copied().unwrap_or(0)
+    }
+
+    /// Move one live reader from slot `from` to slot `to`.
+    fn shift(&mut self, from: usize, to: usize) {
+        if let Some(n) = self.at.get_mut(from) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(n) = self.at.get_mut(to) {
+            *n += 1;
+        }
+    }
+
+    /// Drop the oldest chunk; the live readers that still needed it are
+    /// cut off (they learn it when next polled).
+    fn drop_front(&mut self) {
+        let Some(c) = self.chunks.pop_front() else {
+            return;
+        };
+        self.held -= c.len();
+        self.first += 1;
+        let cut = self.at.pop_front().unwrap_or(0);
+        self.live = self.live.saturating_sub(cut);
+    }
+
+    /// The slot of the median reader (the upper one of an even count), and
+    /// how many held bytes come before it.
+    fn median(&self) -> (usize, usize) {
+        let (mut below, mut bytes) = (0, 0);
+        for (slot, n) in self.at.iter().enumerate() {
+            below += n;
+            if below > self.live / 2 {
+                return (slot, bytes);
+            }
+            bytes += self.chunks.get(slot).map_or(0, Bytes::len);
+        }
+        (self.chunks.len(), self.held)
+    }
+
+    /// Drop the oldest chunk for room; whether a live reader was cut off.
+    fn cut_front(&mut self) -> bool {
+        let cut = self.at.front().is_some_and(|n| *n > 0);
+        self.drop_front();
+        cut
+    }
+
+    /// Whether the writer may take the next chunk, making room by the
+    /// rules in the module docs; `waited`: a caught-up reader may have
+    /// waited the grace. Also the wakers of readers cut off, so a parked
+    /// one learns it now. When there is no room, marks how far the median
+    /// reader must go for some.
+    fn room(&mut self, window: usize, waited: bool) -> (bool, Wakers) {
+        self.mark = None;
+        if self.live == 0 || self.held < window || self.chunks.is_empty() {
+            return (true, Wakers::new());
+        }
+        while self.held >= window && self.at.front() == Some(&0) && !self.chunks.is_empty() {
+            self.drop_front();
+        }
+        // The median as it was: cutting readers below it only moves it up.
+        let (mut median, mut before) = self.median();
+        let mut cut = false;
+        while self.held >= window && before >= window && median > 0 {
+            before -= self.chunks.front().map_or(0, Bytes::len);
+            median -= 1;
+            cut |= self.cut_front();
+        }
+        if waited && self.caught_up() > 0 {
+            while self.held >= window && !self.chunks.is_empty() {
+                cut |= self.cut_front();
+            }
+        }
+        let wake = if cut {
+            std::mem::take(&mut self.wakers)
+        } else {
+            Wakers::new()
+        };
+        if self.held < window || self.chunks.is_empty() {
+            return (true, wake);
+        }
+        // No room until the median reader is a window past the oldest
+        // chunk: the first slot that starts a window in.
+        let (mut slot, mut start) = (0, 0);
+        while start < window && slot < self.chunks.len() {
+            start += self.chunks[slot].len();
+            slot += 1;
+        }
+        self.mark = Some(self.first + slot as u64);
+        self.past = self.at.iter().skip(slot).sum();
+        self.need = self.live - self.live / 2;
+        (false, wake)
+    }
+}
+
 impl SharedBody {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
@@ -114,11 +222,13 @@ impl SharedBody {
                 window: None,
                 end: End::Open,
                 wakers: HashMap::new(),
-                readers: 0,
+                live: 0,
                 next_reader: 0,
-                furthest: 0,
-                behind: 0,
+                at: VecDeque::from([0]),
                 writer: None,
+                mark: None,
+                past: 0,
+                need: 0,
             }),
         })
     }
@@ -129,16 +239,22 @@ impl SharedBody {
         self.buf.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A reader from the first byte on; `None` once the window has left it.
+    /// A reader from the first byte on; `None` once the first byte is gone.
     pub(crate) fn reader(self: &Arc<Self>, ttfb_since: Option<Instant>) -> Option<StreamReader> {
         let mut buf = self.lock();
         if buf.first > 0 {
             return None;
         }
-        buf.readers += 1;
+        buf.live += 1;
+        buf.shift(usize::MAX, 0);
         let id = buf.next_reader;
         buf.next_reader += 1;
+        // The median moved: let a parked writer re-check.
+        let writer = buf.writer.take();
         drop(buf);
+        if let Some(w) = writer {
+            w.wake();
+        }
         Some(StreamReader {
             body: Arc::clone(self),
             id,
@@ -148,15 +264,10 @@ impl SharedBody {
         })
     }
 
-    /// Stop keeping the whole body (it will not be stored): from now on a
-    /// reader may lag the fastest one by at most `window` bytes.
+    /// Stop keeping the whole body (it will not be stored): from now on at
+    /// most `window` bytes are held for the slowest reader.
     pub(crate) fn to_window(&self, window: usize) {
-        let wake = {
-            let mut buf = self.lock();
-            buf.window = Some(window);
-            evict(&mut buf)
-        };
-        wake_all(wake);
+        self.lock().window = Some(window);
     }
 
     pub(crate) fn push(&self, chunk: Bytes) {
@@ -167,10 +278,16 @@ impl SharedBody {
             let mut buf = self.lock();
             buf.held += chunk.len();
             buf.chunks.push_back(chunk);
-            // Every parked reader has a new chunk (or was evicted past).
-            let mut wake = evict(&mut buf);
-            wake.extend(std::mem::take(&mut buf.wakers));
-            wake
+            buf.at.push_back(0);
+            // Nobody paces the writer: bound memory by the newest bytes
+            // instead, until the fill sees it is abandoned.
+            if let Some(window) = buf.window {
+                while buf.live == 0 && buf.held > window && buf.chunks.len() > 1 {
+                    buf.drop_front();
+                }
+            }
+            // Every parked reader has a new chunk.
+            std::mem::take(&mut buf.wakers)
         };
         wake_all(wake);
     }
@@ -195,78 +312,62 @@ impl SharedBody {
         wake_all(wake);
     }
 
-    /// Ready while less than a window is held, or once the fastest reader
-    /// has every chunk (always, while the body may be stored or nobody
-    /// reads). Together with [`evict`], this keeps the held bytes under a
-    /// window plus one chunk, however far behind the fastest the window
-    /// reaches.
+    /// Ready when the writer may take the next origin chunk (always, while
+    /// the body may be stored or nobody reads): see the module docs. Keeps
+    /// the held bytes under a window plus one chunk.
     pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut buf = self.lock();
-        let Some(window) = buf.window else {
-            return Poll::Ready(());
-        };
-        if buf.readers == 0 || buf.held < window || buf.held == buf.behind {
-            return Poll::Ready(());
+        self.check_room(Some(cx), false)
+    }
+
+    /// Wait for room; after each [`STALL_GRACE`] without it, readers a
+    /// window behind are cut off if a caught-up reader waits for them.
+    pub(crate) async fn room(&self) {
+        loop {
+            let waited = std::future::poll_fn(|cx| self.poll_room(cx));
+            if tokio::time::timeout(STALL_GRACE, waited).await.is_ok()
+                || self.check_room(None, true).is_ready()
+            {
+                return;
+            }
         }
-        buf.writer = Some(cx.waker().clone());
-        Poll::Pending
+    }
+
+    fn check_room(&self, cx: Option<&mut Context<'_>>, waited: bool) -> Poll<()> {
+        let (ready, wake) = {
+            let mut buf = self.lock();
+            let Some(window) = buf.window else {
+                return Poll::Ready(());
+            };
+            let (ready, wake) = buf.room(window, waited);
+            if !ready {
+                if let Some(cx) = cx {
+                    buf.writer = Some(cx.waker().clone());
+                }
+            }
+            (ready, wake)
+        };
+        wake_all(wake);
+        if ready {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     /// Nobody reads and nobody can attach any more: the fill serves no one.
     pub(crate) fn abandoned(&self) -> bool {
         let buf = self.lock();
-        buf.readers == 0 && buf.first > 0
+        buf.live == 0 && buf.first > 0
     }
 
-    /// Bytes held right now (for tests and the benchmark's bound).
+    /// Bytes held right now (for tests).
     #[cfg(test)]
     fn held(&self) -> usize {
         self.lock().held
     }
 }
 
-/// Drop the chunks that start more than a window before the fastest
-/// reader's position; with no reader, those older than the newest window
-/// (never the newest chunk).
-fn evict(buf: &mut Buf) -> HashMap<u64, Waker> {
-    let Some(window) = buf.window else {
-        return HashMap::new();
-    };
-    let mut evicted = false;
-    while buf.behind > window {
-        // `behind > 0`: the front chunk is before `furthest`.
-        let Some(c) = buf.chunks.pop_front() else {
-            break;
-        };
-        buf.held -= c.len();
-        buf.behind -= c.len();
-        buf.first += 1;
-        evicted = true;
-    }
-    // Nobody paces the writer now (see `poll_room`): bound memory by the
-    // newest bytes instead, until the fill sees it is abandoned.
-    while buf.readers == 0 && buf.held > window && buf.chunks.len() > 1 {
-        let Some(c) = buf.chunks.pop_front() else {
-            break;
-        };
-        buf.held -= c.len();
-        if buf.first < buf.furthest {
-            buf.behind -= c.len();
-        }
-        buf.first += 1;
-        buf.furthest = buf.furthest.max(buf.first);
-        evicted = true;
-    }
-    // Readers behind the window learn it when polled; wake them so a
-    // parked one is cut off now rather than at the end of the body.
-    if evicted {
-        std::mem::take(&mut buf.wakers)
-    } else {
-        HashMap::new()
-    }
-}
-
-fn wake_all(wakers: HashMap<u64, Waker>) {
+fn wake_all(wakers: Wakers) {
     for (_, w) in wakers {
         w.wake();
     }
@@ -302,11 +403,16 @@ impl StreamReader {
         if let Some(chunk) = buf.chunks.get(at) {
             let chunk = chunk.clone();
             self.next += 1;
-            let writer = if self.next > buf.furthest {
-                // `next` moves one chunk at a time: this chunk was the
-                // first one the fastest reader had not read.
-                buf.furthest = self.next;
-                buf.behind += chunk.len();
+            buf.shift(at, at + 1);
+            // The writer may have room now: nobody needs the oldest chunk
+            // any more, or the median reader has reached the mark.
+            let freed = at == 0 && buf.at.front() == Some(&0);
+            let mut median_moved = false;
+            if buf.mark == Some(self.next) {
+                buf.past += 1;
+                median_moved = buf.past >= buf.need;
+            }
+            let writer = if freed || median_moved {
                 buf.writer.take()
             } else {
                 None
@@ -347,8 +453,13 @@ impl Drop for StreamReader {
     fn drop(&mut self) {
         let writer = {
             let mut buf = self.body.lock();
-            buf.readers = buf.readers.saturating_sub(1);
             buf.wakers.remove(&self.id);
+            // A reader cut off was counted out when its chunk was dropped.
+            if self.next >= buf.first {
+                let at = (self.next - buf.first) as usize;
+                buf.shift(at, usize::MAX);
+                buf.live = buf.live.saturating_sub(1);
+            }
             // The pace may have been this reader's: let the writer re-check.
             buf.writer.take()
         };
@@ -503,52 +614,167 @@ mod tests {
             .is_ready()
     }
 
-    /// The window reaches a full window back from the fastest reader:
-    /// a reader exactly that far behind gets every byte, one further
-    /// behind is cut off, and no more than a window plus a chunk is held.
+    const WINDOW: usize = 40;
+    const CHUNK: usize = 4;
+
+    fn chunk(i: usize) -> Bytes {
+        Bytes::from(vec![i as u8; CHUNK])
+    }
+
+    /// Push chunks `from..` while the writer has room; how many it pushed.
+    fn fill(body: &SharedBody, from: usize, upto: usize) -> usize {
+        let mut i = from;
+        while i < upto && has_room(body) {
+            body.push(chunk(i));
+            i += 1;
+            assert!(body.held() <= WINDOW + CHUNK, "held {}", body.held());
+        }
+        i
+    }
+
+    /// Read what `r` can read now; the first byte of each chunk, or the error.
+    fn drain(r: &mut StreamReader, got: &mut Vec<u8>) -> Option<String> {
+        loop {
+            match poll_now(r) {
+                Poll::Ready(Some(Ok(c))) => got.push(c[0]),
+                Poll::Ready(Some(Err(e))) => return Some(e.to_string()),
+                Poll::Ready(None) | Poll::Pending => return None,
+            }
+        }
+    }
+
+    /// Readers that all go slowly pace the writer: it waits for them
+    /// instead of cutting them off, and never holds more than a window
+    /// plus a chunk.
     #[test]
-    fn window_is_measured_back_from_the_fastest_reader() {
-        const WINDOW: usize = 40;
-        const CHUNK: usize = 4;
+    fn slow_readers_together_pace_the_writer() {
         const CHUNKS: usize = 100;
         let body = SharedBody::new();
         body.to_window(WINDOW);
-        let mut fast = body.reader(None).unwrap();
-        let mut lagging = body.reader(None).unwrap();
-        let mut slow = body.reader(None).unwrap();
-        let (mut written, mut fast_read, mut lagging_got) = (0, 0, Vec::new());
-        while fast_read < CHUNKS {
-            while written < CHUNKS && has_room(&body) {
-                body.push(Bytes::from(vec![written as u8; CHUNK]));
-                written += 1;
-                assert!(body.held() <= WINDOW + CHUNK, "held {}", body.held());
+        let mut readers: Vec<_> = (0..3).map(|_| body.reader(None).unwrap()).collect();
+        let mut got = vec![Vec::new(); 3];
+        let (mut written, mut waits) = (0, 0);
+        while got.iter().any(|g| g.len() < CHUNKS) {
+            let before = written;
+            written = fill(&body, written, CHUNKS);
+            if written < CHUNKS && written - before < 2 {
+                waits += 1;
             }
-            let Poll::Ready(Some(Ok(_))) = poll_now(&mut fast) else {
-                panic!("the fastest reader always has a chunk to read");
-            };
-            fast_read += 1;
-            while (fast_read - lagging_got.len()) * CHUNK > WINDOW {
-                let Poll::Ready(Some(Ok(c))) = poll_now(&mut lagging) else {
-                    panic!(
-                        "cut off {} bytes behind",
-                        (fast_read - lagging_got.len()) * CHUNK
-                    );
-                };
-                lagging_got.push(c[0]);
+            if written == CHUNKS {
+                body.finish();
+            }
+            // One chunk each per round: nobody ever reads everything there is.
+            for (r, g) in readers.iter_mut().zip(&mut got) {
+                if let Poll::Ready(Some(c)) = poll_now(r) {
+                    g.push(c.unwrap()[0]);
+                }
+            }
+        }
+        for g in got {
+            assert_eq!(g, (0..CHUNKS as u8).collect::<Vec<_>>());
+        }
+        assert!(waits > 50, "the writer waited for the readers {waits} times");
+    }
+
+    /// A reader a window behind the median reader is cut off once the
+    /// window is full, and the others go on.
+    #[test]
+    fn reader_far_behind_the_median_is_cut_off() {
+        const CHUNKS: usize = 30;
+        let body = SharedBody::new();
+        body.to_window(WINDOW);
+        let mut fast = [body.reader(None).unwrap(), body.reader(None).unwrap()];
+        let mut stalled = body.reader(None).unwrap();
+        let mut got = [Vec::new(), Vec::new()];
+        let mut written = 0;
+        while written < CHUNKS {
+            let pushed = fill(&body, written, CHUNKS);
+            assert!(pushed > written, "the writer is stuck at chunk {written}");
+            written = pushed;
+            for (r, g) in fast.iter_mut().zip(&mut got) {
+                assert_eq!(drain(r, g), None);
             }
         }
         body.finish();
-        while let Poll::Ready(Some(c)) = poll_now(&mut lagging) {
-            lagging_got.push(c.unwrap()[0]);
+        for (r, g) in fast.iter_mut().zip(&mut got) {
+            assert_eq!(drain(r, g), None);
+            assert_eq!(*g, (0..CHUNKS as u8).collect::<Vec<_>>());
         }
-        assert_eq!(lagging_got, (0..CHUNKS as u8).collect::<Vec<_>>());
-        let Poll::Ready(Some(Err(e))) = poll_now(&mut slow) else {
-            panic!("a reader more than a window behind is cut off");
-        };
-        assert_eq!(e.to_string(), CUT_OFF);
-        assert!(body.reader(None).is_none(), "start has left the window");
-        drop((fast, lagging, slow));
-        assert!(body.abandoned());
+        assert_eq!(drain(&mut stalled, &mut Vec::new()).as_deref(), Some(CUT_OFF));
+        assert!(body.reader(None).is_none(), "the first byte is gone");
+    }
+
+    /// One fast reader and two stalled ones: the writer waits for the
+    /// median (stalled) reader, until the fast one has waited the grace.
+    #[tokio::test(start_paused = true)]
+    async fn fast_minority_waits_for_the_slow_majority_at_most_the_grace() {
+        let body = SharedBody::new();
+        body.to_window(WINDOW);
+        let mut fast = body.reader(None).unwrap();
+        let mut stalled = [body.reader(None).unwrap(), body.reader(None).unwrap()];
+        let (mut written, mut got) = (fill(&body, 0, 100), Vec::new());
+        assert_eq!(drain(&mut fast, &mut got), None);
+        assert_eq!(got.len(), written);
+        assert!(!has_room(&body), "the majority holds the fill back");
+        let start = tokio::time::Instant::now();
+        tokio::time::timeout(STALL_GRACE * 3, body.room())
+            .await
+            .expect("the grace ends the wait");
+        assert_eq!(start.elapsed(), STALL_GRACE);
+        written = fill(&body, written, 100);
+        assert!(written > got.len());
+        for r in &mut stalled {
+            assert_eq!(drain(r, &mut Vec::new()).as_deref(), Some(CUT_OFF));
+        }
+        assert_eq!(drain(&mut fast, &mut got), None);
+        assert_eq!(got, (0..written as u8).collect::<Vec<_>>());
+    }
+
+    /// Records that it was woken.
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A parked writer is woken as soon as the last reader of the oldest
+    /// chunk moves on, not only when the median reader has gone a window.
+    #[test]
+    fn freeing_the_oldest_chunk_wakes_the_writer() {
+        let body = SharedBody::new();
+        body.to_window(WINDOW);
+        let mut readers: Vec<_> = (0..3).map(|_| body.reader(None).unwrap()).collect();
+        fill(&body, 0, 100);
+        let flag = Arc::new(Flag(Default::default()));
+        let waker = Waker::from(Arc::clone(&flag));
+        assert!(body.poll_room(&mut Context::from_waker(&waker)).is_pending());
+        for r in &mut readers[..2] {
+            assert!(poll_now(r).is_ready());
+        }
+        assert!(!flag.0.load(Ordering::SeqCst), "a reader still needs it");
+        assert!(poll_now(&mut readers[2]).is_ready());
+        assert!(flag.0.load(Ordering::SeqCst), "nobody needs the oldest chunk");
+        assert!(has_room(&body));
+    }
+
+    /// Readers that leave stop holding the writer back; once all have
+    /// left, the fill is abandoned.
+    #[test]
+    fn leaving_readers_free_the_writer() {
+        let body = SharedBody::new();
+        body.to_window(WINDOW);
+        let mut fast = body.reader(None).unwrap();
+        let stalled = [body.reader(None).unwrap(), body.reader(None).unwrap()];
+        let written = fill(&body, 0, 100);
+        assert_eq!(drain(&mut fast, &mut Vec::new()), None);
+        assert!(!has_room(&body));
+        drop(stalled);
+        assert!(has_room(&body), "nobody left holds the oldest chunk");
+        assert!(fill(&body, written, 100) > written);
+        drop(fast);
+        assert!(body.abandoned(), "nobody reads, and the start is gone");
     }
 
     /// With nobody reading, only the newest window is kept.

@@ -163,9 +163,9 @@ where
                 }
             }
         }
-        // Past the limit the fastest reader paces the origin; slower ones
-        // fall out of the window and are cut off.
-        poll_fn(|cx| shared.poll_room(cx)).await;
+        // Past the limit the readers pace the origin, within a window;
+        // one far behind the others is cut off.
+        shared.room().await;
         shared.push(data);
         if !storing && shared.abandoned() {
             // Nobody reads and nobody can join: drop the origin call.
