@@ -673,7 +673,10 @@ mod tests {
         for g in got {
             assert_eq!(g, (0..CHUNKS as u8).collect::<Vec<_>>());
         }
-        assert!(waits > 50, "the writer waited for the readers {waits} times");
+        assert!(
+            waits > 50,
+            "the writer waited for the readers {waits} times"
+        );
     }
 
     /// A reader a window behind the median reader is cut off once the
@@ -700,7 +703,10 @@ mod tests {
             assert_eq!(drain(r, g), None);
             assert_eq!(*g, (0..CHUNKS as u8).collect::<Vec<_>>());
         }
-        assert_eq!(drain(&mut stalled, &mut Vec::new()).as_deref(), Some(CUT_OFF));
+        assert_eq!(
+            drain(&mut stalled, &mut Vec::new()).as_deref(),
+            Some(CUT_OFF)
+        );
         assert!(body.reader(None).is_none(), "the first byte is gone");
     }
 
@@ -749,13 +755,18 @@ mod tests {
         fill(&body, 0, 100);
         let flag = Arc::new(Flag(Default::default()));
         let waker = Waker::from(Arc::clone(&flag));
-        assert!(body.poll_room(&mut Context::from_waker(&waker)).is_pending());
+        assert!(body
+            .poll_room(&mut Context::from_waker(&waker))
+            .is_pending());
         for r in &mut readers[..2] {
             assert!(poll_now(r).is_ready());
         }
         assert!(!flag.0.load(Ordering::SeqCst), "a reader still needs it");
         assert!(poll_now(&mut readers[2]).is_ready());
-        assert!(flag.0.load(Ordering::SeqCst), "nobody needs the oldest chunk");
+        assert!(
+            flag.0.load(Ordering::SeqCst),
+            "nobody needs the oldest chunk"
+        );
         assert!(has_room(&body));
     }
 
