@@ -364,12 +364,18 @@
 //! - **Storable** (up to `max_body_bytes`): every chunk is kept until the
 //!   entry is stored; no reader is cut off.
 //! - **Too large to store:** one origin call still serves every waiter
-//!   present. The buffer is a window of `max_body_bytes` counted back from
-//!   the fastest reader: a reader up to that far behind is never cut off, one
-//!   further behind gets a body error (its connection ends; memory never
-//!   grows for it). The fastest reader paces the origin; slower ones never
-//!   do. A request that arrives after the window has left the first byte
-//!   makes its own call (`detail=stream-window-passed`).
+//!   present, through a window of at most `max_body_bytes` (plus one
+//!   chunk). The slowest reader paces the origin within that window, so
+//!   when the machine or the network cannot carry the origin's rate to
+//!   every reader, the origin is read at their pace instead of cutting them
+//!   off. A reader that holds the fill back is cut off (its body ends with
+//!   an error; memory never grows for it) once half the readers have waited
+//!   for it as long as they spent reading (it is less than half as fast as
+//!   most), or once any reader has waited for it 5 s at a stretch (a
+//!   stalled client). So one slow client delays the others at most as long
+//!   as they had been reading, and at most 5 s at a stretch. A request that
+//!   arrives after the first byte has left the window makes its own call
+//!   (`detail=stream-window-passed`).
 //! - **Errors:** an origin error or a stall longer than `origin_timeout`
 //!   mid-body ends every reader's body with an error (never silently short)
 //!   and stores nothing; the next request elects a new leader. If the

@@ -473,9 +473,10 @@ async fn head_waiter_gets_no_body() {
 }
 
 /// The next frame's data of `body` (`None` at its end); panics if it stalls
-/// for a virtual second, so a stuck stream fails instead of hanging.
+/// for 30 virtual seconds (a reader may wait 5 s for stalled ones), so a
+/// stuck stream fails instead of hanging.
 async fn next_data(body: &mut CacheBody<ChanBody>) -> Option<Result<Bytes, String>> {
-    let frame = tokio::time::timeout(Duration::from_secs(1), body.frame())
+    let frame = tokio::time::timeout(Duration::from_secs(30), body.frame())
         .await
         .expect("the stream stalled");
     frame.map(|f| {
@@ -579,12 +580,12 @@ where
 }
 
 /// How long (virtual time) five readers that take 1 ms per chunk need to
-/// read a 64 KiB body too large to store, from the moment the origin has
-/// it all; with `slow`, also how the body of a reader taking 50 ms per
-/// chunk, the leader, ended.
+/// read a 128 KiB body too large to store (16 windows), from the moment
+/// the origin has it all; with `slow`, also how the body of a reader
+/// taking 50 ms per chunk, the leader, ended.
 async fn fast_readers_time(slow: bool) -> (Duration, Option<SlowEnd>) {
-    let parts = chunks(64, 1024);
-    let len = (64 * 1024).to_string();
+    let parts = chunks(128, 1024);
+    let len = (128 * 1024).to_string();
     let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
     let svc = layer(8 * 1024).layer(origin.service());
     let slow = slow.then(|| read_paced(&svc, Duration::from_millis(50)));
@@ -634,14 +635,14 @@ async fn slow_reader_does_not_slow_the_others() {
 
 /// Readers that are all slower than the origin, at somewhat different
 /// paces, get every byte of a body too large to store from one call: the
-/// median reader paces the origin, nobody is cut off.
+/// slowest, two thirds as fast as most, paces the origin and is not cut off.
 #[tokio::test(start_paused = true)]
 async fn readers_slower_than_the_origin_pace_it_and_all_finish() {
     let parts = chunks(64, 1024);
     let len = (64 * 1024).to_string();
     let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
     let svc = layer(8 * 1024).layer(origin.service());
-    let readers: Vec<_> = [2, 2, 3, 3, 3]
+    let readers: Vec<_> = [2, 2, 2, 3, 3]
         .into_iter()
         .map(|ms| read_paced(&svc, Duration::from_millis(ms)))
         .collect();

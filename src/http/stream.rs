@@ -8,23 +8,28 @@
 //! ```
 //! - Storable so far (≤ `max_body_bytes`): every chunk is kept, because the
 //!   stored entry needs them all anyway; no reader is ever cut off.
-//! - Too large to store: at most a window of `W` bytes is held (`W` is the
-//!   fill budget the body holds: `max_body_bytes` for a declared length,
-//!   what it had taken so far for a body that outgrows storing).
-//!   - The writer takes origin chunks freely while fewer than `W` bytes are
-//!     held. Once `W` are, the *median* reader paces it: chunks nobody
-//!     needs go first, then chunks that start at least `W` before the
-//!     median reader's position (a reader that still needs one is cut off
-//!     with a body error; memory never grows for it); if that leaves no
-//!     room, the writer waits for the median reader. So at most `W` plus
-//!     one chunk is held.
-//!   - One slow client never slows the fill or the others: it falls behind
-//!     the median and is cut off. When most readers are slow (the machine
-//!     or the network cannot carry the origin's rate to all of them), the
-//!     origin is read at their pace instead of cutting everyone off; a
-//!     reader that has read everything waits for such a majority at most
-//!     `STALL_GRACE`, after which readers a whole window behind the newest
-//!     byte are cut off.
+//! - Too large to store: at most a window of `W` bytes plus one chunk is
+//!   held (`W` is the fill budget the body holds: `max_body_bytes` for a
+//!   declared length, what it had taken so far for a body that outgrows
+//!   storing).
+//!   - The writer takes the next origin chunk only while fewer than `W`
+//!     bytes are held, counted from the oldest chunk a reader still needs:
+//!     the slowest reader paces the origin. So when the machine or the
+//!     network cannot carry the origin's rate to every reader, the origin
+//!     is read at their pace instead of every reader being cut off.
+//!   - A reader that holds the fill back (it needs the oldest chunk while
+//!     `W` are held) is cut off, its chunks dropped and its body ended with
+//!     an error, once either
+//!     - at least half the readers wait for it and, since the first byte
+//!       (or the last cut-off), they have spent as long waiting as reading:
+//!       it is less than half as fast as most readers (`SLOW`); only a
+//!       reader that has read the first byte is judged so; or
+//!     - a reader has waited for it `STALL_GRACE` at a stretch (a stalled
+//!       client, a stalled majority, a connection that never starts).
+//!
+//!     So one slow client delays the others by at most as long as they had
+//!     read, and at most the grace at a stretch; readers at least half as
+//!     fast as most set the pace.
 //!   - Chunks nobody needs stay until the room is needed, so a request can
 //!     attach while the first byte is still held; once it is gone a request
 //!     makes its own call. With no reader left, only the newest `W` bytes
@@ -40,6 +45,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use tokio::time::Instant as TokioInstant;
+
 use bytes::Bytes;
 use http::StatusCode;
 use tokio::sync::watch;
@@ -49,9 +56,14 @@ use crate::http::response::CachedResponse;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
-/// How long a reader that has read everything waits for a slow majority
-/// before the readers a whole window behind are cut off.
-pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
+/// The longest a reader waits at a stretch for slower ones before the
+/// readers a window behind are cut off.
+pub(crate) const STALL_GRACE: Duration = Duration::from_secs(5);
+
+/// A reader that has started is cut off once half the readers have waited
+/// for it `SLOW` times as long as they spent reading: it is less than
+/// `1 / (SLOW + 1)` as fast as most readers.
+const SLOW: u32 = 1;
 
 /// How a stream ended, once it has.
 #[derive(Debug, Clone)]
@@ -88,15 +100,55 @@ struct Buf {
     /// `first + i` next; the last slot counts those that have read
     /// everything there is. One slot per chunk held, plus one.
     at: VecDeque<usize>,
-    /// The writer, parked while a window is held and the median reader is
-    /// less than a window past the oldest chunk.
+    /// The writer, parked while a window is held for a reader that still
+    /// needs its oldest chunk.
     writer: Option<Waker>,
-    /// While the writer is parked: the chunk (absolute index) the median
-    /// reader must reach for room, how many live readers have reached it,
-    /// and how many must for the median to have.
-    mark: Option<u64>,
-    past: usize,
-    need: usize,
+    /// How long the fill has been held back, and by whom.
+    pace: Pace,
+}
+
+/// The clocks behind the cut-off rules, in tokio time (paused in tests).
+#[derive(Debug)]
+struct Pace {
+    /// When the first byte arrived.
+    start: Option<TokioInstant>,
+    /// Since the writer last found no room while a reader waited.
+    blocked: Option<TokioInstant>,
+    /// How long half the readers have waited for slower ones since the
+    /// first byte (or since the last cut), besides the wait going on now
+    /// (since `majority`).
+    waited: Duration,
+    majority: Option<TokioInstant>,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Self {
+            start: None,
+            blocked: None,
+            waited: Duration::ZERO,
+            majority: None,
+        }
+    }
+
+    /// The writer has room again.
+    fn unblocked(&mut self, now: TokioInstant) {
+        self.blocked = None;
+        self.majority_ends(now);
+    }
+
+    fn majority_ends(&mut self, now: TokioInstant) {
+        if let Some(since) = self.majority.take() {
+            self.waited += now - since;
+        }
+    }
+
+    /// Readers were cut off: the next slowest starts with a clean slate.
+    fn cut(&mut self) {
+        self.blocked = None;
+        self.waited = Duration::ZERO;
+        self.majority = None;
+    }
 }
 
 /// A body error a reader receives.
@@ -116,11 +168,6 @@ const CUT_OFF: &str = "reader fell behind the shared stream window";
 type Wakers = HashMap<u64, Waker>;
 
 impl Buf {
-    /// Live readers that have read everything there is.
-    fn caught_up(&self) -> usize {
-        self.at.back().copied().unwrap_or(0)
-    }
-
     /// Move one live reader from slot `from` to slot `to`.
     fn shift(&mut self, from: usize, to: usize) {
         if let Some(n) = self.at.get_mut(from) {
@@ -143,20 +190,6 @@ impl Buf {
         self.live = self.live.saturating_sub(cut);
     }
 
-    /// The slot of the median reader (the upper one of an even count), and
-    /// how many held bytes come before it.
-    fn median(&self) -> (usize, usize) {
-        let (mut below, mut bytes) = (0, 0);
-        for (slot, n) in self.at.iter().enumerate() {
-            below += n;
-            if below > self.live / 2 {
-                return (slot, bytes);
-            }
-            bytes += self.chunks.get(slot).map_or(0, Bytes::len);
-        }
-        (self.chunks.len(), self.held)
-    }
-
     /// Drop the oldest chunk for room; whether a live reader was cut off.
     fn cut_front(&mut self) -> bool {
         let cut = self.at.front().is_some_and(|n| *n > 0);
@@ -165,51 +198,60 @@ impl Buf {
     }
 
     /// Whether the writer may take the next chunk, making room by the
-    /// rules in the module docs; `waited`: a caught-up reader may have
-    /// waited the grace. Also the wakers of readers cut off, so a parked
-    /// one learns it now. When there is no room, marks how far the median
-    /// reader must go for some.
-    fn room(&mut self, window: usize, waited: bool) -> (bool, Wakers) {
-        self.mark = None;
+    /// rules in the module docs; when not, until when to wait at most
+    /// before asking again. Also the wakers of readers cut off, so a
+    /// parked one learns it now.
+    fn room(&mut self, window: usize, now: TokioInstant) -> Room {
         if self.live == 0 || self.held < window || self.chunks.is_empty() {
-            return (true, Wakers::new());
+            self.pace.unblocked(now);
+            return Room::Ready(Wakers::new());
         }
         while self.held >= window && self.at.front() == Some(&0) && !self.chunks.is_empty() {
             self.drop_front();
         }
-        // The median as it was: cutting readers below it only moves it up.
-        let (mut median, mut before) = self.median();
-        let mut cut = false;
-        while self.held >= window && before >= window && median > 0 {
-            before -= self.chunks.front().map_or(0, Bytes::len);
-            median -= 1;
-            cut |= self.cut_front();
+        if self.held < window {
+            self.pace.unblocked(now);
+            return Room::Ready(Wakers::new());
         }
-        if waited && self.caught_up() > 0 {
-            while self.held >= window && !self.chunks.is_empty() {
-                cut |= self.cut_front();
-            }
+        // Someone a window behind the newest byte holds the fill back.
+        // Readers parked for data wait for it.
+        let waiting = self.wakers.len();
+        let pace = &mut self.pace;
+        if waiting == 0 {
+            pace.unblocked(now);
+            return Room::Wait(None);
         }
-        let wake = if cut {
-            std::mem::take(&mut self.wakers)
+        let blocked = *pace.blocked.get_or_insert(now);
+        // No reader waits more than the grace at a stretch.
+        let mut deadline = blocked + STALL_GRACE;
+        // Half the readers wait for readers that have started: cut those
+        // off once they have waited half the time since the first byte.
+        // One that has not read its first byte yet (a connection slow to
+        // start on a busy server) has the grace to start.
+        if waiting * 2 >= self.live && self.first > 0 {
+            let since = *pace.majority.get_or_insert(now);
+            let read = (since - *pace.start.get_or_insert(since)).saturating_sub(pace.waited);
+            deadline = deadline.min(since + (read * SLOW).saturating_sub(pace.waited));
         } else {
-            Wakers::new()
-        };
-        if self.held < window || self.chunks.is_empty() {
-            return (true, wake);
+            pace.majority_ends(now);
         }
-        // No room until the median reader is a window past the oldest
-        // chunk: the first slot that starts a window in.
-        let (mut slot, mut start) = (0, 0);
-        while start < window && slot < self.chunks.len() {
-            start += self.chunks[slot].len();
-            slot += 1;
+        if now < deadline {
+            return Room::Wait(Some(deadline));
         }
-        self.mark = Some(self.first + slot as u64);
-        self.past = self.at.iter().skip(slot).sum();
-        self.need = self.live - self.live / 2;
-        (false, wake)
+        while self.held >= window && !self.chunks.is_empty() {
+            self.cut_front();
+        }
+        self.pace.cut();
+        Room::Ready(std::mem::take(&mut self.wakers))
     }
+}
+
+/// What the writer learns from [`Buf::room`].
+enum Room {
+    Ready(Wakers),
+    /// No room; ask again at this instant at the latest (readers that
+    /// change things wake the writer sooner).
+    Wait(Option<TokioInstant>),
 }
 
 impl SharedBody {
@@ -226,9 +268,7 @@ impl SharedBody {
                 next_reader: 0,
                 at: VecDeque::from([0]),
                 writer: None,
-                mark: None,
-                past: 0,
-                need: 0,
+                pace: Pace::new(),
             }),
         })
     }
@@ -249,7 +289,7 @@ impl SharedBody {
         buf.shift(usize::MAX, 0);
         let id = buf.next_reader;
         buf.next_reader += 1;
-        // The median moved: let a parked writer re-check.
+        // One more reader to wait for: let a parked writer re-check.
         let writer = buf.writer.take();
         drop(buf);
         if let Some(w) = writer {
@@ -278,6 +318,7 @@ impl SharedBody {
             let mut buf = self.lock();
             buf.held += chunk.len();
             buf.chunks.push_back(chunk);
+            buf.pace.start.get_or_insert_with(TokioInstant::now);
             buf.at.push_back(0);
             // Nobody paces the writer: bound memory by the newest bytes
             // instead, until the fill sees it is abandoned.
@@ -315,43 +356,60 @@ impl SharedBody {
     /// Ready when the writer may take the next origin chunk (always, while
     /// the body may be stored or nobody reads): see the module docs. Keeps
     /// the held bytes under a window plus one chunk.
+    #[cfg(test)]
     pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
-        self.check_room(Some(cx), false)
+        match self.check_room(cx) {
+            Poll::Ready(None) => Poll::Ready(()),
+            _ => Poll::Pending,
+        }
     }
 
-    /// Wait for room; after each [`STALL_GRACE`] without it, readers a
-    /// window behind are cut off if a caught-up reader waits for them.
+    /// Wait for room, by the rules in the module docs.
     pub(crate) async fn room(&self) {
         loop {
-            let waited = std::future::poll_fn(|cx| self.poll_room(cx));
-            if tokio::time::timeout(STALL_GRACE, waited).await.is_ok()
-                || self.check_room(None, true).is_ready()
-            {
+            let mut deadline = None;
+            let ready = std::future::poll_fn(|cx| match self.check_room(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(d)) => {
+                    deadline = Some(d);
+                    Poll::Ready(false)
+                }
+                Poll::Ready(None) => Poll::Ready(true),
+            })
+            .await;
+            if ready {
+                return;
+            }
+            let Some(deadline) = deadline else { continue };
+            // Until the deadline, or until a reader wakes the writer.
+            let woken = std::future::poll_fn(|cx| match self.check_room(cx) {
+                Poll::Ready(None) => Poll::Ready(()),
+                _ => Poll::Pending,
+            });
+            if tokio::time::timeout_at(deadline, woken).await.is_ok() {
                 return;
             }
         }
     }
 
-    fn check_room(&self, cx: Option<&mut Context<'_>>, waited: bool) -> Poll<()> {
-        let (ready, wake) = {
+    /// `Ready(None)`: room. `Ready(Some(t))`: no room, ask again by `t`.
+    /// `Pending`: no room, a reader will wake the writer.
+    fn check_room(&self, cx: &mut Context<'_>) -> Poll<Option<TokioInstant>> {
+        let (room, wake) = {
             let mut buf = self.lock();
             let Some(window) = buf.window else {
-                return Poll::Ready(());
+                return Poll::Ready(None);
             };
-            let (ready, wake) = buf.room(window, waited);
-            if !ready {
-                if let Some(cx) = cx {
+            match buf.room(window, TokioInstant::now()) {
+                Room::Ready(wake) => (Poll::Ready(None), wake),
+                Room::Wait(deadline) => {
                     buf.writer = Some(cx.waker().clone());
+                    (deadline.map_or(Poll::Pending, |d| Poll::Ready(Some(d))), Wakers::new())
                 }
             }
-            (ready, wake)
         };
         wake_all(wake);
-        if ready {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
+        room
     }
 
     /// Nobody reads and nobody can attach any more: the fill serves no one.
@@ -404,15 +462,9 @@ impl StreamReader {
             let chunk = chunk.clone();
             self.next += 1;
             buf.shift(at, at + 1);
-            // The writer may have room now: nobody needs the oldest chunk
-            // any more, or the median reader has reached the mark.
+            // The writer may have room now: nobody needs the oldest chunk.
             let freed = at == 0 && buf.at.front() == Some(&0);
-            let mut median_moved = false;
-            if buf.mark == Some(self.next) {
-                buf.past += 1;
-                median_moved = buf.past >= buf.need;
-            }
-            let writer = if freed || median_moved {
+            let writer = if freed {
                 buf.writer.take()
             } else {
                 None
@@ -439,6 +491,12 @@ impl StreamReader {
             }
             End::Open => {
                 buf.wakers.insert(self.id, cx.waker().clone());
+                // One more reader waits: the writer's clocks changed.
+                let writer = buf.writer.take();
+                drop(buf);
+                if let Some(w) = writer {
+                    w.wake();
+                }
                 Poll::Pending
             }
         }
@@ -673,45 +731,73 @@ mod tests {
         for g in got {
             assert_eq!(g, (0..CHUNKS as u8).collect::<Vec<_>>());
         }
-        assert!(
-            waits > 50,
-            "the writer waited for the readers {waits} times"
-        );
+        assert!(waits > 50, "the writer waited for the readers {waits} times");
     }
 
-    /// A reader a window behind the median reader is cut off once the
-    /// window is full, and the others go on.
-    #[test]
-    fn reader_far_behind_the_median_is_cut_off() {
-        const CHUNKS: usize = 30;
+    /// Two readers read a window at 1 ms a chunk, then wait for a third that
+    /// stalled after `started` chunks: how long after the first byte the
+    /// third is cut off (checked: it is, and the two get everything).
+    async fn stalled_third_cut_after(started: usize) -> Duration {
         let body = SharedBody::new();
         body.to_window(WINDOW);
         let mut fast = [body.reader(None).unwrap(), body.reader(None).unwrap()];
         let mut stalled = body.reader(None).unwrap();
+        let start = tokio::time::Instant::now();
+        let written = fill(&body, 0, 100);
+        assert_eq!(written * CHUNK, WINDOW);
+        for _ in 0..started {
+            assert!(poll_now(&mut stalled).is_ready());
+        }
         let mut got = [Vec::new(), Vec::new()];
-        let mut written = 0;
-        while written < CHUNKS {
-            let pushed = fill(&body, written, CHUNKS);
-            assert!(pushed > written, "the writer is stuck at chunk {written}");
-            written = pushed;
+        for _ in 0..written {
+            tokio::time::sleep(Duration::from_millis(1)).await;
             for (r, g) in fast.iter_mut().zip(&mut got) {
-                assert_eq!(drain(r, g), None);
+                let Poll::Ready(Some(Ok(c))) = poll_now(r) else {
+                    panic!("a chunk to read");
+                };
+                g.push(c[0]);
             }
         }
-        body.finish();
+        // Now they wait for more.
+        for r in &mut fast {
+            assert!(poll_now(r).is_pending());
+        }
+        let more = fill(&body, written, 100);
+        assert!(more - written <= started, "the stalled reader holds the fill back");
         for (r, g) in fast.iter_mut().zip(&mut got) {
             assert_eq!(drain(r, g), None);
-            assert_eq!(*g, (0..CHUNKS as u8).collect::<Vec<_>>());
         }
-        assert_eq!(
-            drain(&mut stalled, &mut Vec::new()).as_deref(),
-            Some(CUT_OFF)
-        );
+        tokio::time::timeout(STALL_GRACE * 2, body.room())
+            .await
+            .expect("the stalled reader is cut off");
+        let cut_after = start.elapsed();
+        assert_eq!(drain(&mut stalled, &mut Vec::new()).as_deref(), Some(CUT_OFF));
+        let more = fill(&body, more, 100);
+        for (r, g) in fast.iter_mut().zip(&mut got) {
+            assert_eq!(drain(r, g), None);
+            assert_eq!(*g, (0..more as u8).collect::<Vec<_>>());
+        }
         assert!(body.reader(None).is_none(), "the first byte is gone");
+        cut_after
+    }
+
+    /// A reader that has started and is less than half as fast as most is
+    /// cut off once they have waited for it as long as they read: 10 ms of
+    /// reading, 10 ms of waiting.
+    #[tokio::test(start_paused = true)]
+    async fn reader_less_than_half_as_fast_as_most_is_cut_off() {
+        assert_eq!(stalled_third_cut_after(1).await, Duration::from_millis(20));
+    }
+
+    /// A reader that has not read its first byte yet has the grace to start.
+    #[tokio::test(start_paused = true)]
+    async fn reader_not_started_has_the_grace() {
+        let after = stalled_third_cut_after(0).await;
+        assert_eq!(after, Duration::from_millis(10) + STALL_GRACE);
     }
 
     /// One fast reader and two stalled ones: the writer waits for the
-    /// median (stalled) reader, until the fast one has waited the grace.
+    /// majority, until the fast one has waited the grace.
     #[tokio::test(start_paused = true)]
     async fn fast_minority_waits_for_the_slow_majority_at_most_the_grace() {
         let body = SharedBody::new();
@@ -746,7 +832,7 @@ mod tests {
     }
 
     /// A parked writer is woken as soon as the last reader of the oldest
-    /// chunk moves on, not only when the median reader has gone a window.
+    /// chunk moves on, not only when half the readers have read everything.
     #[test]
     fn freeing_the_oldest_chunk_wakes_the_writer() {
         let body = SharedBody::new();
@@ -755,18 +841,13 @@ mod tests {
         fill(&body, 0, 100);
         let flag = Arc::new(Flag(Default::default()));
         let waker = Waker::from(Arc::clone(&flag));
-        assert!(body
-            .poll_room(&mut Context::from_waker(&waker))
-            .is_pending());
+        assert!(body.poll_room(&mut Context::from_waker(&waker)).is_pending());
         for r in &mut readers[..2] {
             assert!(poll_now(r).is_ready());
         }
         assert!(!flag.0.load(Ordering::SeqCst), "a reader still needs it");
         assert!(poll_now(&mut readers[2]).is_ready());
-        assert!(
-            flag.0.load(Ordering::SeqCst),
-            "nobody needs the oldest chunk"
-        );
+        assert!(flag.0.load(Ordering::SeqCst), "nobody needs the oldest chunk");
         assert!(has_room(&body));
     }
 
