@@ -381,10 +381,17 @@
 //!   and stores nothing; the next request elects a new leader. If the
 //!   leader's own client leaves, the fill goes on for the others; if every
 //!   reader leaves a body that will not be stored, the origin call is dropped.
+//! - **Too large is not uncacheable:** such a fill sets no pass marker, so
+//!   the next request after it leads a new shared fill. (A stored entry it
+//!   was refreshing stays, served only as its own stale rules allow.)
 //! - **Other instances** wait for the stored fill. For a body too large to
-//!   store no fill comes, and their waiters are released to the origin one by
-//!   one under the fallback cap (sharing one call per instance is not built
-//!   yet).
+//!   store none comes, so the leader says so in Redis as soon as it knows
+//!   (from `Content-Length`, or when the body passes the limit) and wakes
+//!   them: each instance then makes one origin call for all its waiters,
+//!   shared among them the same way, so at most one call per instance. A
+//!   request that arrives there later, while the leader still streams, does
+//!   the same. With a [`Redlock`] lease the leader cannot mark the fill:
+//!   other instances learn when its call ends, and one of them leads anew.
 //!
 //! ## Work that must not run twice
 //!

@@ -27,9 +27,11 @@ pub(crate) enum Fill<V> {
     /// others go to the origin on their own, and what is stored stays. No
     /// pass marker: one request must not switch caching off for everyone.
     Private(V),
-    /// Not buffered (the fill buffer budget was spent): the initiating caller
-    /// got the response streamed, everyone else goes to the origin on their
-    /// own. Unlike `Pass` nothing is marked: the next caller tries again.
+    /// Not buffered: too large to store, or the fill buffer budget was spent.
+    /// The initiating caller got the response streamed (and whoever the
+    /// caller's own layer shared the stream with); everyone else goes to the
+    /// origin on their own. Unlike `Pass` nothing is marked: the next caller
+    /// leads a new fill.
     Unbuffered,
 }
 

@@ -106,6 +106,31 @@ impl LayerState {
 }
 
 impl LayerState {
+    /// The fill of a response whose body was not buffered (too large, or
+    /// past the fill budget): a pass marker only where [`finish`] would set
+    /// one, for a response uncacheable for everyone. Too large alone is not
+    /// uncacheable.
+    ///
+    /// [`finish`]: Self::finish
+    pub(super) fn unbuffered_fill(
+        &self,
+        verdict: &ResponseVerdict,
+        status: http::StatusCode,
+    ) -> Fill<CachedResponse> {
+        let for_everyone = match verdict {
+            ResponseVerdict::Store { .. } => false,
+            ResponseVerdict::Share => !self.http.share_uncacheable && !status.is_server_error(),
+            ResponseVerdict::Pass(reason) => {
+                !self.http.share_uncacheable && !policy::request_specific(reason)
+            }
+        };
+        if for_everyone {
+            Fill::Pass(None)
+        } else {
+            Fill::Unbuffered
+        }
+    }
+
     /// Learn the Vary names `entry` carries for its URL (it may come from
     /// another instance), and say which variant `request` needs when `entry`
     /// is not it and lives under another key.

@@ -234,6 +234,7 @@ where
         let mut head = stream_head(&verdict, &parts, &vary, url);
         let mut passthrough = passthrough;
 
+        let parts_status = parts.status;
         let limit = state.http.max_body_bytes;
         let declared = parts
             .headers
@@ -243,14 +244,25 @@ where
         let mut body = Box::pin(body);
         if declared.is_some_and(|len| len > limit as u64) {
             state.engine.counters.not_stored("too-large");
-            // Too large to store, but shareable: stream it through a window
-            // of `max_body_bytes`, paid for from the fill budget.
+            let Some(head) = head else {
+                if let Some(tx) = passthrough {
+                    let response =
+                        Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
+                    let _ = tx.send(Handoff::TooLarge(response));
+                }
+                return Ok(state.unbuffered_fill(&verdict, parts_status));
+            };
+            // Storable but for its size: no fill will land, so instances
+            // waiting on this lease are told now (see `Engine::mark_too_large`).
+            state.engine.mark_too_large(target.key);
+            // Shared all the same: streamed through a window of
+            // `max_body_bytes`, paid for from the fill budget.
             let window = u32::try_from(limit).ok().and_then(|n| {
                 Arc::clone(&state.engine.fill_bytes)
                     .try_acquire_many_owned(n)
                     .ok()
             });
-            if let (Some(head), Some(window)) = (head, window) {
+            if let Some(window) = window {
                 let start = StreamStart {
                     chunks: VecDeque::new(),
                     total: 0,
@@ -259,14 +271,16 @@ where
                 };
                 let leader = passthrough;
                 stream_rest(&state, target.key, head, leader, start, &mut body).await?;
-                return Ok(Fill::Pass(None));
+                // Too large is not uncacheable: no pass marker, so the next
+                // request leads a new shared fill.
+                return Ok(Fill::Unbuffered);
             }
             if let Some(tx) = passthrough {
                 let response =
                     Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
                 let _ = tx.send(Handoff::TooLarge(response));
             }
-            return Ok(Fill::Pass(None));
+            return Ok(Fill::Unbuffered);
         }
 
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
@@ -308,11 +322,31 @@ where
             }
             if total > limit {
                 state.engine.counters.not_stored("too-large");
+                // Storable but for its size (then this is its first frame;
+                // later ones stream below): shared through a window of
+                // `max_body_bytes` like a declared length, paid from what the
+                // frame took. The frame itself may be larger than the window.
+                let storable = head.take();
+                if storable.is_some() {
+                    state.engine.mark_too_large(target.key);
+                }
+                let window = buffered.take().and_then(|mut held| held.split(limit));
+                if let (Some(head), Some(window)) = (storable, window) {
+                    let start = StreamStart {
+                        chunks: std::mem::take(&mut chunks),
+                        total,
+                        budget: Some(window),
+                        storing: false,
+                    };
+                    let leader = passthrough.take();
+                    stream_rest(&state, target.key, head, leader, start, &mut body).await?;
+                    return Ok(Fill::Unbuffered);
+                }
                 if let Some(tx) = passthrough {
                     let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
                     let _ = tx.send(Handoff::TooLarge(response));
                 }
-                return Ok(Fill::Pass(None));
+                return Ok(state.unbuffered_fill(&verdict, parts_status));
             }
             // More than one frame: every reader gets the rest as it arrives
             // (a body in one frame is answered whole, as before).
@@ -330,7 +364,9 @@ where
                             streamed = Some(whole);
                             break;
                         }
-                        None => return Ok(Fill::Pass(None)),
+                        // Too large, over the budget, or abandoned: none
+                        // of these makes the response uncacheable.
+                        None => return Ok(Fill::Unbuffered),
                     }
                 }
             }

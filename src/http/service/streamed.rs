@@ -99,6 +99,10 @@ where
     for c in &chunks {
         shared.push(c.clone());
     }
+    if !storing {
+        // Only the window may keep them now.
+        chunks.clear();
+    }
     let stream = Arc::new(Stream {
         head,
         body: Arc::clone(&shared),
@@ -151,6 +155,7 @@ where
                 _ => {
                     if total > limit {
                         state.engine.counters.not_stored("too-large");
+                        state.engine.mark_too_large(key);
                     }
                     storing = false;
                     chunks.clear();
