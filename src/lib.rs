@@ -370,10 +370,11 @@
 //!   every reader, the origin is read at their pace instead of cutting them
 //!   off. A reader that holds the fill back is cut off (its body ends with
 //!   an error; memory never grows for it) once half the readers have waited
-//!   for it as long as they spent reading (it is less than half as fast as
-//!   most), or once any reader has waited for it 5 s at a stretch (a
-//!   stalled client). So one slow client delays the others at most as long
-//!   as they had been reading, and at most 5 s at a stretch. A request that
+//!   for it three times as long as they spent reading (it is less than a
+//!   quarter as fast as most), or once any reader has waited for it 5 s at
+//!   a stretch (a stalled client). So one slow client delays the others at
+//!   most three times as long as they had been reading, and at most 5 s at
+//!   a stretch. A request that
 //!   arrives after the first byte has left the window makes its own call
 //!   (`detail=stream-window-passed`).
 //! - **Errors:** an origin error or a stall longer than `origin_timeout`

@@ -412,7 +412,7 @@ async fn stream_metrics_carry_the_cache_name() {
     drop(tx);
     for r in readers {
         // Well before the 5 s a stalled reader is given: the stopped one is
-        // less than half as fast as the others, and cut off for that.
+        // less than a quarter as fast as the others, and cut off for that.
         let len = tokio::time::timeout(Duration::from_secs(3), r)
             .await
             .expect("the readers finish")

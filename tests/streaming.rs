@@ -580,12 +580,12 @@ where
 }
 
 /// How long (virtual time) five readers that take 1 ms per chunk need to
-/// read a 128 KiB body too large to store (16 windows), from the moment
+/// read a 512 KiB body too large to store (64 windows), from the moment
 /// the origin has it all; with `slow`, also how the body of a reader
 /// taking 50 ms per chunk, the leader, ended.
 async fn fast_readers_time(slow: bool) -> (Duration, Option<SlowEnd>) {
-    let parts = chunks(128, 1024);
-    let len = (128 * 1024).to_string();
+    let parts = chunks(512, 1024);
+    let len = (512 * 1024).to_string();
     let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
     let svc = layer(8 * 1024).layer(origin.service());
     let slow = slow.then(|| read_paced(&svc, Duration::from_millis(50)));
@@ -635,7 +635,8 @@ async fn slow_reader_does_not_slow_the_others() {
 
 /// Readers that are all slower than the origin, at somewhat different
 /// paces, get every byte of a body too large to store from one call: the
-/// slowest, two thirds as fast as most, paces the origin and is not cut off.
+/// slowest, two thirds as fast as most, paces the origin and is not cut off
+/// (only a reader less than a quarter as fast as most is).
 #[tokio::test(start_paused = true)]
 async fn readers_slower_than_the_origin_pace_it_and_all_finish() {
     let parts = chunks(64, 1024);

@@ -21,15 +21,15 @@
 //!     `W` are held) is cut off, its chunks dropped and its body ended with
 //!     an error, once either
 //!     - at least half the readers wait for it and, since the first byte
-//!       (or the last cut-off), they have spent as long waiting as reading:
-//!       it is less than half as fast as most readers (`SLOW`); only a
-//!       reader that has read the first byte is judged so; or
+//!       (or the last cut-off), they have spent three times as long waiting
+//!       as reading: it is less than a quarter as fast as most readers
+//!       (`SLOW`); only a reader that has read the first byte is judged so; or
 //!     - a reader has waited for it `STALL_GRACE` at a stretch (a stalled
 //!       client, a stalled majority, a connection that never starts).
 //!
-//!     So one slow client delays the others by at most as long as they had
-//!     read, and at most the grace at a stretch; readers at least half as
-//!     fast as most set the pace.
+//!     So one slow client delays the others by at most three times as long
+//!     as they had read, and at most the grace at a stretch; readers at
+//!     least a quarter as fast as most set the pace.
 //!   - Chunks nobody needs stay until the room is needed, so a request can
 //!     attach while the first byte is still held; once it is gone a request
 //!     makes its own call. With no reader left, only the newest `W` bytes
@@ -64,7 +64,7 @@ pub(crate) const STALL_GRACE: Duration = Duration::from_secs(5);
 /// A reader that has started is cut off once half the readers have waited
 /// for it `SLOW` times as long as they spent reading: it is less than
 /// `1 / (SLOW + 1)` as fast as most readers.
-const SLOW: u32 = 1;
+const SLOW: u32 = 3;
 
 /// How a stream ended, once it has.
 #[derive(Debug, Clone)]
@@ -790,12 +790,12 @@ mod tests {
         cut_after
     }
 
-    /// A reader that has started and is less than half as fast as most is
-    /// cut off once they have waited for it as long as they read: 10 ms of
-    /// reading, 10 ms of waiting.
+    /// A reader that has started and is less than a quarter as fast as
+    /// most is cut off once they have waited for it three times as long as
+    /// they read: 10 ms of reading, 30 ms of waiting.
     #[tokio::test(start_paused = true)]
-    async fn reader_less_than_half_as_fast_as_most_is_cut_off() {
-        assert_eq!(stalled_third_cut_after(1).await, Duration::from_millis(20));
+    async fn reader_less_than_a_quarter_as_fast_as_most_is_cut_off() {
+        assert_eq!(stalled_third_cut_after(1).await, Duration::from_millis(40));
     }
 
     /// A reader that has not read its first byte yet has the grace to start.
