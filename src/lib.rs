@@ -375,8 +375,9 @@
 //!   quarter as fast as most), or once any reader has waited for it 5 s at
 //!   a stretch (a stalled client). So one slow client delays the others at
 //!   most three times as long as they had been reading, and at most 5 s at
-//!   a stretch. A request that
-//!   arrives after the first byte has left the window makes its own call
+//!   a stretch. Requests that arrive after the first byte has left the
+//!   window share one new origin call among themselves (a new flight); one
+//!   that finds the start gone only as it attaches calls on its own
 //!   (`detail=stream-window-passed`).
 //! - **Errors:** an origin error or a stall longer than `origin_timeout`
 //!   mid-body ends every reader's body with an error (never silently short)

@@ -660,3 +660,41 @@ async fn readers_slower_than_the_origin_pace_it_and_all_finish() {
     }
     assert_eq!(origin.calls(), 1);
 }
+
+/// Requests that arrive once the first byte of a body too large to store
+/// has left the window share one new origin call among themselves, instead
+/// of each making its own.
+#[tokio::test(start_paused = true)]
+async fn late_arrivals_share_one_new_call() {
+    let parts = chunks(64, 1024);
+    let len = (64 * 1024).to_string();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("content-length", &len)]);
+    let svc = layer(8 * 1024).layer(origin.service());
+    let first = read_paced(&svc, Duration::from_millis(1));
+    settle().await;
+    let tx = origin.body(0);
+    for c in &parts[..32] {
+        tx.send(Ok(c.clone())).unwrap();
+    }
+    // The first reader is well past the window: the first byte is gone.
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let late = spawn_reads(&svc, 5);
+    settle().await;
+    assert_eq!(origin.calls(), 2, "one new call for the late requests");
+    for c in &parts[32..] {
+        tx.send(Ok(c.clone())).unwrap();
+    }
+    drop(tx);
+    let tx = origin.body(1);
+    for c in &parts {
+        tx.send(Ok(c.clone())).unwrap();
+    }
+    drop(tx);
+    let want = digest(&concat(&parts));
+    assert_eq!(first.await.unwrap().unwrap().0, want);
+    for r in late {
+        let (_, headers, body) = r.await.unwrap();
+        assert_eq!(digest(&body.unwrap()), want, "{}", cache_status(&headers));
+    }
+    assert_eq!(origin.calls(), 2);
+}

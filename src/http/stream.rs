@@ -31,8 +31,8 @@
 //!     as they had read, and at most the grace at a stretch; readers at
 //!     least a quarter as fast as most set the pace.
 //!   - Chunks nobody needs stay until the room is needed, so a request can
-//!     attach while the first byte is still held; once it is gone a request
-//!     makes its own call. With no reader left, only the newest `W` bytes
+//!     attach while the first byte is still held; once it is gone, requests
+//!     share a new flight's call. With no reader left, only the newest `W` bytes
 //!     are kept (and the fill, which nobody can join once the start is
 //!     gone, is dropped).
 //!
@@ -439,6 +439,11 @@ impl SharedBody {
         };
         wake_all(wake);
         room
+    }
+
+    /// A new reader can still start at the first byte.
+    pub(crate) fn attachable(&self) -> bool {
+        self.lock().first == 0
     }
 
     /// Nobody reads and nobody can attach any more: the fill serves no one.

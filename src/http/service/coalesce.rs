@@ -77,8 +77,11 @@ where
                 state.engine.resolve(target.key, &mut compute).await
             }
         };
+        // A stream whose first byte is gone is not waited for: requests
+        // too late for it share the flight's next call instead.
         let streaming = state.streams.wait(target.key, |s| {
-            s.head.value.vary_matches(&request_headers)
+            s.body.attachable()
+                && s.head.value.vary_matches(&request_headers)
                 && acceptable(&request_headers, &s.head, grace)
         });
         tokio::select! {
