@@ -138,8 +138,9 @@
 //! - **Response without freshness information:** not stored and not handed
 //!   to waiters (unless you opt in); give it a
 //!   [`default_ttl`](CacheLayerBuilder::default_ttl) to store and share it.
-//! - **Body larger than the limit:** not stored, but still shared in this
-//!   process: see [streamed fills](#streamed-fills).
+//! - **Body larger than the limit:** not stored, but still shared: one
+//!   origin call for the readers of each instance, see
+//!   [streamed fills](#streamed-fills).
 //!
 //! ## HTTP choices
 //!
@@ -422,6 +423,8 @@
 //! `herdguard_redis_errors_total{op, class}`, `herdguard_redis_available`, `herdguard_entry_bytes`,
 //! `herdguard_lease_remaining_at_release_seconds`,
 //! `herdguard_not_stored_total{reason}`,
+//! `herdguard_stream_waiter_ttfb_seconds`,
+//! `herdguard_stream_readers_cut_off_total`,
 //! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`), each
 //! labelled `cache` with the layer's
 //! [`cache_name`](CacheLayerBuilder::cache_name); install any
