@@ -212,7 +212,8 @@ impl Buf {
         while self.held >= window && self.at.front() == Some(&0) && !self.chunks.is_empty() {
             self.drop_front();
         }
-        if self.held < window {
+        // Nothing held is room even for a window of 0 bytes.
+        if self.held < window || self.chunks.is_empty() {
             self.pace.unblocked(now);
             return Room::Ready(Wakers::new());
         }
@@ -881,6 +882,29 @@ mod tests {
         assert!(fill(&body, written, 100) > written);
         drop(fast);
         assert!(body.abandoned(), "nobody reads, and the start is gone");
+    }
+
+    /// A window of 0 bytes (`max_body_bytes(0)`, or a fill whose first frame
+    /// was empty when it outgrew storing): once every reader has read
+    /// everything there is, nothing is held, so the writer has room at once.
+    #[tokio::test(start_paused = true)]
+    async fn zero_window_with_every_reader_caught_up_has_room() {
+        let body = SharedBody::new("test");
+        body.to_window(0);
+        let mut r = body.reader(None).unwrap();
+        let mut got = Vec::new();
+        for i in 0..4 {
+            let start = tokio::time::Instant::now();
+            tokio::time::timeout(STALL_GRACE * 2, body.room())
+                .await
+                .expect("room");
+            assert_eq!(start.elapsed(), Duration::ZERO, "chunk {i} waited");
+            body.push(chunk(i));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_eq!(drain(&mut r, &mut got), None);
+            assert!(poll_now(&mut r).is_pending(), "the reader is parked");
+        }
+        assert_eq!(got, vec![0, 1, 2, 3]);
     }
 
     /// With nobody reading, only the newest window is kept.
