@@ -380,20 +380,23 @@
 //!   (`detail=stream-window-passed`).
 //! - **Errors:** an origin error or a stall longer than `origin_timeout`
 //!   mid-body ends every reader's body with an error (never silently short)
-//!   and stores nothing; the next request elects a new leader. If the
+//!   and stores nothing; the next request elects a new leader. A storable
+//!   body must arrive whole within `origin_timeout`; a body too large to
+//!   store may take longer (its readers set the pace), and `origin_timeout`
+//!   then bounds each wait for the origin's next frame, and each wait for a
+//!   reader that makes no progress (that reader is cut off). If the
 //!   leader's own client leaves, the fill goes on for the others; if every
 //!   reader leaves a body that will not be stored, the origin call is dropped.
 //! - **Too large is not uncacheable:** such a fill sets no pass marker, so
 //!   the next request after it leads a new shared fill. (A stored entry it
 //!   was refreshing stays, served only as its own stale rules allow.)
 //! - **Other instances** wait for the stored fill. For a body too large to
-//!   store none comes, so the leader says so in Redis as soon as it knows
-//!   (from `Content-Length`, or when the body passes the limit) and wakes
-//!   them: each instance then makes one origin call for all its waiters,
-//!   shared among them the same way, so at most one call per instance. A
-//!   request that arrives there later, while the leader still streams, does
-//!   the same. With a [`Redlock`] lease the leader cannot mark the fill:
-//!   other instances learn when its call ends, and one of them leads anew.
+//!   store none comes, so the leader's flight ends as soon as it knows
+//!   (from `Content-Length`, or when the body passes the limit): its lease
+//!   is released, which wakes the waiters elsewhere, and the rest of the
+//!   body streams on in a task of its own, still shared with every reader
+//!   in this process. Each other instance then makes one origin call for
+//!   all its waiters, shared the same way: at most one call per instance.
 //!
 //! ## Work that must not run twice
 //!

@@ -73,10 +73,17 @@ async fn cold_burst_across_four_instances_calls_origin_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_across_instances_refreshes_once() {
     let server = RedisServer::start();
+    // Every answer must be given before the refresh lands (after it they
+    // are hits): a 3 s refresh leaves a loaded machine that much time for
+    // the 400 answers (200 ms did not). The fill goes through a fifth
+    // instance with a fast origin so the entry is fresh when stored.
     let origin = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
-        .delay(Duration::from_millis(200));
+        .delay(Duration::from_secs(3));
+    let filler = Origin::new(&[("cache-control", "max-age=1, stale-while-revalidate=30")])
+        .sharing_calls_with(&origin)
+        .app(layer(&server, |o| o));
     let apps: Vec<Router> = (0..4).map(|_| origin.app(layer(&server, |o| o))).collect();
-    let (_, _, first) = send(&apps[0], get_req("/swr")).await;
+    let (_, _, first) = send(&filler, get_req("/swr")).await;
     tokio::time::sleep(Duration::from_millis(1300)).await; // past max-age and the 1 s L1
 
     let mut tasks = Vec::new();

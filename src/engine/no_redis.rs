@@ -23,10 +23,6 @@ impl<V: Value> Engine<V> {
         match **remote {}
     }
 
-    pub(super) fn mark_remote_too_large(&self, remote: &Arc<RedisStore>, _key: CacheKey) {
-        match **remote {}
-    }
-
     pub(super) fn write_outside_flight(
         &self,
         remote: &Arc<RedisStore>,

@@ -13,7 +13,7 @@ use super::envelope::{decode_entry, encode_entry, EntryMeta};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
 use super::redlock::RedlockTry;
-use super::resolve::{spawn_detached, Engine};
+use super::resolve::Engine;
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::lock::watchdog::{HeldLease, Watchdog};
@@ -21,14 +21,6 @@ use crate::lock::{FenceToken, LeaseToken};
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 use crate::store::redis::{FillSubscription, RedisStore, RemoteLookup, WriteMode};
-
-tokio::task_local! {
-    /// The key and lease a leader's computation runs under (a lease on the
-    /// main store only): how [`Engine::mark_too_large`] finds the lease
-    /// holder, the computation itself knowing nothing of leases. A task, not
-    /// a key: any other call for the key (a released waiter's) is not it.
-    static HELD: (CacheKey, LeaseToken);
-}
 
 impl<V: Value> Engine<V> {
     /// `ahead`: the copy a refresh-ahead started from. The first lookup then
@@ -236,13 +228,6 @@ impl<V: Value> Engine<V> {
                     self.memory.insert_pass(key, left.min(self.config.pass_ttl));
                     return Outcome::Pass(None);
                 }
-                RemoteLookup::Large => {
-                    // The holder's body is too large to store: no fill will
-                    // come, so this process makes its own call, once, for
-                    // every request waiting here.
-                    self.counters.lock_acquire("contended");
-                    return self.compute_unshared(fut).await;
-                }
                 RemoteLookup::Held { lease_left } => {
                     self.counters.lock_acquire("contended");
                     read_entry = true;
@@ -326,12 +311,7 @@ impl<V: Value> Engine<V> {
         span.record("fence", fence.0);
         self.counters.origin_call();
         let started = Instant::now();
-        let result = if single {
-            HELD.scope((key, token.clone()), self.run_compute(fut))
-                .await
-        } else {
-            self.run_compute(fut).await
-        };
+        let result = self.run_compute(fut).await;
         let took = started.elapsed();
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
@@ -450,27 +430,7 @@ impl<V: Value> Engine<V> {
         }
     }
 
-    /// [`Engine::mark_too_large`] with Redis: if this task's computation
-    /// holds `key`'s lease, mark its fill too large there (in the
-    /// background: the body streams on meanwhile) so that waiting instances
-    /// stop waiting. The script checks the token, so a mark that lands after
-    /// the lease is gone does nothing.
-    pub(super) fn mark_remote_too_large(&self, remote: &Arc<RedisStore>, key: CacheKey) {
-        let Ok(Some(token)) = HELD.try_with(|(k, t)| (*k == key).then(|| t.clone())) else {
-            return;
-        };
-        let remote = Arc::clone(remote);
-        // The lease lives at most as long as the computation it guards.
-        let ttl = self.config.origin_timeout;
-        spawn_detached("mark too large", async move {
-            if let Err(e) = remote.mark_large(&key, &token, ttl).await {
-                tracing::debug!(key = %key.short(), error = %e, "could not mark a fill too large");
-            }
-        });
-    }
-
-    /// The remote wait ran out, or the holder's fill is too large to store:
-    /// compute once for this process, store nothing.
+    /// The remote wait ran out: compute once for this process, store nothing.
     async fn compute_unshared(&self, fut: ComputeFuture<V>) -> Outcome<V> {
         self.counters.origin_call();
         match self.run_compute(fut).await {

@@ -246,18 +246,6 @@ impl<V: Value> Engine<V> {
         }
     }
 
-    /// The running fill of `key` turned out too large to store, as the
-    /// computation learns before its body ends. With Redis, when the
-    /// computation is the lease holder's (called from inside it), instances
-    /// waiting on that lease are told now, and each calls once for its own
-    /// waiters rather than wait for a fill that never comes. Memory alone, or
-    /// with Redlock leases: nothing to do.
-    pub(crate) fn mark_too_large(&self, key: CacheKey) {
-        if let Some(remote) = &self.remote {
-            self.mark_remote_too_large(remote, key);
-        }
-    }
-
     /// Run a computation with the origin timeout, turning a panic into an error.
     pub(crate) async fn run_compute(&self, fut: ComputeFuture<V>) -> Result<Fill<V>, Error> {
         match tokio::time::timeout(

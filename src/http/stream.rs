@@ -113,10 +113,14 @@ struct Buf {
 /// The clocks behind the cut-off rules, in tokio time (paused in tests).
 #[derive(Debug)]
 struct Pace {
+    /// How long a blocked writer waits while no reader waits.
+    stall: Duration,
     /// When the first byte arrived.
     start: Option<TokioInstant>,
     /// Since the writer last found no room while a reader waited.
     blocked: Option<TokioInstant>,
+    /// Since the writer last found no room at all.
+    idle: Option<TokioInstant>,
     /// How long half the readers have waited for slower ones since the
     /// first byte (or since the last cut), besides the wait going on now
     /// (since `majority`).
@@ -125,9 +129,11 @@ struct Pace {
 }
 
 impl Pace {
-    fn new() -> Self {
+    fn new(stall: Duration) -> Self {
         Self {
+            stall,
             start: None,
+            idle: None,
             blocked: None,
             waited: Duration::ZERO,
             majority: None,
@@ -137,6 +143,7 @@ impl Pace {
     /// The writer has room again.
     fn unblocked(&mut self, now: TokioInstant) {
         self.blocked = None;
+        self.idle = None;
         self.majority_ends(now);
     }
 
@@ -149,6 +156,8 @@ impl Pace {
     /// Readers were cut off: the next slowest starts with a clean slate.
     fn cut(&mut self) {
         self.blocked = None;
+        self.idle = None;
+        self.start = None;
         self.waited = Duration::ZERO;
         self.majority = None;
     }
@@ -221,13 +230,20 @@ impl Buf {
         // Readers parked for data wait for it.
         let waiting = self.wakers.len();
         let pace = &mut self.pace;
+        // A slow reader sets the pace, but one that makes no progress for
+        // `stall` is cut off even if nobody waits (it holds the fill, its
+        // budget and the origin call).
+        let mut deadline = *pace.idle.get_or_insert(now) + pace.stall;
         if waiting == 0 {
-            pace.unblocked(now);
-            return Room::Wait(None);
+            pace.majority_ends(now);
+            pace.blocked = None;
+            if now < deadline {
+                return Room::Wait(Some(deadline));
+            }
+            return self.cut(window);
         }
-        let blocked = *pace.blocked.get_or_insert(now);
         // No reader waits more than the grace at a stretch.
-        let mut deadline = blocked + STALL_GRACE;
+        deadline = deadline.min(*pace.blocked.get_or_insert(now) + STALL_GRACE);
         // Half the readers wait for readers that have started: cut those
         // off once they have waited half the time since the first byte.
         // One that has not read its first byte yet (a connection slow to
@@ -242,6 +258,12 @@ impl Buf {
         if now < deadline {
             return Room::Wait(Some(deadline));
         }
+        self.cut(window)
+    }
+
+    /// Drop chunks, oldest first, until there is room: the live readers
+    /// that still needed them are cut off.
+    fn cut(&mut self, window: usize) -> Room {
         while self.held >= window && !self.chunks.is_empty() {
             self.cut_front();
         }
@@ -259,8 +281,10 @@ enum Room {
 }
 
 impl SharedBody {
-    /// `cache`: the layer's metrics label.
-    pub(crate) fn new(cache: &str) -> Arc<Self> {
+    /// `cache`: the layer's metrics label; `stall`: how long the writer
+    /// waits for room while no reader waits for it (readers that hold the
+    /// fill back and make no progress that long are cut off).
+    pub(crate) fn new(cache: &str, stall: Duration) -> Arc<Self> {
         Arc::new(Self {
             cache: Arc::from(cache),
             buf: Mutex::new(Buf {
@@ -274,7 +298,7 @@ impl SharedBody {
                 next_reader: 0,
                 at: VecDeque::from([0]),
                 writer: None,
-                pace: Pace::new(),
+                pace: Pace::new(stall),
             }),
         })
     }
@@ -650,7 +674,7 @@ mod tests {
     /// Every reader gets every chunk, the very same allocation.
     #[tokio::test]
     async fn readers_share_chunks() {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         let mut a = body.reader(None).unwrap();
         let mut b = body.reader(None).unwrap();
         let chunk = Bytes::from_static(b"hello");
@@ -708,7 +732,7 @@ mod tests {
     #[test]
     fn slow_readers_together_pace_the_writer() {
         const CHUNKS: usize = 100;
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         body.to_window(WINDOW);
         let mut readers: Vec<_> = (0..3).map(|_| body.reader(None).unwrap()).collect();
         let mut got = vec![Vec::new(); 3];
@@ -742,7 +766,7 @@ mod tests {
     /// stalled after `started` chunks: how long after the first byte the
     /// third is cut off (checked: it is, and the two get everything).
     async fn stalled_third_cut_after(started: usize) -> Duration {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         body.to_window(WINDOW);
         let mut fast = [body.reader(None).unwrap(), body.reader(None).unwrap()];
         let mut stalled = body.reader(None).unwrap();
@@ -810,7 +834,7 @@ mod tests {
     /// majority, until the fast one has waited the grace.
     #[tokio::test(start_paused = true)]
     async fn fast_minority_waits_for_the_slow_majority_at_most_the_grace() {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         body.to_window(WINDOW);
         let mut fast = body.reader(None).unwrap();
         let mut stalled = [body.reader(None).unwrap(), body.reader(None).unwrap()];
@@ -832,6 +856,22 @@ mod tests {
         assert_eq!(got, (0..written as u8).collect::<Vec<_>>());
     }
 
+    /// A reader that holds the fill back and makes no progress is cut off
+    /// after the stall bound, even when nobody waits for it.
+    #[tokio::test(start_paused = true)]
+    async fn idle_reader_is_cut_off_after_the_stall_bound() {
+        let body = SharedBody::new("test", Duration::from_secs(60));
+        body.to_window(WINDOW);
+        let mut idle = body.reader(None).unwrap();
+        fill(&body, 0, 100);
+        let start = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(120), body.room())
+            .await
+            .expect("the idle reader is cut off");
+        assert_eq!(start.elapsed(), Duration::from_secs(60));
+        assert_eq!(drain(&mut idle, &mut Vec::new()).as_deref(), Some(CUT_OFF));
+    }
+
     /// Records that it was woken.
     struct Flag(std::sync::atomic::AtomicBool);
 
@@ -845,7 +885,7 @@ mod tests {
     /// chunk moves on, not only when half the readers have read everything.
     #[test]
     fn freeing_the_oldest_chunk_wakes_the_writer() {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         body.to_window(WINDOW);
         let mut readers: Vec<_> = (0..3).map(|_| body.reader(None).unwrap()).collect();
         fill(&body, 0, 100);
@@ -870,7 +910,7 @@ mod tests {
     /// left, the fill is abandoned.
     #[test]
     fn leaving_readers_free_the_writer() {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         body.to_window(WINDOW);
         let mut fast = body.reader(None).unwrap();
         let stalled = [body.reader(None).unwrap(), body.reader(None).unwrap()];
@@ -889,7 +929,7 @@ mod tests {
     /// everything there is, nothing is held, so the writer has room at once.
     #[tokio::test(start_paused = true)]
     async fn zero_window_with_every_reader_caught_up_has_room() {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         body.to_window(0);
         let mut r = body.reader(None).unwrap();
         let mut got = Vec::new();
@@ -910,7 +950,7 @@ mod tests {
     /// With nobody reading, only the newest window is kept.
     #[test]
     fn no_reader_keeps_the_newest_window() {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         body.to_window(10);
         for _ in 0..5 {
             assert!(has_room(&body));
@@ -923,7 +963,7 @@ mod tests {
     /// A failed fill ends every reader's body with an error.
     #[tokio::test]
     async fn failure_reaches_readers() {
-        let body = SharedBody::new("test");
+        let body = SharedBody::new("test", Duration::from_secs(60));
         let mut a = body.reader(None).unwrap();
         body.push(Bytes::from_static(b"x"));
         drop(Writer {
@@ -959,7 +999,7 @@ mod tests {
         let s = || {
             Arc::new(Stream {
                 head: Arc::clone(&head),
-                body: SharedBody::new("test"),
+                body: SharedBody::new("test", Duration::from_secs(60)),
             })
         };
         let first = streams.register(key, s());

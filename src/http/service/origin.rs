@@ -252,9 +252,9 @@ where
                 }
                 return Ok(state.unbuffered_fill(&verdict, parts_status));
             };
-            // Storable but for its size: no fill will land, so instances
-            // waiting on this lease are told now (see `Engine::mark_too_large`).
-            state.engine.mark_too_large(target.key);
+            // Storable but for its size: the flight ends as soon as the
+            // stream is set up (see `stream_rest`), releasing its lease, so
+            // instances waiting on it each make one call for their readers.
             // Shared all the same: streamed through a window of
             // `max_body_bytes`, paid for from the fill budget.
             let window = u32::try_from(limit).ok().and_then(|n| {
@@ -270,7 +270,7 @@ where
                     storing: false,
                 };
                 let leader = passthrough;
-                stream_rest(&state, target.key, head, leader, start, &mut body).await?;
+                stream_rest(&state, target.key, head, leader, start, body).await?;
                 // Too large is not uncacheable: no pass marker, so the next
                 // request leads a new shared fill.
                 return Ok(Fill::Unbuffered);
@@ -327,9 +327,6 @@ where
                 // `max_body_bytes` like a declared length, paid from what the
                 // frame took. The frame itself may be larger than the window.
                 let storable = head.take();
-                if storable.is_some() {
-                    state.engine.mark_too_large(target.key);
-                }
                 let window = buffered.take().and_then(|mut held| held.split(limit));
                 if let (Some(head), Some(window)) = (storable, window) {
                     let start = StreamStart {
@@ -339,7 +336,7 @@ where
                         storing: false,
                     };
                     let leader = passthrough.take();
-                    stream_rest(&state, target.key, head, leader, start, &mut body).await?;
+                    stream_rest(&state, target.key, head, leader, start, body).await?;
                     return Ok(Fill::Unbuffered);
                 }
                 if let Some(tx) = passthrough {
@@ -359,7 +356,7 @@ where
                         storing: true,
                     };
                     let leader = passthrough.take();
-                    match stream_rest(&state, target.key, head, leader, start, &mut body).await? {
+                    match stream_rest(&state, target.key, head, leader, start, body).await? {
                         Some(whole) => {
                             streamed = Some(whole);
                             break;

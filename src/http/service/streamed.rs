@@ -3,13 +3,13 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::Response;
-use http_body::Body;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::error::BoxError;
@@ -20,6 +20,8 @@ use crate::http::state::LayerState;
 use crate::http::stream::{SharedBody, Stream, StreamReader, Writer};
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
+
+use super::bounds::OriginBody;
 
 /// The frames a fill had read when it began to stream.
 pub(super) struct StreamStart {
@@ -73,18 +75,20 @@ pub(super) fn stream_head(
 /// flight's waiters and handed to the initiating request. Returns the
 /// whole body if it may still be stored, `None` if not (too large, over
 /// the fill budget, or every reader left a body nobody will store).
-pub(super) async fn stream_rest<ResB>(
+///
+/// A body that will not be stored and holds a window of the fill budget
+/// streams on in a task of its own ([`pump`]) once this returns: the
+/// flight (and its lease) ends, and the transfer, paced by its readers,
+/// may outlast `origin_timeout`, which then bounds each origin frame
+/// instead of the whole body.
+pub(super) async fn stream_rest<ResB: OriginBody>(
     state: &Arc<LayerState>,
     key: CacheKey,
     head: Arc<Stored<CachedResponse>>,
     leader: Option<oneshot::Sender<Handoff<ResB>>>,
     start: StreamStart,
-    body: &mut std::pin::Pin<Box<ResB>>,
-) -> Result<Option<Bytes>, BoxError>
-where
-    ResB: Body<Data = Bytes>,
-    ResB::Error: Into<BoxError>,
-{
+    mut body: Pin<Box<ResB>>,
+) -> Result<Option<Bytes>, BoxError> {
     let StreamStart {
         mut chunks,
         mut total,
@@ -92,7 +96,8 @@ where
         mut storing,
     } = start;
     let limit = state.http.max_body_bytes;
-    let shared = SharedBody::new(state.engine.counters.cache_name());
+    let stall = state.engine.config.origin_timeout;
+    let shared = SharedBody::new(state.engine.counters.cache_name(), stall);
     if !storing {
         shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
     }
@@ -118,7 +123,22 @@ where
         body: Arc::clone(&shared),
         _offer: Some(state.streams.register(key, stream)),
     };
+    let mut pending = None;
     loop {
+        if !storing && budget.as_ref().is_some_and(|b| b.num_permits() > 0) {
+            tokio::spawn(pump(shared, writer, body, pending, budget, stall));
+            return Ok(None);
+        }
+        if let Some(data) = pending.take() {
+            // Past the limit the readers pace the origin, within a window;
+            // one far behind the others is cut off.
+            shared.room().await;
+            shared.push(data);
+            if !storing && shared.abandoned() {
+                // Nobody reads and nobody can join: drop the origin call.
+                return Ok(None);
+            }
+        }
         // Not `while let`, and the error boxed at once: the inner error
         // type need not be `Send`, and must not live across an `.await`.
         let next = poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
@@ -155,7 +175,6 @@ where
                 _ => {
                     if total > limit {
                         state.engine.counters.not_stored("too-large");
-                        state.engine.mark_too_large(key);
                     }
                     storing = false;
                     chunks.clear();
@@ -163,18 +182,54 @@ where
                 }
             }
         }
-        // Past the limit the readers pace the origin, within a window;
-        // one far behind the others is cut off.
-        shared.room().await;
-        shared.push(data);
-        if !storing && shared.abandoned() {
-            // Nobody reads and nobody can join: drop the origin call.
-            return Ok(None);
-        }
+        pending = Some(data);
     }
     shared.finish();
     drop(writer);
     Ok(storing.then(|| join(chunks, total)))
+}
+
+/// The rest of a body that will not be stored, on its own task: each
+/// origin frame within `stall`, each wait for room bounded by the cut-off
+/// rules. `_budget`, the window's share of the fill budget, is held until
+/// the body ends, which bounds how many run at once.
+async fn pump<ResB: OriginBody>(
+    shared: Arc<SharedBody>,
+    writer: Writer,
+    mut body: Pin<Box<ResB>>,
+    mut pending: Option<Bytes>,
+    _budget: Option<OwnedSemaphorePermit>,
+    stall: Duration,
+) {
+    loop {
+        if let Some(data) = pending.take() {
+            shared.room().await;
+            shared.push(data);
+            if shared.abandoned() {
+                // Nobody reads and nobody can join: drop the origin call.
+                return;
+            }
+        }
+        let Ok(next) =
+            tokio::time::timeout(stall, poll_fn(|cx| body.as_mut().poll_frame(cx))).await
+        else {
+            shared.fail("origin body stalled");
+            return;
+        };
+        // Boxed at once, as in `stream_rest`.
+        let Some(frame) = next.map(|f| f.map_err(Into::<BoxError>::into)) else {
+            break;
+        };
+        match frame {
+            Ok(frame) => pending = frame.into_data().ok(),
+            Err(_) => {
+                shared.fail("origin body failed");
+                return;
+            }
+        }
+    }
+    shared.finish();
+    drop(writer);
 }
 
 /// Where the initiating request receives a response streamed past the cache.

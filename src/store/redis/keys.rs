@@ -11,9 +11,6 @@ pub(crate) struct EntryKeys {
     pub(crate) lock: String,
     pub(crate) fence: String,
     pub(crate) pass: String,
-    /// Present while the lease holder's fill is too large to store: an
-    /// instance waiting on that lease calls the origin itself, once.
-    pub(crate) large: String,
 }
 
 impl EntryKeys {
@@ -26,7 +23,6 @@ impl EntryKeys {
             lock: format!("{ns}:{{{h}}}:lock"),
             fence: format!("{ns}:{{{h}}}:fence"),
             pass: format!("{ns}:{{{h}}}:pass"),
-            large: format!("{ns}:{{{h}}}:large"),
         }
     }
 }

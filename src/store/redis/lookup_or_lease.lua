@@ -1,12 +1,9 @@
--- KEYS: v fresh lock fence pass large
+-- KEYS: v fresh lock fence pass
 -- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only ahead_ms
 -- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
 -- ahead_ms > 0 (refresh-ahead): lease a fresh entry with at most that long left.
--- large: present while the lease holder's fill is too large to store. Granting
--- a lease deletes it, so an old fill never flags a new leader's.
 -- Returns {status, value, fresh_ms, hard_ms, fence, lease_or_pass_ms}; status is
--- fresh, stale, stale_leased, leased, held, large (held, by a too-large fill),
--- pass or miss.
+-- fresh, stale, stale_leased, leased, held, pass or miss.
 local v = false
 if ARGV[3] ~= '1' then
   -- A value of another type (WRONGTYPE) is foreign: a miss, and the fill's
@@ -24,13 +21,11 @@ if v then
     return {'fresh', v, fresh, hard, 0, 0}
   end
   if fresh > 0 then
-    redis.call('DEL', KEYS[6])
     local f = issue_fence(KEYS[4], tonumber(ARGV[4]))
     return {'leased', '', 0, 0, f, 0}
   end
   if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0} end
   if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    redis.call('DEL', KEYS[6])
     local f = issue_fence(KEYS[4], tonumber(ARGV[4]))
     return {'stale_leased', v, 0, hard, f, 0}
   end
@@ -40,9 +35,7 @@ local pass = redis.call('PTTL', KEYS[5])
 if pass > 0 then return {'pass', '', 0, 0, 0, pass} end
 if ARGV[6] == '1' then return {'miss', '', 0, 0, 0, 0} end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('DEL', KEYS[6])
   local f = issue_fence(KEYS[4], tonumber(ARGV[4]))
   return {'leased', '', 0, 0, f, 0}
 end
-if redis.call('EXISTS', KEYS[6]) == 1 then return {'large', '', 0, 0, 0, 0} end
 return {'held', '', 0, 0, 0, redis.call('PTTL', KEYS[3])}

@@ -9,7 +9,6 @@
 //! {ns}:{H}:lock   lease token, SET NX PX
 //! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
 //! {ns}:{H}:pass   hit-for-pass marker
-//! {ns}:{H}:large  the lease holder's fill is too large to store (waiters call once each)
 //! ```
 //!
 //! Connections to a standalone Redis: deadpool builds them (with connect and

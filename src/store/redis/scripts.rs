@@ -30,8 +30,6 @@ pub(crate) enum RemoteLookup {
     Held {
         lease_left: Duration,
     },
-    /// Held by a leader whose fill is too large to store: it will never land.
-    Large,
     /// No entry, and the lease is not taken here (it lives on Redlock nodes).
     Miss,
     Pass {
@@ -88,10 +86,6 @@ pub(super) static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
         include_str!("purge_entry.lua")
     ))
 });
-
-/// Mark the lease holder's fill too large to store, and wake its waiters.
-pub(super) static MARK_LARGE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("mark_large.lua")));
 
 /// Extend the lease while the token still holds it.
 pub(super) static EXTEND: LazyLock<Script> =
@@ -174,7 +168,6 @@ pub(super) fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
         b"held" => RemoteLookup::Held {
             lease_left: pttl(other),
         },
-        b"large" => RemoteLookup::Large,
         b"pass" => RemoteLookup::Pass { left: pttl(other) },
         b"miss" => RemoteLookup::Miss,
         _ => return None,

@@ -17,7 +17,7 @@ use super::options::RedisOptions;
 use super::purge_bus::PurgeBus;
 use super::scripts::{
     millis, parse_lookup, RemoteLookup, WriteMode, WriteOutcome, EXTEND, FENCED_WRITE_AND_RELEASE,
-    LOOKUP_OR_LEASE, MARK_LARGE, NEXT_FENCE, PURGE_ENTRY, RELEASE,
+    LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE,
 };
 use super::tls;
 use crate::engine::envelope::{FENCE_OFFSET, MAGIC, VERSION};
@@ -112,7 +112,6 @@ impl RedisStore {
             .key(&k.lock)
             .key(&k.fence)
             .key(&k.pass)
-            .key(&k.large)
             .arg(token.as_str())
             .arg(millis(self.options.lease_ttl))
             .arg(if skip_entry { "1" } else { "0" })
@@ -175,26 +174,6 @@ impl RedisStore {
             accepted: accepted == 1,
             released: released == 1,
         })
-    }
-
-    /// While `token` holds the lease, mark its fill too large to store for
-    /// `ttl` and wake the waiters of `key`. Returns whether it marked.
-    pub(crate) async fn mark_large(
-        &self,
-        key: &CacheKey,
-        token: &LeaseToken,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let k = self.keys(key);
-        let mut inv = MARK_LARGE.prepare_invoke();
-        inv.key(&k.lock)
-            .key(&k.large)
-            .arg(token.as_str())
-            .arg(millis(ttl).max(1))
-            .arg(self.fills.channel(key))
-            .arg(key.to_hex());
-        let n: i64 = self.invoke("mark_large", &inv).await?;
-        Ok(n == 1)
     }
 
     /// PEXPIRE the lease only if `token` still holds it.
@@ -366,7 +345,7 @@ mod tests {
         let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
         let t = tag(&k.value);
         assert_eq!(t.len(), 34);
-        for name in [&k.fresh, &k.lock, &k.fence, &k.pass, &k.large] {
+        for name in [&k.fresh, &k.lock, &k.fence, &k.pass] {
             assert_eq!(tag(name), t);
         }
     }
