@@ -197,6 +197,16 @@ struct Keys {
     lock_held: Key,
 }
 
+/// `expired_mid_work` of one cache, recorded from the watchdog's task.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseLost(Key);
+
+impl LeaseLost {
+    pub(crate) fn record(&self) {
+        count(&self.0);
+    }
+}
+
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
@@ -347,6 +357,12 @@ impl Counters {
             "expired_mid_work" => count(&self.keys.lock_acquire[2]),
             other => crate::lock::record_acquire(other),
         }
+    }
+
+    /// What the lease watchdog counts a lost lease with: a task of its own
+    /// that outlives any borrow of these counters, so it takes the key.
+    pub(crate) fn lease_lost(&self) -> LeaseLost {
+        LeaseLost(self.keys.lock_acquire[2].clone())
     }
 
     pub(crate) fn lock_held(&self, seconds: f64) {

@@ -7,10 +7,14 @@ mod support;
 
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use deadpool_redis::redis;
 use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
+
+const CACHE_60: &[(&str, &str)] = &[("cache-control", "max-age=60")];
 
 fn layer(server: &RedisServer) -> CacheLayer {
     // Generous timeouts: a slow reply on a loaded machine must not open the
@@ -57,4 +61,93 @@ async fn an_entry_redis_calls_fresh_is_not_refused_for_its_stamped_age() {
     assert_eq!(origin.calls(), 1, "cache-status: {}", cache_status(&h));
     assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
     assert_eq!(body, first);
+}
+
+/// A burst of requests that finds an entry with milliseconds of freshness left in Redis shares one refresh: waiters whose copy expires before they look at it join the next flight instead of each calling the origin alone (`fwd=request`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_at_the_end_of_freshness_shares_one_refresh() {
+    const BURST: usize = 400;
+    /// How long Redis stalls, and how much freshness it has left after.
+    const STALL: Duration = Duration::from_millis(100);
+    const LEFT: Duration = Duration::from_millis(15);
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    // A fill that answers at once: its age is then all but zero, so the
+    // copy's HTTP freshness ends with Redis's `:fresh` key, not a fraction
+    // of a second after it.
+    let writer_origin = Origin::new(&[("cache-control", "max-age=1")]);
+    let origin = Origin::new(CACHE_60)
+        .delay(Duration::from_millis(50))
+        .sharing_calls_with(&writer_origin);
+    let writer = writer_origin.app(layer(&server));
+    let (code, _, _) = send(&writer, get_req("/edge")).await;
+    assert_eq!(code, 200);
+    // No refresh-ahead: the entry must reach its end on the reader.
+    let opts = RedisOptions::new(server.url())
+        .namespace("t")
+        .response_timeout(Duration::from_secs(2))
+        .pool_wait_timeout(Duration::from_secs(2));
+    let reader = CacheLayer::builder()
+        .refresh_ahead(0.0)
+        .redis(opts)
+        .build()
+        .expect("valid layer");
+    let reader = origin.app(reader);
+    send(&reader, get_req("/warm")).await; // the reader's pool is connected
+    assert_eq!(origin.calls(), 2);
+
+    // Redis stalls (as for a fork or a slow command) until the entry has
+    // LEFT of freshness: the whole burst then waits on one flight, whose
+    // copy ends while its waiters are still being answered. Real time:
+    // Redis's clock does not follow tokio's paused one.
+    let key = CacheLayer::new().key_for(&get_req("/edge")).to_hex();
+    let mut conn = server.connection().await;
+    let left: u64 = redis::cmd("PTTL")
+        .arg(format!("t:{{{key}}}:fresh"))
+        .query_async(&mut conn)
+        .await
+        .expect("pttl");
+    let end = tokio::time::Instant::now() + Duration::from_millis(left);
+    assert!(left > 500, "still fresh for a while: {left} ms");
+    tokio::time::sleep_until(end - STALL - LEFT).await;
+    let mut stall = tokio::net::TcpStream::connect(("127.0.0.1", server.port()))
+        .await
+        .expect("connect");
+    let command = format!("DEBUG SLEEP {}\r\n", STALL.as_secs_f64());
+    stall
+        .write_all(command.as_bytes())
+        .await
+        .expect("stall redis");
+    // Margin for Redis to read it before the burst's lookup arrives.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let tasks: Vec<_> = (0..BURST)
+        .map(|_| {
+            let reader = reader.clone();
+            tokio::spawn(async move {
+                let (code, h, _) = send(&reader, get_req("/edge")).await;
+                assert_eq!(code, 200);
+                cache_status(&h).to_owned()
+            })
+        })
+        .collect();
+    let mut alone = Vec::new();
+    for t in tasks {
+        let status = t.await.unwrap();
+        if status.contains("fwd=request") {
+            alone.push(status);
+        }
+    }
+    let mut reply = [0u8; 8];
+    let n = stall.read(&mut reply).await.expect("DEBUG SLEEP reply");
+    assert_eq!(&reply[..n], b"+OK\r\n", "redis stalled");
+    assert!(
+        alone.is_empty(),
+        "{} calls alone, e.g. {:?}",
+        alone.len(),
+        alone[0]
+    );
+    // Past the old entry's end, one more request: it shares the refresh the
+    // burst started, or starts it if the burst came too early to see the end.
+    tokio::time::sleep_until(end + Duration::from_millis(50)).await;
+    send(&reader, get_req("/edge")).await;
+    assert_eq!(origin.calls(), 3, "the fill, the warm-up and one refresh");
 }

@@ -298,7 +298,14 @@ impl<V: Value> Engine<V> {
             HeldLease::Redlock(lock, _) => lock.ttl(),
         };
         let held_since = Instant::now();
-        let (watchdog, token) = Watchdog::watch(remote, key, lease, ttl, remote.options.watchdog);
+        let (watchdog, token) = Watchdog::watch(
+            remote,
+            key,
+            lease,
+            ttl,
+            remote.options.watchdog,
+            self.counters.lease_lost(),
+        );
         let span = tracing::Span::current();
         span.record("lease", token.prefix());
         span.record("fence", fence.0);

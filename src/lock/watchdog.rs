@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::key::CacheKey;
 use crate::lock::redlock::{Redlock, RedlockLease};
 use crate::lock::LeaseToken;
+use crate::metrics::LeaseLost;
 use crate::store::redis::RedisStore;
 
 /// A lease the engine holds while it computes.
@@ -62,14 +63,16 @@ enum Kind {
 }
 
 impl Watchdog {
-    /// Start extending `lease` (when `enabled`) every `ttl`/3. Returns the
-    /// guard and the token the fenced write carries.
+    /// Start extending `lease` (when `enabled`) every `ttl`/3; a failed
+    /// extension is counted with `on_lost`. Returns the guard and the token
+    /// the fenced write carries.
     pub(crate) fn watch(
         store: &Arc<RedisStore>,
         key: CacheKey,
         lease: HeldLease,
         ttl: Duration,
         enabled: bool,
+        on_lost: LeaseLost,
     ) -> (Self, LeaseToken) {
         let lost = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
@@ -101,7 +104,7 @@ impl Watchdog {
                             Ok(false) => {
                                 // Someone else holds it now (or it expired): the
                                 // fenced write decides what lands.
-                                mark_lost(&flag, &key);
+                                mark_lost(&flag, &key, &on_lost);
                                 return;
                             }
                             // Transient Redis trouble: try again next tick.
@@ -129,7 +132,7 @@ impl Watchdog {
                             _ = &mut stop_rx => return lease,
                             _ = tokio::time::sleep(every), if alive => {
                                 if l.extend(&mut lease).await.is_err() {
-                                    mark_lost(&flag, &key);
+                                    mark_lost(&flag, &key, &on_lost);
                                     alive = false;
                                 }
                             }
@@ -196,8 +199,8 @@ impl Drop for Watchdog {
     }
 }
 
-fn mark_lost(flag: &AtomicBool, key: &CacheKey) {
+fn mark_lost(flag: &AtomicBool, key: &CacheKey, on_lost: &LeaseLost) {
     flag.store(true, Ordering::SeqCst);
-    crate::lock::record_acquire("expired_mid_work");
+    on_lost.record();
     tracing::warn!(key = %key.short(), "lease lost while the origin call was running");
 }
