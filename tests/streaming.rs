@@ -3,39 +3,21 @@
 //! whose body the test feeds chunk by chunk, so every assertion is about
 //! order and bytes, not about timing; tokio time is paused throughout.
 
-use std::collections::hash_map::DefaultHasher;
+mod stream_support;
+
 use std::convert::Infallible;
-use std::hash::{Hash, Hasher};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use herdguard::{CacheBody, CacheLayer, RequestBody};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
-use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tower::{Layer, Service, ServiceExt};
 
-type Chunk = Result<Bytes, std::io::Error>;
-
-/// A response body the test writes into.
-struct ChanBody(mpsc::UnboundedReceiver<Chunk>);
-
-impl Body for ChanBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|c| c.map(|r| r.map(Frame::data)))
-    }
-}
+use stream_support::{chunks, concat, digest, settle, ChanBody, Chunk};
 
 /// Counts calls; each call's body is fed through the sender it leaves behind.
 #[derive(Clone)]
@@ -103,28 +85,6 @@ fn get() -> Request<()> {
         .uri("http://s.test/big")
         .body(())
         .unwrap()
-}
-
-fn digest(b: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    b.hash(&mut h);
-    h.finish()
-}
-
-/// `count` chunks of `size` bytes, each with distinct content.
-fn chunks(count: usize, size: usize) -> Vec<Bytes> {
-    (0..count)
-        .map(|i| Bytes::from((0..size).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>()))
-        .collect()
-}
-
-fn concat(chunks: &[Bytes]) -> Vec<u8> {
-    chunks.iter().flat_map(|c| c.iter().copied()).collect()
-}
-
-/// Let every spawned task run until it waits.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(5)).await;
 }
 
 /// What one GET ended with: status, headers, and the whole body or its error.

@@ -9,39 +9,21 @@
 #[cfg(feature = "redis")]
 mod support;
 
-use std::collections::hash_map::DefaultHasher;
+mod stream_support;
+
 use std::convert::Infallible;
-use std::hash::{Hash, Hasher};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use herdguard::{CacheBody, CacheLayer, RequestBody};
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, Semaphore};
 use tower::{Layer, Service, ServiceExt};
 
-type Chunk = Result<Bytes, std::io::Error>;
-
-/// A response body the test writes into.
-struct ChanBody(mpsc::UnboundedReceiver<Chunk>);
-
-impl Body for ChanBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|c| c.map(|r| r.map(Frame::data)))
-    }
-}
+use stream_support::{chunks, concat, digest, settle, ChanBody, Chunk};
 
 type Head = Vec<(&'static str, String)>;
 
@@ -160,28 +142,6 @@ fn get() -> Request<()> {
         .uri("http://s.test/big")
         .body(())
         .unwrap()
-}
-
-fn digest(b: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    b.hash(&mut h);
-    h.finish()
-}
-
-/// `count` chunks of `size` bytes, each with distinct content.
-fn chunks(count: usize, size: usize) -> Vec<Bytes> {
-    (0..count)
-        .map(|i| Bytes::from((0..size).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>()))
-        .collect()
-}
-
-fn concat(chunks: &[Bytes]) -> Vec<u8> {
-    chunks.iter().flat_map(|c| c.iter().copied()).collect()
-}
-
-/// Let every spawned task run until it waits (paused time only).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(5)).await;
 }
 
 /// What one GET ended with: status, headers, and the whole body or its error.

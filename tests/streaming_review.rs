@@ -3,36 +3,20 @@
 //! The origin is a service whose bodies the test feeds chunk by chunk;
 //! tokio time is paused.
 
+mod stream_support;
+
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use herdguard::{CacheBody, CacheLayer, RequestBody};
 use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tower::{Layer, Service, ServiceExt};
 
-type Chunk = Result<Bytes, std::io::Error>;
-
-/// A response body the test writes into.
-struct ChanBody(mpsc::UnboundedReceiver<Chunk>);
-
-impl Body for ChanBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|c| c.map(|r| r.map(Frame::data)))
-    }
-}
+use stream_support::{chunks, concat, settle, ChanBody, Chunk};
 
 /// Counts calls by path; each call's body is fed through the sender it
 /// leaves behind. Paths starting with `/big` declare `big_len` bytes.
@@ -110,22 +94,6 @@ fn get(path: &str) -> Request<()> {
         .uri(format!("http://s.test{path}"))
         .body(())
         .unwrap()
-}
-
-/// Let every spawned task run until it waits.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(5)).await;
-}
-
-/// `count` chunks of `size` bytes, each with distinct content.
-fn chunks(count: usize, size: usize) -> Vec<Bytes> {
-    (0..count)
-        .map(|i| Bytes::from((0..size).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>()))
-        .collect()
-}
-
-fn concat(chunks: &[Bytes]) -> Vec<u8> {
-    chunks.iter().flat_map(|c| c.iter().copied()).collect()
 }
 
 type Svc = tower::util::BoxCloneService<Request<()>, Response<CacheBody<ChanBody>>, Infallible>;
