@@ -130,12 +130,7 @@ pub(super) async fn stream_rest<ResB: OriginBody>(
             return Ok(None);
         }
         if let Some(data) = pending.take() {
-            // Past the limit the readers pace the origin, within a window;
-            // one far behind the others is cut off.
-            shared.room().await;
-            shared.push(data);
-            if !storing && shared.abandoned() {
-                // Nobody reads and nobody can join: drop the origin call.
+            if !feed(&shared, data).await {
                 return Ok(None);
             }
         }
@@ -203,10 +198,7 @@ async fn pump<ResB: OriginBody>(
 ) {
     loop {
         if let Some(data) = pending.take() {
-            shared.room().await;
-            shared.push(data);
-            if shared.abandoned() {
-                // Nobody reads and nobody can join: drop the origin call.
+            if !feed(&shared, data).await {
                 return;
             }
         }
@@ -230,6 +222,17 @@ async fn pump<ResB: OriginBody>(
     }
     shared.finish();
     drop(writer);
+}
+
+/// Push `data` once the readers leave room for it (past the limit they pace
+/// the origin, within a window; one far behind the others is cut off).
+/// False when nobody reads and nobody can join any more: the origin call
+/// is to be dropped. (A body that may still be stored is never abandoned:
+/// it keeps its first byte.)
+async fn feed(shared: &SharedBody, data: Bytes) -> bool {
+    shared.room().await;
+    shared.push(data);
+    !shared.abandoned()
 }
 
 /// Where the initiating request receives a response streamed past the cache.
