@@ -12,7 +12,8 @@
 //! `HERDGUARD_REDIS_URL` to share one Redis between several processes (the
 //! lease, fence and Redis metrics only appear with Redis).
 //!
-//! The README's "Metrics" table lists every metric and its labels.
+//! The table in docs/operations.md, "Reading the metrics", lists every
+//! metric and its labels.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
