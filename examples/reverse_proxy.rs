@@ -92,8 +92,7 @@ fn arg_value(args: &[String], flag: &str) -> Option<String> {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,herdguard::access=off".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -577,6 +577,62 @@ async fn access_log_has_the_fields() {
     );
 }
 
+/// `--access-log PATH` appends one text line per request to the file (hits too), and `off` writes none anywhere.
+#[tokio::test]
+async fn access_log_goes_to_a_file_or_nowhere() {
+    let upstream = origin(Seen::default()).await;
+    let dir = std::env::temp_dir().join(format!("herdguard-access-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let _ = std::fs::remove_file(&path);
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--access-log",
+        path.to_str().unwrap(),
+    ])
+    .await;
+    get(&proxy.url("/slow/3?ms=1"), &[]).await;
+    get(&proxy.url("/slow/3?ms=1"), &[]).await;
+    // Written within the flush interval (1 s), not at exit.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().count() >= 2 {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "log so far: {text:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains(" GET /slow/3 200 "), "{text}");
+    assert!(lines[0].contains("stored"), "{text}");
+    assert!(lines[1].contains("hit"), "{text}");
+    assert!(
+        !proxy.stderr().iter().any(|l| l.contains("/slow/3")),
+        "the file log is not also written to stderr: {:?}",
+        proxy.stderr()
+    );
+
+    let quiet = Proxy::start(&[
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--access-log",
+        "off",
+    ])
+    .await;
+    get(&quiet.url("/slow/4?ms=1"), &[]).await;
+    // Longer than the flush interval: a line would have been written by now.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !quiet.stderr().iter().any(|l| l.contains("/slow/4")),
+        "{:?}",
+        quiet.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Options come from HERDGUARD_* variables and the --config file when no flag sets them.
 #[tokio::test]
 async fn env_and_config_file_set_options() {

@@ -14,6 +14,7 @@ use herdguard::{CacheLayer, RedisOptions};
 use http::Uri;
 use serde::Deserialize;
 
+use crate::proxy::access_log::{self, AccessLog, Destination};
 use crate::proxy::forwarded::Cidr;
 use crate::proxy::server::{self, ServerConfig};
 use crate::proxy::upstream::UpstreamOptions;
@@ -127,9 +128,28 @@ pub(crate) struct ProxyArgs {
     /// Log format [default: text].
     #[arg(long, env = "HERDGUARD_LOG_FORMAT", value_enum)]
     log_format: Option<LogFormat>,
-    /// One access-log line per request (target herdguard::access) [default: true].
+    /// One line per request, buffered and written off the request path:
+    /// a file path (appended to), `stdout`, `stderr` or `off`
+    /// [default: stderr]. Lines that would wait on a slow destination are
+    /// dropped and counted in herdguard_access_log_dropped_lines_total.
     #[arg(long, env = "HERDGUARD_ACCESS_LOG")]
-    access_log: Option<bool>,
+    #[serde(default, deserialize_with = "de_access_log")]
+    access_log: Option<String>,
+}
+
+/// `access-log` in the config file: a string as on the command line, or the
+/// older boolean (true: stderr, false: off).
+fn de_access_log<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Value {
+        Flag(bool),
+        Text(String),
+    }
+    Ok(Option::<Value>::deserialize(d)?.map(|v| match v {
+        Value::Flag(on) => on.to_string(),
+        Value::Text(s) => s,
+    }))
 }
 
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -197,7 +217,7 @@ impl ProxyArgs {
         builder.build().map_err(|e| e.to_string())
     }
 
-    fn proxy_config(&self) -> Result<ProxyConfig, String> {
+    fn proxy_config(&self, access_log: Option<AccessLog>) -> Result<ProxyConfig, String> {
         let upstream = self
             .upstream
             .as_deref()
@@ -207,6 +227,7 @@ impl ProxyArgs {
             .map_err(|e| format!("--upstream {upstream:?}: {e}"))?;
         let mut config = ProxyConfig::new(upstream);
         config.purge_token = self.purge_token.clone();
+        config.access_log = access_log;
         config.trusted_proxies = self
             .trusted_proxies
             .iter()
@@ -241,13 +262,9 @@ impl ProxyArgs {
     }
 }
 
-fn init_logging(format: LogFormat, access_log: bool) {
+fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let default = if access_log {
-        "info"
-    } else {
-        "info,herdguard::access=off"
-    };
+    let default = "info";
     let filter = EnvFilter::try_from_env("HERDGUARD_LOG").unwrap_or_else(|_| default.into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -269,10 +286,23 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    init_logging(
-        args.log_format.unwrap_or(LogFormat::Text),
-        args.access_log.unwrap_or(true),
-    );
+    let format = args.log_format.unwrap_or(LogFormat::Text);
+    init_logging(format);
+    let access = match Destination::parse(args.access_log.as_deref().unwrap_or("stderr")) {
+        Ok(Some(dest)) => {
+            let format = match format {
+                LogFormat::Text => access_log::Format::Text,
+                LogFormat::Json => access_log::Format::Json,
+            };
+            match access_log::start(dest, format) {
+                Ok(started) => Some(started),
+                Err(e) => return fail(e),
+            }
+        }
+        Ok(None) => None,
+        Err(e) => return fail(e),
+    };
+    let (access, access_writer) = access.unzip();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -288,7 +318,7 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
         } else {
             None
         };
-        let config = args.proxy_config()?;
+        let config = args.proxy_config(access)?;
         check_upstream_name(&config.upstream).await?;
         let upstream = config.upstream.clone();
         let proxy = Proxy::new(config, args.cache()?)?;
@@ -312,6 +342,10 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
         .await
         .map_err(|e| e.to_string())
     });
+    // After the server stopped: the last requests' lines reach the log.
+    if let Some(writer) = access_writer {
+        writer.finish();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),

@@ -25,6 +25,7 @@
 //!   stored variant of that URL; `POST /.herdguard/purge/tag/{tag}` removes
 //!   every entry whose response carried `tag` in `Surrogate-Key`.
 
+pub(crate) mod access_log;
 pub(crate) mod body;
 pub(crate) mod forwarded;
 pub(crate) mod server;
@@ -44,6 +45,7 @@ use hyper_util::client::legacy::Client;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use access_log::AccessLog;
 use body::{ClientBody, ProxyBody};
 pub(crate) use forwarded::Peer;
 use forwarded::{append_list, Cidr};
@@ -64,8 +66,6 @@ const HOP_BY_HOP: [&str; 9] = [
 
 const VIA: &str = "1.1 herdguard";
 const PURGE_TAG_PREFIX: &str = "/.herdguard/purge/tag/";
-/// tracing target of the access log (one event per request).
-pub(crate) const ACCESS_LOG: &str = "herdguard::access";
 
 /// What the proxy does with requests (the server's own settings are in
 /// [`server::ServerConfig`]).
@@ -78,6 +78,9 @@ pub(crate) struct ProxyConfig {
     /// Peers whose X-Forwarded-For / -Proto are kept.
     pub(crate) trusted_proxies: Vec<Cidr>,
     pub(crate) upstream_options: UpstreamOptions,
+    /// One line per request through this handle (see [`access_log`]); off
+    /// when None.
+    pub(crate) access_log: Option<AccessLog>,
 }
 
 impl ProxyConfig {
@@ -88,6 +91,7 @@ impl ProxyConfig {
             purge_token: None,
             trusted_proxies: Vec::new(),
             upstream_options: UpstreamOptions::default(),
+            access_log: None,
         }
     }
 }
@@ -106,6 +110,7 @@ pub(crate) struct Proxy {
     cached: CacheService<Origin>,
     cache: CacheLayer,
     purge_token: Option<Arc<str>>,
+    access_log: Option<AccessLog>,
 }
 
 impl Proxy {
@@ -117,6 +122,9 @@ impl Proxy {
             return Err("the upstream must be http://host[:port] or https://host[:port]".into());
         }
         let connector = Connector::new(&config.upstream, &config.upstream_options)?;
+        if config.access_log.is_some() {
+            access_log::register_metric();
+        }
         let client = Client::builder(hyper_util::rt::TokioExecutor::new())
             .pool_idle_timeout(config.upstream_options.idle_timeout)
             .pool_max_idle_per_host(config.upstream_options.max_idle)
@@ -132,6 +140,7 @@ impl Proxy {
             cached: cache.layer(origin),
             cache,
             purge_token: config.purge_token.map(Into::into),
+            access_log: config.access_log,
         })
     }
 
@@ -145,33 +154,29 @@ impl Proxy {
         let start = Instant::now();
         // Copies for the log line only when it will be written.
         let mut req = req;
-        let logged = tracing::enabled!(target: ACCESS_LOG, tracing::Level::INFO).then(|| {
+        let logged = self.access_log.is_some().then(|| {
             let clock = UpstreamClock::default();
             req.extensions_mut().insert(clock.clone());
             (req.method().clone(), req.uri().clone(), clock)
         });
         let response = self.answer(req).await;
-        if let Some((method, uri, clock)) = logged {
-            let status = response.status().as_u16();
-            let cache_status = response
-                .headers()
-                .get("cache-status")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-");
+        if let (Some((method, uri, clock)), Some(log)) = (logged, &self.access_log) {
             let upstream_ms = match clock.0.load(std::sync::atomic::Ordering::Relaxed) {
                 0 => None,
                 us => Some((us - 1) as f64 / 1000.0),
             };
-            tracing::info!(
-                target: ACCESS_LOG,
-                method = %method,
-                path = uri.path(),
-                status,
-                cache_status,
+            log.record(&access_log::Entry {
+                method: method.as_str(),
+                path: uri.path(),
+                status: response.status().as_u16(),
+                cache_status: response
+                    .headers()
+                    .get("cache-status")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-"),
                 upstream_ms,
-                total_ms = start.elapsed().as_secs_f64() * 1000.0,
-                "request"
-            );
+                total_ms: start.elapsed().as_secs_f64() * 1000.0,
+            });
         }
         response
     }

@@ -1,0 +1,419 @@
+//! The access log: one line per request, written off the request path.
+//!
+//! A request appends its line to a shared buffer under a short lock (no
+//! `.await`, no I/O, no allocation once the buffer has grown) and goes on. One
+//! writer thread swaps the buffer for its spare and writes it out when
+//! [`FLUSH_BYTES`] are waiting or [`FLUSH_EVERY`] has passed, as nginx's
+//! `access_log ... buffer=256k flush=1s` does. When the writer falls behind
+//! (a slow disk, a blocked pipe) and [`MAX_BUFFERED`] bytes wait, new lines
+//! are dropped, never waited for, and counted in
+//! [`DROPPED_METRIC`]: a log must not slow the answers it records.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Lines waiting past this size wake the writer before [`FLUSH_EVERY`].
+pub(crate) const FLUSH_BYTES: usize = 256 * 1024;
+/// The longest a written line waits in memory.
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Bytes held for the writer; past it lines are dropped and counted.
+pub(crate) const MAX_BUFFERED: usize = 4 * 1024 * 1024;
+/// Counter of access-log lines dropped because the writer fell behind.
+pub(crate) const DROPPED_METRIC: &str = "herdguard_access_log_dropped_lines_total";
+/// How long the last lines may take to reach the disk at exit.
+const FINISH_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Destination {
+    Stdout,
+    Stderr,
+    /// Appended to, created if missing.
+    File(PathBuf),
+}
+
+impl Destination {
+    /// `off` (None), `stdout`, `stderr`, or a file path. `true`/`on` and
+    /// `false` are the flag's older boolean spellings (stderr / off).
+    pub(crate) fn parse(s: &str) -> Result<Option<Self>, String> {
+        match s.trim() {
+            "" => Err("--access-log needs a value: a file path, stdout, stderr or off".into()),
+            "off" | "false" => Ok(None),
+            "stdout" => Ok(Some(Self::Stdout)),
+            "stderr" | "on" | "true" => Ok(Some(Self::Stderr)),
+            path => Ok(Some(Self::File(PathBuf::from(path)))),
+        }
+    }
+}
+
+/// Line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// `time method target status total_ms upstream_ms "cache-status"`.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// One request, as the log records it.
+#[derive(Debug)]
+pub(crate) struct Entry<'a> {
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) status: u16,
+    pub(crate) cache_status: &'a str,
+    /// None when no upstream call was made for this request.
+    pub(crate) upstream_ms: Option<f64>,
+    pub(crate) total_ms: f64,
+}
+
+#[derive(Debug)]
+struct Pending {
+    buf: Vec<u8>,
+    closed: bool,
+    /// The formatted `YYYY-MM-DDTHH:MM:SS` of `second`: made once a second.
+    second: u64,
+    stamp: String,
+}
+
+#[derive(Debug)]
+struct Shared {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+    dropped: AtomicU64,
+    format: Format,
+}
+
+/// The handle requests log through; cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct AccessLog {
+    shared: Arc<Shared>,
+}
+
+/// The writer thread; [`Writer::finish`] writes what is left and stops it.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+/// Start the writer thread for `dest`.
+///
+/// # Errors
+/// The file cannot be opened for appending, or the thread cannot start.
+pub(crate) fn start(dest: Destination, format: Format) -> Result<(AccessLog, Writer), String> {
+    let mut out: Box<dyn std::io::Write + Send> = match &dest {
+        Destination::Stdout => Box::new(std::io::stdout()),
+        Destination::Stderr => Box::new(std::io::stderr()),
+        Destination::File(path) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open the access log {}: {e}", path.display()))?,
+        ),
+    };
+    let shared = Arc::new(Shared {
+        pending: Mutex::new(Pending {
+            buf: Vec::with_capacity(FLUSH_BYTES * 2),
+            closed: false,
+            second: u64::MAX,
+            stamp: String::with_capacity(24),
+        }),
+        wake: Condvar::new(),
+        dropped: AtomicU64::new(0),
+        format,
+    });
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let writer_shared = Arc::clone(&shared);
+    std::thread::Builder::new()
+        .name("herdguard-access-log".into())
+        .spawn(move || {
+            let mut spare = Vec::with_capacity(FLUSH_BYTES * 2);
+            loop {
+                let closed = {
+                    let Ok(mut p) = writer_shared.pending.lock() else {
+                        break;
+                    };
+                    if p.buf.len() < FLUSH_BYTES && !p.closed {
+                        p = match writer_shared.wake.wait_timeout(p, FLUSH_EVERY) {
+                            Ok((p, _)) => p,
+                            Err(_) => break,
+                        };
+                    }
+                    std::mem::swap(&mut p.buf, &mut spare);
+                    p.closed
+                };
+                if !spare.is_empty() {
+                    // A failed write loses these lines, not the proxy.
+                    let _ = out.write_all(&spare).and_then(|()| out.flush());
+                    spare.clear();
+                    // Give back memory a burst made the spare grow to.
+                    spare.shrink_to(FLUSH_BYTES * 2);
+                }
+                if closed {
+                    break;
+                }
+            }
+            let _ = done_tx.send(());
+        })
+        .map_err(|e| format!("cannot start the access-log writer: {e}"))?;
+    Ok((
+        AccessLog {
+            shared: Arc::clone(&shared),
+        },
+        Writer { shared, done },
+    ))
+}
+
+/// Describe the dropped-lines counter and show it at 0 before any drop, on
+/// the metrics recorder installed now.
+pub(crate) fn register_metric() {
+    metrics::describe_counter!(
+        DROPPED_METRIC,
+        "access-log lines dropped because the writer fell behind"
+    );
+    metrics::counter!(DROPPED_METRIC).absolute(0);
+}
+
+impl Writer {
+    /// Write every line logged so far and stop the thread; waits at most
+    /// [`FINISH_WAIT`] for a slow destination.
+    pub(crate) fn finish(self) {
+        if let Ok(mut p) = self.shared.pending.lock() {
+            p.closed = true;
+        }
+        self.shared.wake.notify_one();
+        let _ = self.done.recv_timeout(FINISH_WAIT);
+    }
+}
+
+impl AccessLog {
+    /// Append one line; never waits for the disk.
+    pub(crate) fn record(&self, e: &Entry<'_>) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let Ok(mut p) = self.shared.pending.lock() else {
+            return;
+        };
+        if p.buf.len() >= MAX_BUFFERED {
+            drop(p);
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(DROPPED_METRIC).increment(1);
+            return;
+        }
+        let secs = now.as_secs();
+        if p.second != secs {
+            p.second = secs;
+            p.stamp.clear();
+            write_rfc3339_seconds(&mut p.stamp, secs);
+        }
+        let p = &mut *p;
+        let start = p.buf.len();
+        let mut line = Line(&mut p.buf);
+        let millis = now.subsec_millis();
+        let _ = match self.shared.format {
+            Format::Text => {
+                let _ = write!(line, "{}.{millis:03}Z {} ", p.stamp, e.method);
+                escape_into(&mut line, e.path, false);
+                let _ = write!(line, " {} {:.3} ", e.status, e.total_ms);
+                let _ = match e.upstream_ms {
+                    Some(ms) => write!(line, "{ms:.3}"),
+                    None => write!(line, "-"),
+                };
+                line.0.extend_from_slice(b" \"");
+                escape_into(&mut line, e.cache_status, true);
+                writeln!(line, "\"")
+            }
+            Format::Json => {
+                let _ = write!(
+                    line,
+                    "{{\"timestamp\":\"{}.{millis:03}Z\",\"target\":\"herdguard::access\",\"method\":\"",
+                    p.stamp
+                );
+                escape_into(&mut line, e.method, true);
+                line.0.extend_from_slice(b"\",\"path\":\"");
+                escape_into(&mut line, e.path, true);
+                let _ = write!(line, "\",\"status\":{},\"cache_status\":\"", e.status);
+                escape_into(&mut line, e.cache_status, true);
+                line.0.extend_from_slice(b"\",\"upstream_ms\":");
+                let _ = match e.upstream_ms {
+                    Some(ms) => write!(line, "{ms:.3}"),
+                    None => write!(line, "null"),
+                };
+                writeln!(line, ",\"total_ms\":{:.3}}}", e.total_ms)
+            }
+        };
+        let full = p.buf.len() >= FLUSH_BYTES && start < FLUSH_BYTES;
+        if full {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Lines dropped so far because the writer fell behind.
+    #[cfg(test)]
+    fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// `fmt::Write` straight into the shared byte buffer.
+struct Line<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Line<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Copy `s`, escaping what would break the line or the JSON string: quotes,
+/// backslashes and control characters (a header value or target can carry
+/// any of them). In text lines, spaces are escaped too, so fields stay
+/// space-separated.
+fn escape_into(line: &mut Line<'_>, s: &str, keep_spaces: bool) {
+    for c in s.chars() {
+        match c {
+            '"' => line.0.extend_from_slice(b"\\\""),
+            '\\' => line.0.extend_from_slice(b"\\\\"),
+            ' ' if !keep_spaces => line.0.extend_from_slice(b"\\u0020"),
+            c if c.is_control() => {
+                let _ = write!(line, "\\u{:04x}", u32::from(c));
+            }
+            c => {
+                let mut b = [0; 4];
+                line.0.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+            }
+        }
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` (UTC) of a Unix time, by the civil-from-days
+/// algorithm (H. Hinnant), so no date crate is needed.
+fn write_rfc3339_seconds(out: &mut String, secs: u64) {
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let _ = write!(
+        out,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry<'static> {
+        Entry {
+            method: "GET",
+            path: "/a b\"c",
+            status: 200,
+            cache_status: "herdguard; hit",
+            upstream_ms: None,
+            total_ms: 0.25,
+        }
+    }
+
+    /// Known instants format as RFC 3339 (epoch, a leap day, the end of a year).
+    #[test]
+    fn timestamps_are_rfc3339() {
+        for (secs, want) in [
+            (0, "1970-01-01T00:00:00"),
+            (951_782_400, "2000-02-29T00:00:00"),
+            (1_798_761_599, "2026-12-31T23:59:59"),
+        ] {
+            let mut s = String::new();
+            write_rfc3339_seconds(&mut s, secs);
+            assert_eq!(s, want);
+        }
+    }
+
+    /// Text and JSON lines reach the file, escaped, once the writer finishes.
+    #[test]
+    fn lines_reach_the_file_escaped() {
+        let dir = std::env::temp_dir().join(format!("hg-access-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for format in [Format::Text, Format::Json] {
+            let path = dir.join(format!("{format:?}.log"));
+            let _ = std::fs::remove_file(&path);
+            let (log, writer) = start(Destination::File(path.clone()), format).unwrap();
+            log.record(&entry());
+            log.record(&Entry {
+                upstream_ms: Some(1.5),
+                ..entry()
+            });
+            writer.finish();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), 2, "{text}");
+            match format {
+                Format::Text => {
+                    assert!(
+                        lines[0].ends_with(" GET /a\\u0020b\\\"c 200 0.250 - \"herdguard; hit\""),
+                        "{}",
+                        lines[0]
+                    );
+                    assert!(lines[1].contains(" 200 0.250 1.500 "), "{}", lines[1]);
+                }
+                Format::Json => {
+                    assert!(
+                        lines[0].contains(
+                            "\"method\":\"GET\",\"path\":\"/a b\\\"c\",\"status\":200,\
+                             \"cache_status\":\"herdguard; hit\",\"upstream_ms\":null,\"total_ms\":0.250}"
+                        ),
+                        "{}",
+                        lines[0]
+                    );
+                    assert!(lines[1].contains("\"upstream_ms\":1.500,"), "{}", lines[1]);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// With the writer stuck, lines past the buffer bound are dropped and counted, and `record` returns at once.
+    #[test]
+    fn a_stuck_writer_drops_and_counts_lines() {
+        // No writer thread: the buffer only fills.
+        let log = AccessLog {
+            shared: Arc::new(Shared {
+                pending: Mutex::new(Pending {
+                    buf: Vec::new(),
+                    closed: false,
+                    second: u64::MAX,
+                    stamp: String::new(),
+                }),
+                wake: Condvar::new(),
+                dropped: AtomicU64::new(0),
+                format: Format::Text,
+            }),
+        };
+        let line_len = {
+            log.record(&entry());
+            log.shared.pending.lock().unwrap().buf.len()
+        };
+        let fit = MAX_BUFFERED.div_ceil(line_len);
+        for _ in 1..fit + 10 {
+            log.record(&entry());
+        }
+        assert_eq!(log.dropped(), 10);
+        assert_eq!(log.shared.pending.lock().unwrap().buf.len(), fit * line_len);
+    }
+}
