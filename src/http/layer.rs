@@ -522,10 +522,14 @@ impl CacheLayerBuilder {
         let budget = MemoryBudget::of(self.engine.capacity_bytes);
         let mut engine = self.engine;
         engine.capacity_bytes = budget.l1;
+        let retained = RetainedStore::new(budget.retained);
+        let mut engine = Engine::new(engine)?;
+        // Entries read from Redis past their stale grace are kept there too.
+        engine.retained = Some(retained.clone());
         let state = Arc::new(LayerState {
             vary: VaryIndex::new(budget.vary / VARY_URL_BYTES),
-            retained: RetainedStore::new(budget.retained),
-            engine: Arc::new(Engine::new(engine)?),
+            retained,
+            engine: Arc::new(engine),
             http: self.http,
             streams: Arc::new(crate::http::stream::Streams::new()),
             root: None,
