@@ -27,7 +27,8 @@ use support::RedisServer;
 /// override a 405, `X-Private` a `private` 200 (all without freshness).
 /// `/err` is a 500 with no Cache-Control after 400 ms, echoing the cookie;
 /// `/sie` a 200 `max-age=1, stale-if-error=60` until `failing`, then a 500
-/// `max-age=30`.
+/// `max-age=30`; `/swr` a 200 `max-age=1, stale-while-revalidate=1,
+/// stale-if-error=60` after 300 ms.
 #[derive(Clone, Default)]
 struct Origin {
     calls: Arc<AtomicUsize>,
@@ -77,6 +78,14 @@ async fn answer(o: &Origin, path: &str, headers: &HeaderMap, n: usize) -> Respon
         }
         "/sie" if o.failing.load(Ordering::SeqCst) => {
             reply(500, Some("max-age=30"), format!("failed call={n}"))
+        }
+        "/swr" => {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            reply(
+                200,
+                Some("max-age=1, stale-while-revalidate=1, stale-if-error=60"),
+                format!("ok call={n}"),
+            )
         }
         "/sie" => reply(
             200,
@@ -423,4 +432,30 @@ async fn stale_if_error_holds_on_an_instance_without_a_copy() {
         .await
         .expect("EXISTS");
     assert_eq!(fresh, 0, "the 500 was never stored");
+}
+
+/// An entry kept in Redis only for stale-if-error (past its stale-while-revalidate) is not served stale: five requests on an instance without a copy share one refill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_kept_for_errors_only_is_refilled_once() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let (a, b) = (
+        origin.app(redis_layer(&redis)),
+        origin.app(redis_layer(&redis)),
+    );
+    send(&a, "/swr", &[]).await;
+    // Past freshness (1 s) and stale-while-revalidate (1 s more), within
+    // stale-if-error.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move { send(&b, "/swr", &[]).await })
+        })
+        .collect();
+    for t in tasks {
+        let r = t.await.expect("answered");
+        assert_eq!(&r.body[..], b"ok call=2", "{}", r.cache_status);
+    }
+    assert_eq!(origin.calls(), 2);
 }
