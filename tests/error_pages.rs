@@ -28,7 +28,9 @@ use support::RedisServer;
 /// `/err` is a 500 with no Cache-Control after 400 ms, echoing the cookie;
 /// `/sie` a 200 `max-age=1, stale-if-error=60` until `failing`, then a 500
 /// `max-age=30`; `/swr` a 200 `max-age=1, stale-while-revalidate=1,
-/// stale-if-error=60` after 300 ms.
+/// stale-if-error=60` after 300 ms; `/err-stored` a 500 `max-age=30` after
+/// 400 ms; `/sie-slow` like `/sie` but failing with a 500 without freshness
+/// after 400 ms.
 #[derive(Clone, Default)]
 struct Origin {
     calls: Arc<AtomicUsize>,
@@ -76,6 +78,19 @@ async fn answer(o: &Origin, path: &str, headers: &HeaderMap, n: usize) -> Respon
                 .unwrap_or("-");
             reply(500, None, format!("error for {cookie}"))
         }
+        "/err-stored" => {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            reply(500, Some("max-age=30"), format!("stored error call={n}"))
+        }
+        "/sie-slow" if o.failing.load(Ordering::SeqCst) => {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            reply(500, None, format!("failed call={n}"))
+        }
+        "/sie-slow" => reply(
+            200,
+            Some("max-age=1, stale-if-error=60"),
+            format!("ok call={n}"),
+        ),
         "/sie" if o.failing.load(Ordering::SeqCst) => {
             reply(500, Some("max-age=30"), format!("failed call={n}"))
         }
@@ -381,6 +396,51 @@ async fn waiters_of_an_unshared_error_stay_under_the_fallback_limit() {
     }
     assert_eq!(origin.calls(), 9);
     assert_eq!(origin.most_at_once.load(Ordering::SeqCst), 2);
+}
+
+/// Three requests on one leader whose 500 carries freshness (stored for everyone) share it: one origin call.
+#[tokio::test(start_paused = true)]
+async fn a_stored_error_is_shared_with_its_waiters() {
+    let origin = Origin::default();
+    let app = origin.app(CacheLayer::new());
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, "/err-stored", &[]).await })
+        })
+        .collect();
+    for t in tasks {
+        let a = t.await.expect("answered");
+        assert_eq!(&a.body[..], b"stored error call=1", "{}", a.cache_status);
+    }
+    assert_eq!(origin.calls(), 1);
+}
+
+/// Waiters of an unshared 500 whose stored copy allows stale-if-error get that copy, not an origin call each.
+#[tokio::test(start_paused = true)]
+async fn waiters_of_an_unshared_error_get_stale_if_error() {
+    let origin = Origin::default();
+    let app = origin.app(CacheLayer::new());
+    send(&app, "/sie-slow", &[]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    origin.failing.store(true, Ordering::SeqCst);
+    let leader = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, "/sie-slow", &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, "/sie-slow", &[]).await })
+        })
+        .collect();
+    for t in std::iter::once(leader).chain(waiters) {
+        let a = t.await.expect("answered");
+        assert_eq!(&a.body[..], b"ok call=1", "{}", a.cache_status);
+        assert!(a.cache_status.contains("stale-if-error"), "{}", a.cache_status);
+    }
+    assert_eq!(origin.calls(), 2, "the fill, then one failed call");
 }
 
 // ---------------------------------------------------------------------------
