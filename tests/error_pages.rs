@@ -438,7 +438,11 @@ async fn waiters_of_an_unshared_error_get_stale_if_error() {
     for t in std::iter::once(leader).chain(waiters) {
         let a = t.await.expect("answered");
         assert_eq!(&a.body[..], b"ok call=1", "{}", a.cache_status);
-        assert!(a.cache_status.contains("stale-if-error"), "{}", a.cache_status);
+        assert!(
+            a.cache_status.contains("stale-if-error"),
+            "{}",
+            a.cache_status
+        );
     }
     assert_eq!(origin.calls(), 2, "the fill, then one failed call");
 }
