@@ -4,6 +4,7 @@
 //! error page made for another request; and a `stale-if-error` entry holds
 //! on every instance of a Redis cluster. In memory (paused time) and on two
 //! layers sharing a real redis-server (real time: Redis expiry).
+#![cfg(feature = "redis")]
 
 mod support;
 

@@ -90,6 +90,7 @@ impl<V: Value> RetainedStore<V> {
     }
 
     /// Keep an entry as it is (its age included) for `left` from now.
+    #[cfg(feature = "redis")]
     pub(crate) fn keep(&self, key: CacheKey, entry: Arc<Stored<V>>, left: Duration) {
         if left.is_zero() {
             return;
