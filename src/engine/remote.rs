@@ -532,6 +532,10 @@ impl<V: Value> Engine<V> {
     /// follows revalidates it, and it stands in for an origin error where
     /// `stale-if-error` allows.
     fn keep_aside(&self, key: CacheKey, value: &V, meta: EntryMeta, hard_left: Duration) {
+        // A copy read before a purge that landed since is not kept.
+        if self.flights.purged_during(&key, || value.purge_groups()) {
+            return;
+        }
         if let Some(retained) = &self.retained {
             let entry = Stored::new(
                 value.clone(),
