@@ -122,10 +122,25 @@
 //! - **A leader process dies:** its lease expires (5 s by default) and exactly
 //!   one waiter wins the next election.
 //!
-//! - **The origin errors, times out or panics:** every waiter of that flight
-//!   gets the same outcome (a 502/504 response, or the inner service's own
-//!   error for the request that led); nobody retries on their behalf. The next
+//! - **The origin errors, times out or panics:** a waiter gets only what
+//!   the cache could have served it. Shared with every waiter of the
+//!   flight: the layer's own 502/504 for a failed, panicked or timed-out
+//!   call (it carries no origin bytes; the request that led gets the inner
+//!   service's own error), and an error response stored for everyone (one
+//!   with freshness, such as `500` with `max-age=30`). An error page that
+//!   is not stored (a `500` without freshness, maybe made with the leader's
+//!   cookie) goes to the request that led alone; each waiter gets
+//!   `stale-if-error` where its stored copy allows, or calls the origin
+//!   itself under `fallback_limit` (`detail=error-not-shared`), so a
+//!   failing origin sees at most that many calls at once beside the flight,
+//!   and nobody receives an error page made for another request. The next
 //!   request elects a new leader.
+//! - **`stale-if-error` on every instance:** an origin error never
+//!   replaces a stored response that is being revalidated. With Redis the
+//!   shared entry is kept for its `stale-if-error` window past freshness
+//!   (at most a day), so an instance with no copy of its own reads it,
+//!   keeps it aside, sends its validators, and answers an error with it;
+//!   no instance stores the error over it while the window lasts.
 //! - **The leading request is cancelled** (client disconnect): the origin call
 //!   runs in its own task and still completes for the waiters.
 //! - **A wait runs out** (`max_wait`, by default the origin timeout + 5 s,
@@ -227,8 +242,8 @@
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
-//!   too-large, stale-if-error, only-if-cached, wait-timeout, overloaded,
-//!   origin-timeout and errors.
+//!   error-not-shared, too-large, stale-if-error, only-if-cached,
+//!   wait-timeout, overloaded, origin-timeout and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
 //!
 //! ## Grace and refresh-ahead
@@ -285,14 +300,19 @@
 //!   (under `fallback_limit`).
 //!   [`share_uncacheable_with_waiters`](CacheLayerBuilder::share_uncacheable_with_waiters)
 //!   opts into giving everyone the same answer; read its hazard first.
-//! - **Pass markers:** an answer uncacheable for everyone (`no-store`,
-//!   `private`, no freshness information, `Vary: *`) removes the stored
-//!   response and sets a short pass marker, so later requests go straight
-//!   to the origin instead of queueing. An answer uncacheable because of
-//!   its own request (a `Set-Cookie`, the request's credentials) goes to that
-//!   request alone: the stored entry stays and nothing is marked. A 5xx
-//!   answer without freshness still goes to the requests waiting on it
-//!   (unstored), so a failing origin is not called once per waiter.
+//! - **Pass markers:** no answer that is not stored evicts, replaces or
+//!   marks an entry other requests may still be served (fresh, or stale
+//!   within its grace), in memory or in Redis: any one request (any header,
+//!   size, directive or method override) could have caused it. Only a 2xx
+//!   or 3xx answer uncacheable for every request of the URL (`no-store`,
+//!   `private`, no freshness information, `Vary: *`), with no usable entry
+//!   stored, removes what is kept and sets a short pass marker, so later
+//!   requests go straight to the origin instead of queueing. An error
+//!   status (4xx, 5xx) never sets one. An answer uncacheable because of
+//!   its own request (a `Set-Cookie`, the request's credentials, an error
+//!   page not stored) goes to that request alone. The one removal an
+//!   unstored answer makes is RFC 9111 §4.4's: a 2xx/3xx to an unsafe
+//!   method purges its URL, and the refill after it is coalesced as usual.
 //! - **Vary across instances:** every stored variant carries the names and
 //!   values it varies on, and the URL's base key in Redis always holds one
 //!   variant. An instance that never saw the URL looks the base key up (its

@@ -270,6 +270,55 @@ async fn slow_upstream_is_504() {
     );
 }
 
+/// CPDoS through the binary: after one `no-cache` GET with a 10 KB header that the origin answers 431, the next 10 plain GETs of the hot key cost 0 origin calls (cold key: exactly 1).
+#[tokio::test]
+async fn one_oversized_request_never_disables_caching() {
+    // An origin with a smaller header limit than the proxy's (64 KiB), as
+    // real ones have: 431 without freshness for a head over 1 KB.
+    async fn limited(State(seen): State<Seen>, headers: HeaderMap) -> axum::response::Response {
+        seen.0.fetch_add(1, Ordering::SeqCst);
+        let big = headers.get("x-pad").is_some_and(|v| v.len() > 1024);
+        let r = axum::response::Response::builder();
+        let r = if big {
+            r.status(431)
+        } else {
+            r.header("cache-control", "max-age=60")
+        };
+        r.body(Body::from("limited")).unwrap()
+    }
+    let seen = Seen::default();
+    let app = Router::new()
+        .route("/{name}", routing::get(limited))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let pad = "a".repeat(10 * 1024);
+    let hostile = [("cache-control", "no-cache"), ("x-pad", pad.as_str())];
+    let calls = || seen.0.load(Ordering::SeqCst);
+
+    get(&proxy.url("/hot"), &[]).await;
+    get(&proxy.url("/hot"), &[]).await;
+    let (code, _, _) = get(&proxy.url("/hot"), &hostile).await;
+    assert_eq!(code, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert_eq!(calls(), 2);
+    for _ in 0..10 {
+        let (code, h, _) = get(&proxy.url("/hot"), &[]).await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    }
+    assert_eq!(calls(), 2, "hot key: no origin call after the attack");
+
+    let (code, _, _) = get(&proxy.url("/cold"), &hostile).await;
+    assert_eq!(code, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    for _ in 0..10 {
+        let (code, _, _) = get(&proxy.url("/cold"), &[]).await;
+        assert_eq!(code, StatusCode::OK);
+    }
+    assert_eq!(calls(), 4, "cold key: the attack, then one fill");
+}
+
 /// A client speaking HTTP/2 with prior knowledge (h2c) is served over HTTP/2.
 #[tokio::test]
 async fn h2c_client_is_served() {

@@ -20,7 +20,9 @@ pub(crate) enum Fill<V> {
     Share(V),
     /// Neither store nor share. The initiating caller gets the value (if any);
     /// everyone else goes to the origin on their own, and a short pass marker
-    /// stops new callers from queueing behind a fill that will never come.
+    /// stops new callers from queueing behind a fill that will never come,
+    /// unless an entry still usable for other callers is stored: a marker
+    /// never replaces one.
     Pass(Option<V>),
     /// Uncacheable because of the one request that made it (its credentials,
     /// a `Set-Cookie` made for it): only the initiating caller gets it, the

@@ -11,7 +11,7 @@ use super::resolve::Engine;
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::metrics::Source;
-use crate::store::memory::Stored;
+use crate::store::memory::{Probe, Stored};
 
 impl<V: Value> Engine<V> {
     /// Put a fill into memory for its whole lifetime and say what waiters get.
@@ -49,10 +49,20 @@ impl<V: Value> Engine<V> {
             },
             Fill::Unbuffered => Outcome::Pass(None),
             Fill::Pass(value) => {
-                self.memory.insert_pass(key, self.config.pass_ttl);
+                self.insert_pass_unless_usable(key);
                 Outcome::Pass(value)
             }
             Fill::Private(value) => Outcome::Pass(Some(value)),
+        }
+    }
+
+    /// Mark `key` hit-for-pass, unless an entry other requests may still be
+    /// served (fresh, or stale within its grace) is here: a pass marker never
+    /// replaces a usable entry.
+    pub(super) fn insert_pass_unless_usable(&self, key: CacheKey) {
+        match self.memory.probe(&key) {
+            Probe::Fresh(_) | Probe::Stale(_) => {}
+            Probe::Pass | Probe::Miss => self.memory.insert_pass(key, self.config.pass_ttl),
         }
     }
 
@@ -75,10 +85,13 @@ impl<V: Value> Engine<V> {
         // the rest of its grace, so a stale-while-revalidate answer never
         // waits for a Redis round trip; the refresh it starts asks Redis.
         // An L1 lifetime of zero keeps nothing here.
+        // Kept in Redis past its stale grace for stale-if-error, an entry
+        // is still only served within it.
         let usable = if l1.is_zero() {
             Duration::ZERO
         } else {
-            hard_left
+            let grace_end = meta.fresh_for.saturating_add(meta.stale_for);
+            hard_left.min(grace_end.saturating_sub(meta.elapsed()))
         };
         // Redis's `:fresh` key is the cluster's one clock for freshness. Its
         // TTL starts when the write lands, after the entry was stamped, so by

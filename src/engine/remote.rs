@@ -71,9 +71,12 @@ impl<V: Value> Engine<V> {
                     fresh_left,
                     hard_left,
                 } => match decode_entry::<V>(bytes) {
-                    Ok((meta, _))
+                    Ok((meta, value))
                         if refresh && (first || refused.is_some_and(|r| meta.fence <= r)) =>
                     {
+                        // The refresh's origin call revalidates this copy, and
+                        // an origin error does not replace it.
+                        self.keep_aside(key, &value, meta, hard_left);
                         refused = Some(refused.map_or(meta.fence, |r| r.max(meta.fence)));
                         read_entry = false;
                     }
@@ -115,8 +118,16 @@ impl<V: Value> Engine<V> {
                     // millisecond of its freshness (PTTL rounds down to 0
                     // while the key still exists). Handing it out sent every
                     // request that then refused it to the origin on its own.
+                    // Past its stale grace, an entry kept only for
+                    // stale-if-error is not served either; it is kept aside
+                    // for this instance's origin call to revalidate, or to
+                    // stand in for an error.
                     let decoded = decoded.map(|(meta, value)| {
-                        let servable = !meta.stale_for.is_zero();
+                        let servable = !meta.stale_for.is_zero()
+                            && meta.elapsed() < meta.fresh_for.saturating_add(meta.stale_for);
+                        if !servable {
+                            self.keep_aside(key, &value, meta, hard_left);
+                        }
                         (meta, value, servable)
                     });
                     match (decoded, fence) {
@@ -345,7 +356,7 @@ impl<V: Value> Engine<V> {
             } => {
                 let meta = EntryMeta::now(*fresh_for, *stale_for, fence.0);
                 let bytes = encode_entry(&meta, value);
-                let hard = fresh_for.saturating_add(*stale_for);
+                let hard = shared_lifetime(value, *fresh_for, *stale_for);
                 let mode = WriteMode::Store {
                     bytes: &bytes,
                     fresh: *fresh_for,
@@ -387,6 +398,7 @@ impl<V: Value> Engine<V> {
                     self.counters.lock_acquire("expired_mid_work");
                 }
                 if !w.accepted
+                    && !w.kept
                     && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
                 {
                     self.counters.fenced_rejection();
@@ -395,7 +407,7 @@ impl<V: Value> Engine<V> {
                 match (fill, meta) {
                     (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
                         self.counters.entry_bytes(value.weight());
-                        let hard = meta.fresh_for.saturating_add(meta.stale_for);
+                        let hard = shared_lifetime(&value, meta.fresh_for, meta.stale_for);
                         self.index_in_background(remote, key, &value, hard);
                         // Measured from the store, not from now: the write's
                         // round trip is part of the entry's age.
@@ -419,8 +431,10 @@ impl<V: Value> Engine<V> {
                         entry: unstored(value),
                         source: Source::Miss,
                     },
+                    // Redis kept a fresh entry rather than mark the key.
+                    (Fill::Pass(value), _) if w.kept => Outcome::Pass(value),
                     (Fill::Pass(value), _) => {
-                        self.memory.insert_pass(key, self.config.pass_ttl);
+                        self.insert_pass_unless_usable(key);
                         Outcome::Pass(value)
                     }
                     (Fill::Private(value), _) => Outcome::Pass(Some(value)),
@@ -472,7 +486,7 @@ impl<V: Value> Engine<V> {
         value: &V,
         freshness: Freshness,
     ) {
-        let hard = freshness.fresh_for.saturating_add(freshness.stale_for);
+        let hard = shared_lifetime(value, freshness.fresh_for, freshness.stale_for);
         if hard.is_zero() {
             return;
         }
@@ -497,5 +511,40 @@ impl<V: Value> Engine<V> {
                 }
             }
         });
+    }
+}
+
+/// How long the shared store keeps an entry: its freshness and stale grace,
+/// or its `stale-if-error` window past freshness when that is longer (capped
+/// by the value), so an instance with no copy of its own can still answer an
+/// origin error with it.
+pub(super) fn shared_lifetime<V: Value>(
+    value: &V,
+    fresh_for: Duration,
+    stale_for: Duration,
+) -> Duration {
+    fresh_for.saturating_add(stale_for.max(value.error_grace()))
+}
+
+impl<V: Value> Engine<V> {
+    /// Keep an entry read from Redis that may not be served as it is aside
+    /// (its user's retained copies), with its age: the origin call that
+    /// follows revalidates it, and it stands in for an origin error where
+    /// `stale-if-error` allows.
+    fn keep_aside(&self, key: CacheKey, value: &V, meta: EntryMeta, hard_left: Duration) {
+        // A copy read before a purge that landed since is not kept.
+        if self.flights.purged_during(&key, || value.purge_groups()) {
+            return;
+        }
+        if let Some(retained) = &self.retained {
+            let entry = Stored::new(
+                value.clone(),
+                meta,
+                Duration::ZERO,
+                hard_left,
+                meta.elapsed(),
+            );
+            retained.keep(key, Arc::new(entry), hard_left);
+        }
     }
 }

@@ -14,6 +14,7 @@ use super::compute::{Compute, ComputeFuture, Fill};
 use super::config::{EngineConfig, WAIT_MARGIN};
 use super::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
 use super::purge_log::key_name;
+use super::retained::RetainedStore;
 use super::value::Value;
 use crate::error::{BuildError, Error};
 use crate::key::CacheKey;
@@ -60,6 +61,10 @@ pub(crate) struct Engine<V: Value> {
     pub(crate) counters: Counters,
     /// The shared store; `None` runs on memory alone (the embedded default).
     pub(crate) remote: Option<Arc<RedisStore>>,
+    /// Where entries read from Redis that may not be served are kept aside
+    /// for their user (the HTTP layer's retained copies); `None` keeps none.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) retained: Option<RetainedStore<V>>,
     /// The lease backend when leases live on Redlock nodes.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(super) redlock: Option<Arc<Redlock>>,
@@ -106,6 +111,7 @@ impl<V: Value> Engine<V> {
             counters: Counters::new(&config.metrics_name),
             config,
             remote,
+            retained: None,
             redlock,
         })
     }

@@ -89,6 +89,16 @@ impl<V: Value> RetainedStore<V> {
         self.cache.insert(key, Retained { entry, until });
     }
 
+    /// Keep an entry as it is (its age included) for `left` from now.
+    #[cfg(feature = "redis")]
+    pub(crate) fn keep(&self, key: CacheKey, entry: Arc<Stored<V>>, left: Duration) {
+        if left.is_zero() {
+            return;
+        }
+        let until = Instant::now() + left;
+        self.cache.insert(key, Retained { entry, until });
+    }
+
     pub(crate) fn get(&self, key: &CacheKey) -> Option<Arc<Stored<V>>> {
         let r = self.cache.get(key)?;
         (Instant::now() < r.until).then_some(r.entry)

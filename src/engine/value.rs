@@ -26,6 +26,15 @@ pub trait Value: Clone + Send + Sync + 'static {
     #[doc(hidden)]
     const ENVELOPE_FLAGS: u8 = 0;
 
+    /// How long past its freshness a shared store keeps the value so it can
+    /// stand in for a failed origin (`stale-if-error`), when that is longer
+    /// than its stale grace. Internal: the crate's HTTP response sets it;
+    /// other values keep nothing extra.
+    #[doc(hidden)]
+    fn error_grace(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Purge groups the value belongs to (a URL, a tag), indexed in a shared
     /// store so a purge by group can find every member. None by default.
     fn purge_groups(&self) -> Vec<String> {

@@ -301,7 +301,9 @@ impl CacheLayerBuilder {
     /// [`default_ttl`](Self::default_ttl) instead. The Vary check still
     /// applies: a waiter whose varied headers differ never gets it. With the
     /// option on, such answers set no hit-for-pass marker either: requests
-    /// keep coalescing on one origin call per key.
+    /// keep coalescing on one origin call per key. This includes error pages
+    /// the cache does not store (a 500 without freshness, made with the
+    /// leader's cookie): off, each waiter gets its own.
     #[must_use]
     pub fn share_uncacheable_with_waiters(mut self, share: bool) -> Self {
         self.http.share_uncacheable = share;
@@ -439,7 +441,10 @@ impl CacheLayerBuilder {
     }
 
     /// How long an uncacheable verdict sends requests straight to the origin
-    /// instead of queueing them (default 5 s).
+    /// instead of queueing them (default 5 s). Only an answer uncacheable for
+    /// every request of the URL (`no-store`, `private`, no freshness, `Vary:
+    /// *`, with a 2xx or 3xx status) sets the marker, and never while a
+    /// usable entry is stored; an error status never sets it.
     #[must_use]
     pub fn pass_ttl(mut self, ttl: Duration) -> Self {
         self.engine.pass_ttl = ttl;
@@ -522,10 +527,14 @@ impl CacheLayerBuilder {
         let budget = MemoryBudget::of(self.engine.capacity_bytes);
         let mut engine = self.engine;
         engine.capacity_bytes = budget.l1;
+        let retained = RetainedStore::new(budget.retained);
+        let mut engine = Engine::new(engine)?;
+        // Entries read from Redis past their stale grace are kept there too.
+        engine.retained = Some(retained.clone());
         let state = Arc::new(LayerState {
             vary: VaryIndex::new(budget.vary / VARY_URL_BYTES),
-            retained: RetainedStore::new(budget.retained),
-            engine: Arc::new(Engine::new(engine)?),
+            retained,
+            engine: Arc::new(engine),
             http: self.http,
             streams: Arc::new(crate::http::stream::Streams::new()),
             root: None,

@@ -76,8 +76,20 @@ impl CachedResponse {
     }
 }
 
+/// The longest a shared store keeps an entry past its freshness for
+/// `stale-if-error` (a day): a longer window still holds in the memory of an
+/// instance that kept its copy, bounded by the memory capacity.
+pub(crate) const STALE_IF_ERROR_KEEP_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+
 impl Value for CachedResponse {
     const ENVELOPE_FLAGS: u8 = FLAG_RESPONSE;
+
+    /// `stale-if-error`, at most [`STALE_IF_ERROR_KEEP_MAX`]: the shared
+    /// entry outlives its window, so every instance can answer a failed
+    /// origin with it, not only one that kept a copy in memory.
+    fn error_grace(&self) -> Duration {
+        Duration::from_secs(u64::from(self.rules.sie)).min(STALE_IF_ERROR_KEEP_MAX)
+    }
 
     fn purge_groups(&self) -> Vec<String> {
         let mut groups = vec![format!("url:{}", self.url.to_hex())];

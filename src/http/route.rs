@@ -17,9 +17,11 @@ use crate::key::CacheKey;
 /// Decides whether a response may be stored, after the HTTP rules allowed
 /// it (tower-http's `Predicate` style: closures implement it).
 ///
-/// A `false` is treated like an origin `no-store`: nothing is stored, the
-/// stored copy for the key is dropped, waiters call the origin themselves
-/// and a short hit-for-pass marker keeps the next requests from queueing.
+/// A `false` is treated like an origin `no-store`: nothing is stored and
+/// waiters call the origin themselves. Unless an entry still usable by
+/// other requests is stored, or the status is an error (4xx/5xx, which
+/// never marks anything), the kept copy for the key is dropped and a short
+/// hit-for-pass marker keeps the next requests from queueing.
 ///
 /// ```
 /// use herdguard::{Predicate, RoutePolicy};

@@ -169,8 +169,7 @@ impl LayerState {
         verdict: ResponseVerdict,
     ) -> ResponseVerdict {
         match &self.http.predicate {
-            // Only storing is the predicate's to refuse: an unstored 5xx
-            // still reaches its waiters.
+            // Only storing is the predicate's to refuse.
             Some(p)
                 if matches!(verdict, ResponseVerdict::Store { .. })
                     && !p.0.should_cache(request, response) =>

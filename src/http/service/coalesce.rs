@@ -20,7 +20,7 @@ use crate::store::memory::Stored;
 
 use super::bounds::{Origin, OriginBody};
 use super::direct::{direct, direct_with, honor_reload, spare_call};
-use super::fill::is_stored;
+use super::fill::{is_error, is_stored};
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
 use super::target::Target;
@@ -184,8 +184,20 @@ where
     }
     let counters = &state.engine.counters;
     // stale-if-error: the stored response stands in for a failed origin.
+    // Without a copy of its own, a copy kept aside since (read from Redis
+    // during the flight) stands in.
     let fallback = |fwd_status: Option<u16>| {
-        let entry = stale.as_ref()?;
+        let kept;
+        let entry = match stale.as_ref() {
+            Some(e) => e,
+            None => {
+                kept = state
+                    .retained
+                    .get(&target.key)
+                    .filter(|e| e.value.vary_matches(&request_headers))?;
+                &kept
+            }
+        };
         let age = entry.value.current_age(entry.age());
         if !policy::stale_if_error_allows(entry.value.rules, age) {
             return None;
@@ -220,6 +232,16 @@ where
                 if let Some(r) = fallback(Some(entry.value.status.as_u16())) {
                     return Ok(r);
                 }
+            }
+            // An error page the cache did not store was made for the request
+            // that led (its headers, its cookie): a waiter asks for its own.
+            if source == Source::Coalesced
+                && !is_stored(&entry)
+                && is_error(entry.value.status)
+                && !state.http.share_uncacheable
+            {
+                let status = state.status_fwd(fwd, Some("error-not-shared"));
+                return released(&state, own_call(compute, spare), status, fallback).await;
             }
             counters.record(source);
             let served = match source {

@@ -4,13 +4,14 @@
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName};
+use http::StatusCode;
 
 use crate::engine::{Fill, Freshness};
 use crate::http::policy::{self, Forward, ResponseVerdict};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::vary::variant_key;
-use crate::store::memory::Stored;
+use crate::store::memory::{Probe, Stored};
 
 use super::target::Target;
 
@@ -70,23 +71,21 @@ impl LayerState {
                     stale_for,
                 }
             }
-            // A server error goes to the requests waiting on it, stored for
-            // none: a failing origin must not be asked once per waiter.
-            ResponseVerdict::Share
-                if self.http.share_uncacheable || value.status.is_server_error() =>
+            // An error page is about the request that got it as much as
+            // about the resource (an oversized header, a method override):
+            // it never sets a pass marker and never removes what is stored.
+            // Only the request that led gets it; waiters go to the origin
+            // themselves, or get stale-if-error (see `coalesce`).
+            ResponseVerdict::Share | ResponseVerdict::Pass(_)
+                if self.http.share_uncacheable || is_error(value.status) =>
             {
-                Fill::Share(value)
-            }
-            // No freshness information: uncacheable for everyone.
-            ResponseVerdict::Share => {
-                tracing::debug!(reason = "no-freshness", "response is not cacheable");
-                self.retained.remove(&target.key);
-                Fill::Pass(Some(value))
-            }
-            ResponseVerdict::Pass(reason) if self.http.share_uncacheable => {
-                tracing::debug!(reason, "response is not cacheable; shared with waiters");
-                if !policy::request_specific(reason) {
-                    self.retained.remove(&target.key);
+                if let ResponseVerdict::Pass(reason) = verdict {
+                    tracing::debug!(reason, "response is not cacheable; shared with waiters");
+                    // The opt-in shares it, but the resource said so for everyone.
+                    let everyone = !is_error(value.status) && !policy::request_specific(reason);
+                    if everyone && !self.usable_entry(&target) {
+                        self.retained.remove(&target.key);
+                    }
                 }
                 Fill::Share(value)
             }
@@ -96,8 +95,17 @@ impl LayerState {
                 tracing::debug!(reason, "response is for its own request only");
                 Fill::Private(value)
             }
-            ResponseVerdict::Pass(reason) => {
-                tracing::debug!(reason, "response is not cacheable");
+            // Uncacheable for everyone, but an entry still usable for other
+            // requests is here (a reload or a refresh got this answer): one
+            // request's answer never evicts or marks it.
+            ResponseVerdict::Share | ResponseVerdict::Pass(_) if self.usable_entry(&target) => {
+                tracing::debug!("uncacheable answer; the usable stored entry stays");
+                Fill::Private(value)
+            }
+            // No freshness information, `no-store`, `private`, `Vary: *`:
+            // uncacheable for everyone.
+            ResponseVerdict::Share | ResponseVerdict::Pass(_) => {
+                tracing::debug!("response is not cacheable");
                 self.retained.remove(&target.key);
                 Fill::Pass(Some(value))
             }
@@ -115,13 +123,15 @@ impl LayerState {
     pub(super) fn unbuffered_fill(
         &self,
         verdict: &ResponseVerdict,
-        status: http::StatusCode,
+        status: StatusCode,
     ) -> Fill<CachedResponse> {
         let for_everyone = match verdict {
             ResponseVerdict::Store { .. } => false,
-            ResponseVerdict::Share => !self.http.share_uncacheable && !status.is_server_error(),
+            ResponseVerdict::Share => !self.http.share_uncacheable && !is_error(status),
             ResponseVerdict::Pass(reason) => {
-                !self.http.share_uncacheable && !policy::request_specific(reason)
+                !self.http.share_uncacheable
+                    && !is_error(status)
+                    && !policy::request_specific(reason)
             }
         };
         if for_everyone {
@@ -129,6 +139,15 @@ impl LayerState {
         } else {
             Fill::Unbuffered
         }
+    }
+
+    /// Whether the engine holds an entry for `target` that other requests
+    /// may still be served (fresh, or stale within its grace).
+    fn usable_entry(&self, target: &Target) -> bool {
+        matches!(
+            self.engine.probe(&target.key),
+            Probe::Fresh(_) | Probe::Stale(_)
+        )
     }
 
     /// Learn the Vary names `entry` carries for its URL (it may come from
@@ -154,6 +173,11 @@ impl LayerState {
             miss: Forward::VaryMiss,
         })
     }
+}
+
+/// A 4xx or 5xx: never a pass marker, never shared unless stored.
+pub(super) fn is_error(status: StatusCode) -> bool {
+    status.is_client_error() || status.is_server_error()
 }
 
 /// Whether `entry` was stored (it has a lifetime), rather than handed to

@@ -131,6 +131,16 @@ where
             None => (None, None),
         };
         let url = url_of(&req);
+        // A copy kept aside since the call was made (read from Redis past its
+        // stale grace, by another instance's write): revalidate it, and an
+        // origin error does not replace it.
+        if stale.is_none() {
+            stale = state
+                .retained
+                .get(&target.key)
+                .filter(|e| e.value.vary_matches(req.headers()))
+                .map(|e| e.value.clone());
+        }
         let (mut template, _body) = req.into_parts();
         // HEAD is filled with a GET so the stored entry can answer both; the
         // body of a GET or HEAD carries no meaning.

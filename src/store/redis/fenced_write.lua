@@ -3,7 +3,8 @@
 --       entry_prefix fence_offset
 -- mode: store (value, fresh_ms, hard_ms), pass (pass_ms) or release (nothing).
 -- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
--- Returns {accepted, released}, each 0 or 1.
+-- Returns {accepted, released}: accepted is 1, 0 (fenced off) or 2 (a pass
+-- marker not set over a fresh entry); released is 0 or 1.
 local f = tonumber(ARGV[2])
 -- The newest write (or purge) we know of: `hw`, or, when the fence hash is
 -- gone, the fence the stored entry was written with (it is part of the
@@ -34,15 +35,21 @@ if ARGV[3] ~= 'release' then
         redis.call('DEL', KEYS[2])
       end
       redis.call('DEL', KEYS[5])
+    elseif redis.call('EXISTS', KEYS[2]) == 1 then
+      -- A pass marker never replaces a fresh entry: the answer that says
+      -- "uncacheable" may have been made for one request alone.
+      accepted = 2
     else
       -- The origin now says uncacheable: the old entry must not be served.
       redis.call('DEL', KEYS[1], KEYS[2])
       redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
     end
-    redis.call('HSET', KEYS[4], 'hw', ARGV[2])
-    local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
-    if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
-    accepted = 1
+    if accepted == 0 then
+      redis.call('HSET', KEYS[4], 'hw', ARGV[2])
+      local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
+      if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
+      accepted = 1
+    end
   else
     redis.call('HINCRBY', KEYS[4], 'rejected', 1)
     if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[9]) then redis.call('PEXPIRE', KEYS[4], ARGV[9]) end

@@ -45,6 +45,9 @@ pub(crate) struct WriteOutcome {
     pub(crate) accepted: bool,
     /// Our lease was still ours and is now released.
     pub(crate) released: bool,
+    /// A pass marker was not set: the entry there is still fresh, and one
+    /// answer never replaces a fresh entry with a marker.
+    pub(crate) kept: bool,
 }
 
 /// What a fenced write stores.

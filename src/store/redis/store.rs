@@ -173,6 +173,7 @@ impl RedisStore {
         Ok(WriteOutcome {
             accepted: accepted == 1,
             released: released == 1,
+            kept: accepted == 2,
         })
     }
 
