@@ -51,30 +51,34 @@ pub(crate) fn request_form(version: Version, uri: &Uri, headers: &HeaderMap) -> 
     if let Some(why) = overridden(headers) {
         return RequestForm::Unkeyed(why);
     }
+    match host_form(version, uri, headers) {
+        None => RequestForm::Unkeyed(Unkeyed::BadHost),
+        Some(true) => RequestForm::UppercaseHost,
+        Some(false) => RequestForm::Keyed,
+    }
+}
+
+/// Whether the host a request names is valid (RFC 9112 §3.2, RFC 9113
+/// §8.3.1): `None` when not, else whether it has capitals. Shared with
+/// `herdguard proxy`, which answers 400 to what the layer would bypass.
+pub(crate) fn host_form(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<bool> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let host = hosts.next().map(http::HeaderValue::as_bytes);
     if hosts.next().is_some() {
-        return RequestForm::Unkeyed(Unkeyed::BadHost);
+        return None;
     }
     let named = match (uri.authority(), host) {
         // h2 :authority or an absolute-form target: Host, when sent, must
         // name the same host (the application may read either).
-        (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h) => {
-            return RequestForm::Unkeyed(Unkeyed::BadHost);
-        }
+        (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h) => return None,
         (Some(a), _) => a.as_str().as_bytes(),
         (None, Some(h)) => h,
         // Only HTTP/1.0 may name no host at all.
-        (None, None) if version <= Version::HTTP_10 => return RequestForm::Keyed,
-        (None, None) => return RequestForm::Unkeyed(Unkeyed::BadHost),
+        (None, None) if version <= Version::HTTP_10 => return Some(false),
+        (None, None) => return None,
     };
-    match host_grammar(named) {
-        None => RequestForm::Unkeyed(Unkeyed::BadHost),
-        Some(upper) if upper || host.is_some_and(|h| h.iter().any(u8::is_ascii_uppercase)) => {
-            RequestForm::UppercaseHost
-        }
-        Some(_) => RequestForm::Keyed,
-    }
+    let upper = host_grammar(named)?;
+    Some(upper || host.is_some_and(|h| h.iter().any(u8::is_ascii_uppercase)))
 }
 
 /// A method or URL override header, found in one pass over the names (most
@@ -98,7 +102,7 @@ fn overridden(headers: &HeaderMap) -> Option<Unkeyed> {
 /// `Host = uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2–3) with a
 /// non-empty host (RFC 9110 §4.2.1). `None` when invalid, else whether it
 /// has capitals. IPvFuture literals are refused: nothing sends them.
-pub(crate) fn host_grammar(authority: &[u8]) -> Option<bool> {
+fn host_grammar(authority: &[u8]) -> Option<bool> {
     let (host, port) = match authority.strip_prefix(b"[") {
         Some(rest) => {
             let end = rest.iter().position(|&b| b == b']')?;
