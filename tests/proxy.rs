@@ -57,13 +57,14 @@ async fn echo(headers: HeaderMap) -> String {
         .filter(|n| headers.contains_key(*n))
         .collect();
     format!(
-        "xff={}\nxfp={}\nxfh={}\nhost={}\nforwarded={}\nforeign={}\n",
+        "xff={}\nxfp={}\nxfh={}\nhost={}\nforwarded={}\nforeign={}\noverride={}\n",
         h("x-forwarded-for"),
         h("x-forwarded-proto"),
         h("x-forwarded-host"),
         h("host"),
         h("forwarded"),
         foreign.join(","),
+        h("x-http-method-override"),
     )
 }
 
@@ -91,10 +92,30 @@ async fn slow(State(seen): State<Seen>, uri: axum::http::Uri) -> axum::response:
         .unwrap()
 }
 
+/// A gzip-only origin: gzip when the request accepts it, else identity; counted.
+async fn gzip_only(State(seen): State<Seen>, headers: HeaderMap) -> axum::response::Response {
+    seen.0.fetch_add(1, Ordering::SeqCst);
+    let accepts = headers
+        .get("accept-encoding")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(',')
+        .any(|c| c.trim() == "gzip");
+    let mut r = axum::response::Response::builder()
+        .header("cache-control", "max-age=60")
+        .header("vary", "accept-encoding");
+    if accepts {
+        r = r.header("content-encoding", "gzip");
+    }
+    r.body(Body::from(if accepts { "gzipped" } else { "plain" }))
+        .unwrap()
+}
+
 fn origin_app(seen: Seen) -> Router {
     Router::new()
         .route("/echo", routing::get(echo))
         .route("/echo-cached", routing::get(echo_cached))
+        .route("/gzip-only", routing::get(gzip_only))
         .route("/slow/{n}", routing::get(slow))
         .with_state(seen)
 }
@@ -544,6 +565,47 @@ async fn foreign_forwarding_headers_never_poison_another_instance() {
     assert_eq!(line(&body, "foreign"), "", "{body}");
     assert!(!body.contains("evil"), "{body}");
     assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+}
+
+/// A GET with a method override reaches the upstream past the cache, and the plain GET after it gets its own answer.
+#[tokio::test]
+async fn method_override_bypasses_the_proxy_cache() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let url = proxy.url("/echo-cached");
+    let (_, h, body) = get(&url, &[("x-http-method-override", "DELETE")]).await;
+    assert_eq!(line(&body, "override"), "DELETE", "{body}");
+    assert!(
+        cache_status(&h).contains("detail=method-override"),
+        "{}",
+        cache_status(&h)
+    );
+    let (_, _, plain) = get(&url, &[]).await;
+    assert_eq!(line(&plain, "override"), "-", "{plain}");
+    let (_, h, again) = get(&url, &[]).await;
+    assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    assert_eq!(again, plain);
+    assert_eq!(seen.0.load(Ordering::SeqCst), 2);
+}
+
+/// Through the proxy, a browser's Accept-Encoding gets gzip from a gzip-only origin, and a br-only client never gets it.
+#[tokio::test]
+async fn browsers_get_gzip_from_a_gzip_only_origin() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let url = proxy.url("/gzip-only");
+    let (_, h, body) = get(&url, &[("accept-encoding", "gzip, deflate, br, zstd")]).await;
+    assert_eq!(
+        h.get("content-encoding").map(|v| v.as_bytes()),
+        Some(&b"gzip"[..]),
+        "{body}"
+    );
+    let (_, h, body) = get(&url, &[("accept-encoding", "br")]).await;
+    assert!(h.get("content-encoding").is_none(), "{body}");
+    assert_eq!(body, "plain");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 2);
 }
 
 /// Send one raw HTTP/1.x request head (and body) and read the answer.
