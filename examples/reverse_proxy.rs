@@ -5,13 +5,15 @@
 //!     --listen 127.0.0.1:8082 --upstream http://127.0.0.1:8000 \
 //!     [--purge-token SECRET] [--redis redis://127.0.0.1:6379] [--grace 60s]
 //!     [--redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001,...]
+//!     [--trusted-proxies 10.0.0.0/8,127.0.0.1]
 //! ```
 //!
 //! This is `herdguard proxy` (feature `cli`; see its `--help` for TLS,
 //! limits, an admin listener and the rest) with a few flags: the proxy's
-//! code lives in `src/bin/herdguard/proxy/` and both include it. Here every
-//! peer is trusted to report X-Forwarded-For, as before the proxy had
-//! `--trusted-proxies`.
+//! code lives in `src/bin/herdguard/proxy/` and both include it. No peer is
+//! trusted to report Forwarded / X-Forwarded-* unless `--trusted-proxies`
+//! names it: from anyone else they are replaced or removed, since the cache
+//! key does not hold them.
 
 #[path = "../src/bin/herdguard/proxy/mod.rs"]
 #[allow(
@@ -31,7 +33,6 @@ use herdguard::CacheLayer;
 use http_body_util::BodyExt;
 
 use shared::body::ProxyBody;
-use shared::forwarded::Cidr;
 use shared::{Peer, Proxy, ProxyConfig};
 
 /// What the proxy needs to know.
@@ -47,7 +48,6 @@ impl Config {
     fn shared(self) -> ProxyConfig {
         let mut config = ProxyConfig::new(self.upstream);
         config.purge_token = self.purge_token;
-        config.trusted_proxies = Cidr::everyone();
         config
     }
 }
@@ -128,14 +128,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let cache = builder.build()?;
     let purge = if purge_token.is_some() { "on" } else { "off" };
-    let proxy = Proxy::new(
-        Config {
-            upstream: upstream.clone(),
-            purge_token,
-        }
-        .shared(),
-        cache,
-    )?;
+    let mut config = Config {
+        upstream: upstream.clone(),
+        purge_token,
+    }
+    .shared();
+    if let Some(ranges) = arg_value(&args, "--trusted-proxies") {
+        config.trusted_proxies = ranges
+            .split(',')
+            .filter(|r| !r.trim().is_empty())
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+    }
+    let proxy = Proxy::new(config, cache)?;
     let server = shared::server::ServerConfig::new(listen);
     shared::server::run(server, proxy, None, |bound| {
         println!(

@@ -214,10 +214,12 @@
 //!   Values are compared in a normal form: field lines combined, whitespace
 //!   around commas dropped; `Accept`, `Accept-Language` and `Accept-Charset`
 //!   also lowercased and ordered by q-value (equal preferences in any
-//!   order). `Accept-Encoding` falls into one of three buckets (`br` if
-//!   acceptable, else `gzip`, else `identity`; `q=0` excludes), and the
-//!   request that fills an entry carries the bucket as its
-//!   `Accept-Encoding`, so every request of a bucket accepts what is stored.
+//!   order). `Accept-Encoding` falls into one of four buckets by which of
+//!   `br` and `gzip` it accepts (`br, gzip`, `br`, `gzip`, `identity`;
+//!   `q=0` excludes), and the request that fills an entry carries the
+//!   bucket as its `Accept-Encoding`: it offers every coding all requests
+//!   of the bucket accept (a gzip-only origin still compresses for
+//!   browsers) and none that any of them refused.
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
@@ -337,6 +339,20 @@
 //!   cache untouched (`Cache-Status: …; fwd=request; detail=request-body`).
 //!   A proxy in front should drop hop-by-hop headers before this layer, as
 //!   the `reverse_proxy` example does.
+//! - **What the key cannot see bypasses it** (never stored, never served
+//!   from the cache, never coalesced; `fwd=request` with its own `detail`):
+//!   a GET or HEAD whose host RFC 9112 §3.2 / RFC 9113 §8.3.1 calls invalid
+//!   (userinfo such as `evil@app.test`, characters or a port outside the
+//!   grammar, an empty host, none at all on HTTP/1.1 or later, two `Host`
+//!   lines, or a `Host` other than the target's authority: `bad-host`), and
+//!   one carrying a method or URL override (`X-HTTP-Method-Override`,
+//!   `X-HTTP-Method`, `X-Method-Override`: `method-override`;
+//!   `X-Original-URL`, `X-Rewrite-URL`: `url-override`). A valid host with
+//!   capitals is lowercased before your service sees it, as the key has it.
+//!   Other headers your service reads but the key does not (forwarding
+//!   headers above all) must be named with
+//!   [`key_header`](CacheLayerBuilder::key_header): see
+//!   docs/operations.md, "Hostile requests".
 //!
 //! ## Bounds and timeouts
 //!

@@ -28,6 +28,20 @@ use support::tls::Certs;
 #[derive(Clone, Default)]
 struct Seen(Arc<AtomicUsize>);
 
+/// Forwarding headers a proxy does not set for itself.
+const FOREIGN_FORWARDING: [(&str, &str); 10] = [
+    ("x-forwarded-scheme", "javascript"),
+    ("x-forwarded-port", "1337"),
+    ("x-forwarded-prefix", "/evil"),
+    ("x-forwarded-server", "evil.test"),
+    ("x-forwarded-ssl", "on"),
+    ("x-forwarded-anything", "evil"),
+    ("x-host", "evil.test"),
+    ("front-end-https", "on"),
+    ("x-original-url", "/admin"),
+    ("x-rewrite-url", "/admin"),
+];
+
 /// The forwarded headers the origin was given, one per line.
 async fn echo(headers: HeaderMap) -> String {
     let h = |n: &str| {
@@ -37,13 +51,30 @@ async fn echo(headers: HeaderMap) -> String {
             .unwrap_or("-")
             .to_owned()
     };
+    let foreign: Vec<&str> = FOREIGN_FORWARDING
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| headers.contains_key(*n))
+        .collect();
     format!(
-        "xff={}\nxfp={}\nxfh={}\nhost={}\n",
+        "xff={}\nxfp={}\nxfh={}\nhost={}\nforwarded={}\nforeign={}\noverride={}\n",
         h("x-forwarded-for"),
         h("x-forwarded-proto"),
         h("x-forwarded-host"),
-        h("host")
+        h("host"),
+        h("forwarded"),
+        foreign.join(","),
+        h("x-http-method-override"),
     )
+}
+
+/// `echo`, cacheable for a minute, counted.
+async fn echo_cached(State(seen): State<Seen>, headers: HeaderMap) -> axum::response::Response {
+    seen.0.fetch_add(1, Ordering::SeqCst);
+    axum::response::Response::builder()
+        .header("cache-control", "max-age=60")
+        .body(Body::from(echo(headers).await))
+        .unwrap()
 }
 
 /// Cacheable for a minute, after an optional wait (`?ms=`).
@@ -61,9 +92,30 @@ async fn slow(State(seen): State<Seen>, uri: axum::http::Uri) -> axum::response:
         .unwrap()
 }
 
+/// A gzip-only origin: gzip when the request accepts it, else identity; counted.
+async fn gzip_only(State(seen): State<Seen>, headers: HeaderMap) -> axum::response::Response {
+    seen.0.fetch_add(1, Ordering::SeqCst);
+    let accepts = headers
+        .get("accept-encoding")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(',')
+        .any(|c| c.trim() == "gzip");
+    let mut r = axum::response::Response::builder()
+        .header("cache-control", "max-age=60")
+        .header("vary", "accept-encoding");
+    if accepts {
+        r = r.header("content-encoding", "gzip");
+    }
+    r.body(Body::from(if accepts { "gzipped" } else { "plain" }))
+        .unwrap()
+}
+
 fn origin_app(seen: Seen) -> Router {
     Router::new()
         .route("/echo", routing::get(echo))
+        .route("/echo-cached", routing::get(echo_cached))
+        .route("/gzip-only", routing::get(gzip_only))
         .route("/slow/{n}", routing::get(slow))
         .with_state(seen)
 }
@@ -486,6 +538,213 @@ async fn trusted_forwarded_headers_are_kept() {
     .await;
     assert_eq!(line(&body, "xff"), "203.0.113.7, 127.0.0.1", "{body}");
     assert_eq!(line(&body, "xfp"), "https", "{body}");
+}
+
+/// From an untrusted peer, Forwarded is replaced by the proxy's own and every forwarding header the proxy does not set is removed.
+#[tokio::test]
+async fn untrusted_foreign_forwarding_headers_are_removed() {
+    let upstream = origin(Seen::default()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let mut headers = vec![
+        ("host", "app.test"),
+        ("forwarded", "for=6.6.6.6;host=evil.test;proto=https"),
+    ];
+    headers.extend(FOREIGN_FORWARDING);
+    let (_, _, body) = get(&proxy.url("/echo"), &headers).await;
+    assert_eq!(
+        line(&body, "forwarded"),
+        "for=127.0.0.1;proto=http;host=\"app.test\"",
+        "{body}"
+    );
+    assert_eq!(line(&body, "foreign"), "", "{body}");
+    assert_eq!(line(&body, "xfh"), "app.test", "{body}");
+}
+
+/// From a peer in --trusted-proxies, Forwarded is extended with this hop and the other forwarding headers are kept.
+#[tokio::test]
+async fn trusted_forwarded_chain_is_extended() {
+    let upstream = origin(Seen::default()).await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--trusted-proxies",
+        "127.0.0.0/8",
+    ])
+    .await;
+    let (_, _, body) = get(
+        &proxy.url("/echo"),
+        &[
+            ("host", "app.test"),
+            ("forwarded", "for=203.0.113.7;proto=https"),
+            ("x-forwarded-prefix", "/shop"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        line(&body, "forwarded"),
+        "for=203.0.113.7;proto=https, for=127.0.0.1;proto=http;host=\"app.test\"",
+        "{body}"
+    );
+    assert_eq!(line(&body, "foreign"), "x-forwarded-prefix", "{body}");
+}
+
+/// On two proxies sharing Redis, a client's forwarding headers on one never reach the answer the other serves.
+#[tokio::test]
+async fn foreign_forwarding_headers_never_poison_another_instance() {
+    let redis = support::RedisServer::start();
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let args = [
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--redis",
+        &redis.url(),
+    ];
+    let first = Proxy::start(&args).await;
+    let second = Proxy::start(&args).await;
+    let mut attack = vec![
+        ("host", "app.test"),
+        ("forwarded", "for=6.6.6.6;host=evil.test;proto=https"),
+    ];
+    attack.extend(FOREIGN_FORWARDING);
+    let (_, _, poisoned) = get(&first.url("/echo-cached"), &attack).await;
+    assert_eq!(line(&poisoned, "foreign"), "", "{poisoned}");
+    let (_, h, body) = get(&second.url("/echo-cached"), &[("host", "app.test")]).await;
+    assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    assert_eq!(line(&body, "foreign"), "", "{body}");
+    assert!(!body.contains("evil"), "{body}");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+}
+
+/// A GET with a method override reaches the upstream past the cache, and the plain GET after it gets its own answer.
+#[tokio::test]
+async fn method_override_bypasses_the_proxy_cache() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let url = proxy.url("/echo-cached");
+    let (_, h, body) = get(&url, &[("x-http-method-override", "DELETE")]).await;
+    assert_eq!(line(&body, "override"), "DELETE", "{body}");
+    let (_, _, plain) = get(&url, &[]).await;
+    assert_eq!(line(&plain, "override"), "-", "{plain}");
+    assert!(
+        cache_status(&h).contains("detail=method-override"),
+        "{}",
+        cache_status(&h)
+    );
+    let (_, h, again) = get(&url, &[]).await;
+    assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    assert_eq!(again, plain);
+    assert_eq!(seen.0.load(Ordering::SeqCst), 2);
+}
+
+/// Through the proxy, a browser's Accept-Encoding gets gzip from a gzip-only origin, and a br-only client never gets it.
+#[tokio::test]
+async fn browsers_get_gzip_from_a_gzip_only_origin() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let url = proxy.url("/gzip-only");
+    let (_, h, body) = get(&url, &[("accept-encoding", "gzip, deflate, br, zstd")]).await;
+    assert_eq!(
+        h.get("content-encoding").map(|v| v.as_bytes()),
+        Some(&b"gzip"[..]),
+        "{body}"
+    );
+    let (_, h, body) = get(&url, &[("accept-encoding", "br")]).await;
+    assert!(h.get("content-encoding").is_none(), "{body}");
+    assert_eq!(body, "plain");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 2);
+}
+
+/// Send one raw HTTP/1.x request head (and body) and read the answer.
+async fn raw_request(proxy: &Proxy, request: &str) -> String {
+    let mut tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    read_all(&mut tcp, Duration::from_secs(10)).await
+}
+
+/// A Host RFC 9112 §3.2 calls invalid (userinfo, bad grammar, empty, missing on HTTP/1.1, two) is a 400 that never reaches the upstream; HTTP/1.0 may omit it.
+#[tokio::test]
+async fn invalid_hosts_get_400() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    for host in [
+        "host: evil.example@app.test\r\n",
+        "host: app test\r\n",
+        "host: app.test/evil\r\n",
+        "host: app.test:abc\r\n",
+        "host:\r\n",
+        "",
+        "host: app.test\r\nhost: evil.test\r\n",
+    ] {
+        let req = format!("GET /slow/1 HTTP/1.1\r\n{host}connection: close\r\n\r\n");
+        let answer = raw_request(&proxy, &req).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{host:?}: {answer:?}");
+    }
+    let absolute = "GET http://evil.example@app.test/slow/1 HTTP/1.1\r\n\
+                    host: evil.example@app.test\r\nconnection: close\r\n\r\n";
+    let answer = raw_request(&proxy, absolute).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 0);
+    let answer = raw_request(&proxy, "GET /slow/1 HTTP/1.0\r\n\r\n").await;
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer:?}"
+    );
+    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+}
+
+/// An h2 :authority with userinfo is a 400 (RFC 9113 §8.3.1) that never reaches the upstream.
+#[tokio::test]
+async fn h2_authority_with_userinfo_gets_400() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(format!("http://evil.example@{}/slow/1", proxy.addr))
+        .body(Body::empty())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(seen.0.load(Ordering::SeqCst), 0);
+    let req = Request::get(format!("http://{}/slow/1", proxy.addr))
+        .body(Body::empty())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+}
+
+/// A request transfer coding other than chunked is a 501 that never reaches the upstream; chunked alone is forwarded.
+#[tokio::test]
+async fn unknown_transfer_codings_get_501() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let body = "5\r\nhello\r\n0\r\n\r\n";
+    for te in ["gzip, chunked", "deflate,chunked", "x-custom, chunked"] {
+        let req = format!(
+            "GET /slow/1 HTTP/1.1\r\nhost: app.test\r\ntransfer-encoding: {te}\r\n\
+             connection: close\r\n\r\n{body}"
+        );
+        let answer = raw_request(&proxy, &req).await;
+        assert!(answer.starts_with("HTTP/1.1 501"), "{te}: {answer:?}");
+    }
+    assert_eq!(seen.0.load(Ordering::SeqCst), 0);
+    let req = format!(
+        "GET /slow/1 HTTP/1.1\r\nhost: app.test\r\ntransfer-encoding: chunked\r\n\
+         connection: close\r\n\r\n{body}"
+    );
+    let answer = raw_request(&proxy, &req).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
 }
 
 async fn admin_get(proxy: &Proxy, path: &str) -> (StatusCode, String) {

@@ -41,10 +41,11 @@ async fn echo(req: Request<Body>) -> String {
     };
     let body = body.collect().await.unwrap().to_bytes();
     format!(
-        "method={} body={} xff={} via={} x-secret={} x-end={}",
+        "method={} body={} xff={} xfp={} via={} x-secret={} x-end={}",
         parts.method,
         String::from_utf8_lossy(&body),
         h("x-forwarded-for"),
+        h("x-forwarded-proto"),
         h("via"),
         h("x-secret"),
         h("x-end"),
@@ -170,7 +171,6 @@ async fn forwards_method_body_and_end_to_end_headers_only() {
                 ("connection", "x-secret"),
                 ("x-secret", "1"),
                 ("x-end", "2"),
-                ("x-forwarded-for", "10.0.0.1"),
             ],
             "payload",
         )
@@ -178,11 +178,30 @@ async fn forwards_method_body_and_end_to_end_headers_only() {
     assert_eq!(code, StatusCode::OK);
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("method=PATCH body=payload"), "{body}");
-    assert!(body.contains("xff=10.0.0.1, 127.0.0.1"), "{body}");
+    assert!(body.contains("xff=127.0.0.1 "), "{body}");
     assert!(body.contains("via=1.1 herdguard"), "{body}");
     assert!(body.contains("x-secret=- x-end=2"), "{body}");
     assert_eq!(h.get("via").unwrap(), "1.1 herdguard");
     assert!(cache_status(&h).contains("fwd=method"));
+}
+
+/// The example trusts no peer by default: a client's X-Forwarded-For and -Proto are replaced by what its connection shows.
+#[tokio::test]
+async fn no_peer_is_trusted_by_default() {
+    let s = setup(None).await;
+    let (_, _, body) = s
+        .send(
+            "GET",
+            "/echo",
+            &[
+                ("x-forwarded-for", "10.0.0.1"),
+                ("x-forwarded-proto", "javascript"),
+            ],
+            "",
+        )
+        .await;
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("xff=127.0.0.1 xfp=http "), "{body}");
 }
 
 /// GETs through the proxy are cached: two requests, one upstream call, and Surrogate-Key is not shown to clients.

@@ -364,6 +364,22 @@ impl CacheLayerBuilder {
 
     /// Request headers whose values become part of the cache key (each value
     /// length-prefixed and the values counted, so no two lists collide).
+    ///
+    /// Name every header your service reads to build an answer that the
+    /// URL and the response's `Vary` do not cover, above all forwarding
+    /// headers (`X-Forwarded-Host`, `-Proto`, `-Prefix`): otherwise one
+    /// request's value decides what everyone with the URL gets
+    /// (docs/operations.md, "Hostile requests").
+    ///
+    /// ```
+    /// use http::HeaderName;
+    ///
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .key_header(HeaderName::from_static("x-forwarded-host"))
+    ///     .key_header(HeaderName::from_static("x-forwarded-proto"))
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
     #[must_use]
     pub fn key_header(mut self, name: HeaderName) -> Self {
         self.http.key_headers.push(name);

@@ -332,7 +332,10 @@ pub(crate) fn url_key(authority: Option<&[u8]>, path: &[u8], query: Option<&[u8]
 /// The authority as the key sees it: without userinfo, port kept. The
 /// host a request names, port included, is what the origin is told (Host,
 /// X-Forwarded-Host) and may build links from, so `shop.test:1337` and
-/// `shop.test` are different resources.
+/// `shop.test` are different resources. Userinfo is dropped only from the
+/// URLs given to a purge and from unsafe requests' invalidation targets: a
+/// GET or HEAD naming userinfo never gets this far, it bypasses the cache
+/// (the origin would see a host the key does not).
 pub(crate) fn key_authority(authority: &[u8]) -> &[u8] {
     match authority.iter().rposition(|&b| b == b'@') {
         Some(at) => &authority[at + 1..],

@@ -9,9 +9,9 @@
 //!
 //! Varied values are compared in a normal form, so equivalent requests share
 //! one variant (see [`normal_form`]): `Accept-Encoding` falls into one of
-//! three buckets (`br`, `gzip`, `identity`), and the request the cache sends
-//! to fill an entry carries that bucket, so whoever shares the variant
-//! accepts what is stored.
+//! four buckets (`br, gzip`, `br`, `gzip`, `identity`), and the request the
+//! cache sends to fill an entry carries that bucket, so whoever shares the
+//! variant accepts what is stored.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -148,8 +148,9 @@ fn stored_value(name: &HeaderName, value: &HeaderValue) -> HeaderValue {
 }
 
 /// The header the cache sends to fill an entry: `Accept-Encoding` becomes
-/// its bucket, so the origin picks a coding every request of the variant
-/// accepts.
+/// its bucket, which offers every coding all requests of the variant
+/// accept (`br, gzip` for browsers: a gzip-only origin still compresses)
+/// and none that any of them refused.
 pub(crate) fn normalise_fill_request(headers: &mut HeaderMap) {
     if headers.contains_key(header::ACCEPT_ENCODING) {
         let bucket = encoding_bucket(headers);
@@ -159,9 +160,8 @@ pub(crate) fn normalise_fill_request(headers: &mut HeaderMap) {
 
 /// A varied header's values in normal form; `None` when the request has none.
 ///
-/// - `Accept-Encoding`: its bucket. `br` when brotli is acceptable (q > 0,
-///   named or by `*`) and not less preferred than gzip, else `gzip` (or
-///   `x-gzip`) when acceptable, else `identity`.
+/// - `Accept-Encoding`: its bucket, the acceptable ones of `br` and `gzip`
+///   (`x-gzip` counts as gzip): `br, gzip`, `br`, `gzip` or `identity`.
 /// - `Accept`, `Accept-Charset`, `Accept-Language`: elements lowercased
 ///   (outside quoted strings), whitespace around `,` and `;` removed, and
 ///   sorted by q-value, then by text: the order of equally preferred
@@ -224,7 +224,13 @@ pub(crate) fn normal_form<'a>(name: &HeaderName, request: &'a HeaderMap) -> Opti
     Some(Cow::Owned(elements.join(&b", "[..])))
 }
 
-/// The `br` / `gzip` / `identity` bucket of a request's Accept-Encoding.
+/// The bucket of a request's Accept-Encoding: which of `br` and `gzip` it
+/// accepts (q > 0, named or by `*`). Everyone in a bucket accepts every
+/// coding its name lists, and the fill request offers exactly those, so a
+/// gzip-only origin still compresses for a browser and nobody is sent a
+/// coding they refused. Other codings (zstd, deflate) are not offered: not
+/// every browser accepts them, and a bucket per combination would split
+/// the variants of one URL for no gain over these two.
 fn encoding_bucket(request: &HeaderMap) -> &'static str {
     let (mut br, mut gzip, mut star) = (None, None, None);
     for line in request.get_all(header::ACCEPT_ENCODING) {
@@ -246,14 +252,13 @@ fn encoding_bucket(request: &HeaderMap) -> &'static str {
         }
     }
     // A coding not named is acceptable as `*` says.
-    let br = br.or(star).unwrap_or(0);
-    let gzip = gzip.or(star).unwrap_or(0);
-    if br > 0 && br >= gzip {
-        "br"
-    } else if gzip > 0 {
-        "gzip"
-    } else {
-        "identity"
+    let br = br.or(star).unwrap_or(0) > 0;
+    let gzip = gzip.or(star).unwrap_or(0) > 0;
+    match (br, gzip) {
+        (true, true) => "br, gzip",
+        (true, false) => "br",
+        (false, true) => "gzip",
+        (false, false) => "identity",
     }
 }
 
@@ -325,25 +330,33 @@ mod tests {
         normal_form(&name, &h).map(|v| String::from_utf8(v.into_owned()).unwrap())
     }
 
-    /// Browser Accept-Encoding strings fall into three buckets, honouring q=0.
+    /// Accept-Encoding strings fall into four buckets by which of br and gzip they accept, honouring q=0.
     #[test]
     fn accept_encoding_buckets() {
         let ae = |v: &str| form("accept-encoding", &[v]).unwrap();
-        assert_eq!(ae("gzip, deflate, br, zstd"), "br");
-        assert_eq!(ae("br;q=1.0, gzip;q=0.8, *;q=0.1"), "br");
+        assert_eq!(ae("gzip, deflate, br, zstd"), "br, gzip");
+        assert_eq!(ae("gzip, deflate, br"), "br, gzip");
+        assert_eq!(ae("br;q=1.0, gzip;q=0.8, *;q=0.1"), "br, gzip");
+        assert_eq!(ae("br;q=0.2, gzip;q=0.9"), "br, gzip");
+        assert_eq!(ae("*"), "br, gzip");
+        assert_eq!(ae("br"), "br");
+        assert_eq!(ae("br, gzip;q=0"), "br");
         assert_eq!(ae("gzip, deflate"), "gzip");
         assert_eq!(ae("GZIP"), "gzip");
         assert_eq!(ae("x-gzip"), "gzip");
         assert_eq!(ae("br;q=0, gzip"), "gzip");
+        assert_eq!(ae("*, br;q=0"), "gzip");
         assert_eq!(ae("br;q=0"), "identity");
         assert_eq!(ae("gzip;q=0, *;q=0"), "identity");
-        assert_eq!(ae("br;q=0.2, gzip;q=0.9"), "gzip");
-        assert_eq!(ae("*"), "br");
-        assert_eq!(ae("*, br;q=0"), "gzip");
         assert_eq!(ae("deflate"), "identity");
+        assert_eq!(ae("zstd, deflate"), "identity");
         assert_eq!(ae(""), "identity");
         assert_eq!(ae("br;q=nonsense"), "identity");
         assert_eq!(form("accept-encoding", &[]), None);
+        // The fill request carries the bucket, and it is its own bucket.
+        for bucket in ["br, gzip", "br", "gzip", "identity"] {
+            assert_eq!(ae(bucket), bucket);
+        }
     }
 
     /// Whitespace, repeated lines, case and the order of equal preferences do not split variants.

@@ -6,6 +6,7 @@ mod freshness;
 mod request;
 mod storability;
 pub(crate) mod targeted;
+mod unkeyed;
 
 pub(crate) use freshness::{stale_if_error_allows, usability, StoredRules, Usable};
 pub(crate) use request::{
@@ -15,6 +16,7 @@ pub(crate) use storability::{
     classify_response, request_specific, shared_across_credentials, vary_names, ResponseRules,
     ResponseVerdict,
 };
+pub(crate) use unkeyed::{request_form, RequestForm};
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! request ─► classify (method, Range, request no-store …) ── bypass ─► origin
+//!    │ body, bad Host, method / URL override ──────────────── bypass ─► origin
 //!    │ key = variant of (URL, Authorization?, key headers) by learned Vary names
 //!    │ request no-cache ─► forward, store the fresh result (fwd=request)
 //!    ▼
@@ -30,7 +31,7 @@ use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::future::ResponseFuture;
-use crate::http::policy::{self, Forward, RequestDirectives, RequestVerdict, Usable};
+use crate::http::policy::{self, Forward, RequestDirectives, RequestForm, RequestVerdict, Usable};
 use crate::http::request_body::RequestBody;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::metrics::Source;
@@ -41,6 +42,7 @@ use coalesce::{miss, reload};
 use direct::refresh_request;
 use origin::OriginCall;
 use respond::{stale_detail, Served, View};
+use target::{effective_uri, lowercase_host};
 
 mod bounds;
 mod coalesce;
@@ -179,6 +181,17 @@ impl<S> CacheService<S> {
             let status = state.status_fwd(Forward::Request, Some("request-body"));
             return ResponseFuture::bypass(inner.call(req), status, None);
         }
+        // The key and the origin must read one host and one method and URL:
+        // an odd Host or an override header goes past the cache untouched.
+        let req = match policy::request_form(req.version(), effective_uri(&req), req.headers()) {
+            RequestForm::Keyed => req,
+            RequestForm::UppercaseHost => lowercase_host(req),
+            RequestForm::Unkeyed(why) => {
+                state.engine.counters.record(Source::Bypass);
+                let status = state.status_fwd(Forward::Request, Some(why.detail()));
+                return ResponseFuture::bypass(inner.call(req), status, None);
+            }
+        };
 
         let head = req.method() == Method::HEAD;
         let (req, route_key) = state.route_key(req);

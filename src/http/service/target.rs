@@ -89,6 +89,34 @@ pub(super) fn request_authority<'a, B>(
         .or_else(|| req.headers().get(header::HOST).map(HeaderValue::as_bytes))
 }
 
+/// The request with its host lowercased wherever it is named (Host, the
+/// target, axum's original URI): the key lowercases hosts, and the
+/// application must see the string the key used.
+pub(super) fn lowercase_host<B>(req: Request<B>) -> Request<B> {
+    let (mut parts, body) = req.into_parts();
+    if let Some(host) = parts.headers.get(header::HOST) {
+        if let Ok(v) = HeaderValue::from_bytes(&host.as_bytes().to_ascii_lowercase()) {
+            parts.headers.insert(header::HOST, v);
+        }
+    }
+    parts.uri = lowercase_authority(&parts.uri);
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get_mut::<axum::extract::OriginalUri>() {
+        original.0 = lowercase_authority(&original.0);
+    }
+    Request::from_parts(parts, body)
+}
+
+fn lowercase_authority(uri: &http::Uri) -> http::Uri {
+    let Some(authority) = uri.authority() else {
+        return uri.clone();
+    };
+    let lower = authority.as_str().to_ascii_lowercase();
+    let mut parts = uri.clone().into_parts();
+    parts.authority = http::uri::Authority::try_from(lower).ok();
+    http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}
+
 /// The key of a request's URL alone (purge by URL matches on it).
 pub(super) fn url_of<B>(req: &Request<B>) -> CacheKey {
     let uri = effective_uri(req);

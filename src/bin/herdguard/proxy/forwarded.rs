@@ -1,5 +1,5 @@
-//! X-Forwarded-For / -Proto, and which peers may set them. Header rules
-//! only: imports nothing else of the proxy.
+//! Forwarded (RFC 7239), X-Forwarded-For / -Proto, and which peers may set
+//! them. Header rules only: imports nothing else of the proxy.
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
@@ -35,21 +35,6 @@ pub(crate) struct Cidr {
 }
 
 impl Cidr {
-    /// Every IPv4 and IPv6 address: trust any peer.
-    #[allow(dead_code, reason = "the reverse_proxy example trusts everyone")]
-    pub(crate) fn everyone() -> Vec<Self> {
-        vec![
-            Self {
-                net: IpAddr::from([0, 0, 0, 0]),
-                bits: 0,
-            },
-            Self {
-                net: IpAddr::from([0u16; 8]),
-                bits: 0,
-            },
-        ]
-    }
-
     pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         let ip = match ip {
             // A v4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
@@ -95,35 +80,110 @@ impl FromStr for Cidr {
     }
 }
 
-/// Set X-Forwarded-For and -Proto on an upstream request. A trusted peer's
-/// chain is extended and its proto kept; anyone else's is replaced, so a
-/// client cannot claim an address or a scheme it does not have.
-pub(crate) fn apply(headers: &mut HeaderMap, peer: Option<Peer>, trusted: &[Cidr]) {
+/// Forwarding headers this proxy never sets: an application may build
+/// links or routes from them, and the cache key does not hold them.
+const NOT_OURS: [&str; 5] = [
+    "x-host",
+    "front-end-https",
+    "x-original-url",
+    "x-rewrite-url",
+    "forwarded",
+];
+
+/// Whether `peer` may tell the upstream about the hops before it.
+pub(crate) fn is_trusted(peer: Option<Peer>, trusted: &[Cidr]) -> bool {
+    peer.is_some_and(|p| trusted.iter().any(|c| c.contains(p.addr.ip())))
+}
+
+/// Drop what a client outside `trusted_proxies` says about forwarding,
+/// before the cache keys the request: `Forwarded` (replaced by ours later),
+/// every `X-Forwarded-*` but -For and -Proto (replaced too), `X-Host`,
+/// `Front-End-Https`, `X-Original-URL`, `X-Rewrite-URL`.
+pub(crate) fn strip_untrusted(headers: &mut HeaderMap) {
+    let theirs: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|n| {
+            let n = n.as_str();
+            NOT_OURS.contains(&n)
+                || n.strip_prefix("x-forwarded-")
+                    .is_some_and(|rest| rest != "for" && rest != "proto")
+        })
+        .cloned()
+        .collect();
+    for name in theirs {
+        headers.remove(name);
+    }
+}
+
+/// Set Forwarded, X-Forwarded-For and -Proto on an upstream request. A
+/// trusted peer's chains are extended and its proto kept; anyone else's
+/// are replaced, so a client cannot claim an address, a scheme or a host
+/// it does not have. `host` is the one the cache keyed.
+pub(crate) fn apply(
+    headers: &mut HeaderMap,
+    peer: Option<Peer>,
+    trusted: &[Cidr],
+    host: Option<&HeaderValue>,
+) {
     let Some(peer) = peer else {
         // Not from a connection we accepted (a test calling the service):
         // say nothing rather than something false.
         headers.remove("x-forwarded-for");
         headers.remove("x-forwarded-proto");
+        headers.remove("forwarded");
         return;
     };
     let ip = peer.addr.ip();
-    let proto = HeaderValue::from_static(if peer.tls { "https" } else { "http" });
-    if trusted.iter().any(|c| c.contains(ip)) {
+    let scheme = if peer.tls { "https" } else { "http" };
+    let proto = HeaderValue::from_static(scheme);
+    let element = forwarded_element(ip, scheme, host);
+    if is_trusted(Some(peer), trusted) {
         append_list(headers, "x-forwarded-for", &ip.to_string());
         if !headers.contains_key("x-forwarded-proto") {
             headers.insert("x-forwarded-proto", proto);
         }
+        append_list(headers, "forwarded", &element);
     } else {
         if let Ok(v) = HeaderValue::from_str(&ip.to_string()) {
             headers.insert("x-forwarded-for", v);
         }
         headers.insert("x-forwarded-proto", proto);
+        if let Ok(v) = HeaderValue::from_str(&element) {
+            headers.insert("forwarded", v);
+        }
     }
+}
+
+/// One RFC 7239 element for this hop: `for=…;proto=…;host="…"`.
+fn forwarded_element(ip: IpAddr, scheme: &str, host: Option<&HeaderValue>) -> String {
+    let mut element = match ip {
+        IpAddr::V4(v4) => format!("for={v4};proto={scheme}"),
+        IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto={scheme}"),
+    };
+    // The host passed the Host grammar: no quote or backslash to escape.
+    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+        element.push_str(&format!(";host=\"{host}\""));
+    }
+    element
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Forwarded elements quote IPv6 and the host, as RFC 7239 §4 requires.
+    #[test]
+    fn forwarded_elements() {
+        let host = HeaderValue::from_static("app.test:8080");
+        assert_eq!(
+            forwarded_element("192.0.2.1".parse().unwrap(), "http", Some(&host)),
+            "for=192.0.2.1;proto=http;host=\"app.test:8080\""
+        );
+        assert_eq!(
+            forwarded_element("::1".parse().unwrap(), "https", None),
+            "for=\"[::1]\";proto=https"
+        );
+    }
 
     /// Ranges match by prefix, in both families, and v4-mapped v6 as v4.
     #[test]

@@ -11,12 +11,21 @@
 //!   cache key and exactly what the upstream is told, in both `Host` and
 //!   `X-Forwarded-Host` (so links it builds from either match the key; an
 //!   incoming `X-Forwarded-Host` is never kept, even from a trusted proxy).
-//!   An absolute-form target whose authority disagrees with `Host`, or two
-//!   `Host` headers, get a 400. A request without a host gets the
-//!   upstream's own as `Host`.
-//! - `X-Forwarded-For` / `-Proto`: from a peer in `trusted_proxies`, the
-//!   incoming chain is kept (the peer appended) and its proto kept; from any
-//!   other peer both are replaced by what this connection shows.
+//!   A host RFC 9112 §3.2 / RFC 9113 §8.3.1 calls invalid gets a 400:
+//!   userinfo (`evil@app.test`, in `Host` or h2 `:authority`), characters or
+//!   a port outside the grammar, an empty host, none on HTTP/1.1 or h2, two
+//!   `Host` headers, an absolute-form target or `:authority` that disagrees
+//!   with `Host`. (The grammar is the layer's own file, so the proxy refuses
+//!   exactly what the layer would pass by.) An HTTP/1.0 request without a
+//!   host gets the upstream's own as `Host`.
+//! - `Forwarded`, `X-Forwarded-For` / `-Proto`: from a peer in
+//!   `trusted_proxies`, the incoming chains are kept (this hop appended) and
+//!   the proto kept; from any other peer they are replaced by what this
+//!   connection shows, and every other forwarding header (`X-Forwarded-*`,
+//!   `X-Host`, `Front-End-Https`, `X-Original-URL`, `X-Rewrite-URL`) is
+//!   removed before the cache keys the request.
+//! - A request transfer coding other than `chunked` gets a 501 (RFC 9112
+//!   §6.1): it is never forwarded under another label.
 //! - GET and HEAD go through one [`CacheLayer`]: one upstream request per key,
 //!   RFC 9111 semantics, `Cache-Status` on every response, also on the 502
 //!   (upstream unreachable) and 504 (upstream too slow) the proxy makes.
@@ -30,6 +39,14 @@ pub(crate) mod body;
 pub(crate) mod forwarded;
 pub(crate) mod server;
 pub(crate) mod upstream;
+// The layer's Host grammar, compiled into the proxy (it imports only `http`).
+#[path = "../../../http/policy/unkeyed.rs"]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "the proxy uses the host check; the rest is the layer's"
+)]
+mod unkeyed;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -111,6 +128,7 @@ pub(crate) struct Proxy {
     cache: CacheLayer,
     purge_token: Option<Arc<str>>,
     access_log: Option<AccessLog>,
+    trusted: Arc<[Cidr]>,
 }
 
 impl Proxy {
@@ -130,10 +148,11 @@ impl Proxy {
             .pool_max_idle_per_host(config.upstream_options.max_idle)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .build(connector);
+        let trusted: Arc<[Cidr]> = config.trusted_proxies.into();
         let origin = Origin {
             client,
             upstream: Arc::new(config.upstream),
-            trusted: config.trusted_proxies.into(),
+            trusted: Arc::clone(&trusted),
             response_timeout: config.upstream_options.response_timeout,
         };
         Ok(Self {
@@ -141,6 +160,7 @@ impl Proxy {
             cache,
             purge_token: config.purge_token.map(Into::into),
             access_log: config.access_log,
+            trusted,
         })
     }
 
@@ -183,9 +203,9 @@ impl Proxy {
 
     async fn answer(&mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
         // The cache must key exactly the request the upstream will see.
-        let req = match normalize(req) {
+        let req = match normalize(req, &self.trusted) {
             Ok(req) => req,
-            Err(why) => return local(status(StatusCode::BAD_REQUEST, why)),
+            Err((code, why)) => return local(status(code, why)),
         };
         if let Some(response) = self.purge(&req) {
             return local(response);
@@ -300,7 +320,12 @@ impl Origin {
                 HeaderValue::from_static("chunked"),
             );
         }
-        forwarded::apply(&mut parts.headers, peer, &self.trusted);
+        forwarded::apply(
+            &mut parts.headers,
+            peer,
+            &self.trusted,
+            original_host.as_ref(),
+        );
         match original_host {
             Some(host) => parts.headers.insert("x-forwarded-host", host),
             // No host of our own to tell: never pass on a client's claim.
@@ -351,13 +376,21 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 /// Make the request the cache sees the one the upstream gets: hop-by-hop
 /// and Connection-named headers go first (so they cannot select a Vary
-/// variant the upstream never saw), and the one host, lowercased with its
-/// port, becomes the `Host` header: the key, the upstream's `Host` and its
-/// `X-Forwarded-Host`.
-/// Two Host headers, or an absolute-form target whose authority disagrees
-/// with Host, are a 400 (RFC 9112 §3.2).
-fn normalize(req: Request<ProxyBody>) -> Result<Request<ProxyBody>, &'static str> {
+/// variant the upstream never saw), then an untrusted client's forwarding
+/// headers, and the one host, lowercased with its port, becomes the `Host`
+/// header: the key, the upstream's `Host` and its `X-Forwarded-Host`.
+/// An invalid host is a 400 (RFC 9112 §3.2), a transfer coding other than
+/// chunked a 501 (RFC 9112 §6.1).
+fn normalize(
+    req: Request<ProxyBody>,
+    trusted: &[Cidr],
+) -> Result<Request<ProxyBody>, (StatusCode, &'static str)> {
+    let bad = |why| (StatusCode::BAD_REQUEST, why);
     let (mut parts, body) = req.into_parts();
+    transfer_codings(&parts.headers)?;
+    if !forwarded::is_trusted(parts.extensions.get::<Peer>().copied(), trusted) {
+        forwarded::strip_untrusted(&mut parts.headers);
+    }
     // Transfer-Encoding stays until the upstream request is built: it tells
     // the cache this GET carries a body (which then bypasses it).
     let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
@@ -368,22 +401,28 @@ fn normalize(req: Request<ProxyBody>) -> Result<Request<ProxyBody>, &'static str
     let mut hosts = parts.headers.get_all(header::HOST).iter();
     let host = hosts.next().cloned();
     if hosts.next().is_some() {
-        return Err("more than one Host");
+        return Err(bad("more than one Host"));
     }
     // HTTP/2 clients name the host in :authority, which hyper puts in the
     // target; HTTP/1.1 clients send origin form plus Host.
     let target = parts.uri.authority().map(|a| a.as_str());
     let host = match (target, &host) {
         (Some(t), Some(h)) if !t.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
-            return Err("request target and Host disagree");
+            return Err(bad("request target and Host disagree"));
         }
         (Some(t), _) => Some(t),
         (None, Some(h)) => match h.to_str() {
             Ok(h) => Some(h),
-            Err(_) => return Err("bad Host"),
+            Err(_) => return Err(bad("bad Host")),
         },
         (None, None) => None,
     };
+    if unkeyed::host_form(parts.version, &parts.uri, &parts.headers).is_none() {
+        return Err(bad(match host {
+            None => "missing Host",
+            Some(_) => "bad Host",
+        }));
+    }
     let rewrite = match (target, &host) {
         // The one Host header, already lowercase: keep it (no copy on hits).
         (None, Some(h)) => h.bytes().any(|b| b.is_ascii_uppercase()),
@@ -396,7 +435,7 @@ fn normalize(req: Request<ProxyBody>) -> Result<Request<ProxyBody>, &'static str
             HeaderValue::from_str(host)
         };
         let Ok(value) = value else {
-            return Err("bad Host");
+            return Err(bad("bad Host"));
         };
         parts.headers.insert(header::HOST, value);
     }
@@ -404,11 +443,34 @@ fn normalize(req: Request<ProxyBody>) -> Result<Request<ProxyBody>, &'static str
         // Origin form: from here on the Host header is the one host.
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let Ok(uri) = path.parse() else {
-            return Err("bad request target");
+            return Err(bad("bad request target"));
         };
         parts.uri = uri;
     }
     Ok(Request::from_parts(parts, body))
+}
+
+/// Only `chunked`, once, may frame a request body here: another coding is a
+/// 501, never passed on re-labelled (RFC 9112 §6.1); `chunked` twice a 400.
+fn transfer_codings(headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
+    let mut chunked = 0;
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        for coding in value.as_bytes().split(|&b| b == b',') {
+            let coding = coding.trim_ascii();
+            if coding.is_empty() {
+                continue;
+            }
+            if !coding.eq_ignore_ascii_case(b"chunked") {
+                let why = "transfer coding not implemented (only chunked)";
+                return Err((StatusCode::NOT_IMPLEMENTED, why));
+            }
+            chunked += 1;
+        }
+    }
+    if chunked > 1 {
+        return Err((StatusCode::BAD_REQUEST, "chunked applied more than once"));
+    }
+    Ok(())
 }
 
 /// The last touches on every response to a client.
