@@ -101,11 +101,20 @@ impl Origin {
                     .headers()
                     .get("range")
                     .map(|v| v.to_str().unwrap().to_owned());
-                o.ranges.lock().unwrap().push(range);
+                o.ranges.lock().unwrap().push(range.clone());
+                let mut status = StatusCode::OK;
+                let mut content_range = None;
                 let body = match &o.feed {
                     Feed::Whole(bytes, delay) => {
                         tokio::time::sleep(*delay).await;
-                        Full::new(bytes.clone()).map_err(|e| match e {}).boxed()
+                        // Like a real origin, it answers `bytes=a-b` with a 206.
+                        let mut bytes = bytes.clone();
+                        if let Some((a, b)) = range.as_deref().and_then(closed_range) {
+                            content_range = Some(format!("bytes {a}-{b}/{}", bytes.len()));
+                            status = StatusCode::PARTIAL_CONTENT;
+                            bytes = bytes.slice(a..=b);
+                        }
+                        Full::new(bytes).map_err(|e| match e {}).boxed()
                     }
                     Feed::Fed => {
                         let (tx, rx) = mpsc::unbounded_channel();
@@ -117,10 +126,23 @@ impl Origin {
                 for (k, v) in o.headers.iter() {
                     r.headers_mut().insert(*k, v.parse().unwrap());
                 }
+                if let Some(cr) = content_range {
+                    *r.status_mut() = status;
+                    let len = http_body::Body::size_hint(r.body()).exact().unwrap();
+                    r.headers_mut().insert("content-range", cr.parse().unwrap());
+                    r.headers_mut().insert("content-length", len.into());
+                }
                 Ok::<_, Infallible>(r)
             }
         })
     }
+}
+
+/// `bytes=a-b` within a body of `BODY`'s length, as the test origin reads it.
+fn closed_range(v: &str) -> Option<(usize, usize)> {
+    let (a, b) = v.strip_prefix("bytes=")?.split_once('-')?;
+    let (a, b) = (a.parse().ok()?, b.parse::<usize>().ok()?);
+    (a <= b && b < BODY.len()).then_some((a, b))
 }
 
 const BODY: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
