@@ -207,7 +207,11 @@ fn assert_part(r: &Read, whole: &[u8], start: usize, end: usize) {
         format!("bytes {start}-{end}/{}", whole.len())
     );
     assert_eq!(header(h, "content-length"), (end - start + 1).to_string());
-    assert_eq!(&body[..], &whole[start..=end]);
+    assert!(
+        body[..] == whole[start..=end],
+        "{} bytes, not bytes {start}-{end}",
+        body.len()
+    );
 }
 
 /// Assert the complete 200.
@@ -215,7 +219,11 @@ fn assert_whole(r: &Read, whole: &[u8]) {
     let (status, h, body) = r;
     assert_eq!(*status, StatusCode::OK, "{h:?}");
     assert!(!h.contains_key("content-range"));
-    assert_eq!(&body[..], whole);
+    assert!(
+        body[..] == *whole,
+        "{} bytes, not the whole body",
+        body.len()
+    );
 }
 
 /// The cold case, in either order: one `Range: bytes=0-9` and two plain
