@@ -9,7 +9,7 @@
 //! ## Request flow
 //!
 //! ```text
-//! request ─► cacheable? (GET/HEAD, no Range/Upgrade/If-Match, no request no-store)
+//! request ─► cacheable? (GET/HEAD, no Upgrade/If-Match, no request no-store)
 //!               │ no ─► inner service, Cache-Status: fwd=method|request
 //!               ▼ yes
 //!           key = hash(host:port, path, query, Authorization present?, Vary values)
@@ -22,6 +22,8 @@
 //!                               no  ─► lead: call the inner service in a spawned task,
 //!                                      buffer the body (≤ 8 MiB), store if allowed,
 //!                                      wake every waiter
+//! a GET with one byte range ─► the same flow, then its 206 (or 416) is cut
+//!                              from the complete 200 (see "Byte ranges")
 //! ```
 //!
 //! ## With Redis: one origin call per key per cluster
@@ -168,7 +170,7 @@
 //!   [`default_ttl`](CacheLayerBuilder::default_ttl) you set. Age follows
 //!   §4.2.3 (`Age`, `Date`, response delay) and is sent on every answer.
 //! - **Never stored:** `no-store`, `private`, `Set-Cookie`, `Vary: *` (or an
-//!   unreadable Vary), 206, 304, 1xx, and responses to requests with
+//!   unreadable Vary), 206 (see byte ranges below), 304, 1xx, and responses to requests with
 //!   `Authorization` unless `public`, `s-maxage` or `must-revalidate` allow it
 //!   (§3.5; see below for who may reuse them).
 //! - **Response `no-cache`** is stored (when it has a validator) and
@@ -197,8 +199,39 @@
 //!   304's own `Date`/`Age`. A 304 naming another ETag is not applied; the
 //!   request is repeated without validators.
 //! - **Client conditionals:** `If-None-Match` (weak comparison) and, without
-//!   it, `If-Modified-Since` are answered 304 from the cache. `If-Match`,
-//!   `If-Unmodified-Since` and `Range` go to the origin untouched.
+//!   it, `If-Modified-Since` are answered 304 from the cache. `If-Match` and
+//!   `If-Unmodified-Since` go to the origin untouched.
+//! - **Byte ranges** (RFC 9110 §14): a GET with `Range` takes the same path
+//!   as a plain GET for its URL (same key, same flight, same stored entry),
+//!   and its answer is cut from the complete 200: a 206 with
+//!   `Content-Range` for one range (`a-b`, `a-`, `-n`), a 416 with
+//!   `Content-Range: bytes */len` when the range starts past the end.
+//!   `Cache-Status` and `Age` are those of the 200 it was cut from.
+//!   - A fill never sends `Range` (nor `If-Range`) to the origin: it asks for
+//!     the whole object, once, shared with the plain GETs of the URL, so what
+//!     they receive and what is stored is the same as without range requests.
+//!     A streamed fill's range readers get their bytes as they arrive (the
+//!     206 ends when its last byte is in, before the rest of the body).
+//!   - `If-Range` holds for an equal strong ETag, or a date equal to a strong
+//!     `Last-Modified` (a second or more before `Date`); a weak ETag or a
+//!     mismatch gets the whole 200. `If-None-Match` / `If-Modified-Since`
+//!     come first (RFC 9110 §13.2.2): a match is a 304 whatever the range.
+//!   - Several ranges, a unit other than `bytes`, or invalid syntax: `Range`
+//!     is ignored and the whole 200 is sent, as RFC 9110 §14.2 allows (no
+//!     `multipart/byteranges`). `Range` on HEAD is ignored (it is defined
+//!     for GET only): a plain HEAD answer.
+//!   - Only a 200 of known length is cut: a body in memory, or a streamed
+//!     one with `Content-Length`. A streamed body of unknown length (chunked,
+//!     too large to store) is sent whole as a 200, never as a 206. Any other
+//!     status (404, 301 …) is sent as it is.
+//!   - Where the request goes to the origin on its own (a bypass,
+//!     hit-for-pass, a waiter released because the answer was not for it),
+//!     its `Range` goes with it, and the origin's 206 is passed through.
+//!   - A 206 from the origin is never stored: the cache only fills with
+//!     whole objects, so a stored partial could only come from an origin
+//!     that answered a plain GET with a 206, and combining partial entries
+//!     (RFC 9111 §3.4) would add a second kind of entry to every store and
+//!     to the fence rules for little gain.
 //! - **Targeted cache control** (RFC 9213): a valid `CDN-Cache-Control`
 //!   (a Structured Fields Dictionary) replaces `Cache-Control` and
 //!   `Expires` for this cache, and a header of your own

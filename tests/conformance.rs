@@ -1855,6 +1855,18 @@ async fn lenient_expires_dates() {
     }
 }
 
+/// The suite's partial-store-partial set-up: a Range request the origin
+/// answers with a 206 carrying `content_range` and five bytes.
+fn partial_setup(content_range: &str) -> Step {
+    step()
+        .q("Range", t("bytes=-5"))
+        .status(206)
+        .cc("max-age=3600")
+        .rh_raw("Content-Range", content_range)
+        .body("01234")
+        .setup()
+}
+
 /// Mirrors the suite's vary, vary-parse, conditional, invalidation, stale,
 /// partial, headers and other groups (representative cases).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2155,6 +2167,104 @@ async fn survey_vary_conditional_invalidation_stale_other() {
                     .text_is("01"),
             ],
         ),
+        case(
+            "partial-store-complete-reuse-partial-no-last",
+            Optimal,
+            vec![
+                step().cc("max-age=3600").body("01234567890").setup(),
+                step()
+                    .q("Range", t("bytes=1-"))
+                    .cached()
+                    .status_is(206)
+                    .text_is("1234567890"),
+            ],
+        ),
+        case(
+            "partial-store-complete-reuse-partial-suffix",
+            Optimal,
+            vec![
+                step().cc("max-age=3600").body("0123456789A").setup(),
+                step()
+                    .q("Range", t("bytes=-1"))
+                    .cached()
+                    .status_is(206)
+                    .text_is("A"),
+            ],
+        ),
+        case(
+            "partial-store-partial-reuse-partial",
+            Optimal,
+            vec![
+                partial_setup("bytes 4-9/10").req_header_is("Range", "bytes=-5"),
+                step()
+                    .q("Range", t("bytes=-5"))
+                    .cached()
+                    .status_is(206)
+                    .text_is("01234"),
+            ],
+        ),
+        case(
+            "partial-store-partial-reuse-partial-byterange",
+            Optimal,
+            vec![
+                partial_setup("bytes 4-9/10"),
+                step()
+                    .q("Range", t("bytes=6-8"))
+                    .cached()
+                    .status_is(206)
+                    .text_is("234"),
+            ],
+        ),
+        case(
+            "partial-store-partial-reuse-partial-absent",
+            Optimal,
+            vec![
+                partial_setup("bytes 4-9/10"),
+                step()
+                    .q("Range", t("bytes=6-"))
+                    .cached()
+                    .status_is(206)
+                    .text_is("234"),
+            ],
+        ),
+        case(
+            "partial-store-partial-reuse-partial-suffix",
+            Optimal,
+            vec![
+                partial_setup("bytes 4-9/10"),
+                step()
+                    .q("Range", t("bytes=-1"))
+                    .cached()
+                    .status_is(206)
+                    .text_is("4"),
+            ],
+        ),
+        case(
+            "partial-store-partial-complete",
+            Optimal,
+            vec![
+                partial_setup("bytes 0-4/10"),
+                step().req_header_is("Range", "bytes=5-"),
+            ],
+        ),
+        case(
+            "partial-use-stored-headers",
+            Required,
+            vec![
+                step()
+                    .cc("max-age=3600")
+                    .rh("A", t("1"))
+                    .body("01234567890")
+                    .setup(),
+                step()
+                    .q("Range", t("bytes=0-1"))
+                    .cached()
+                    .status_is(206)
+                    .text_is("01")
+                    .header_is("A", t("1"))
+                    .setup_checks(&["expected_type", "expected_status", "expected_response_text"]),
+            ],
+        ),
         // other
         case(
             "other-age-gen",
@@ -2274,8 +2384,24 @@ const KNOWN_OTHER: &[(&str, &str)] = &[
         "check: stale is served for a 5xx only when stale-if-error allows it",
     ),
     (
-        "partial-store-complete-reuse-partial",
-        "optimal: Range requests pass through uncached (issue 5)",
+        "partial-store-partial-reuse-partial",
+        "optimal: a 206 is never stored, and the fill asks for the whole object (issue 28)",
+    ),
+    (
+        "partial-store-partial-reuse-partial-byterange",
+        "optimal: a 206 is never stored (issue 28)",
+    ),
+    (
+        "partial-store-partial-reuse-partial-absent",
+        "optimal: a 206 is never stored (issue 28)",
+    ),
+    (
+        "partial-store-partial-reuse-partial-suffix",
+        "optimal: a 206 is never stored (issue 28)",
+    ),
+    (
+        "partial-store-partial-complete",
+        "optimal: a 206 is never stored, so there is nothing to complete (issue 28)",
     ),
     (
         "other-set-cookie",

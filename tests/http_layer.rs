@@ -442,13 +442,25 @@ async fn head_is_served_from_get() {
     assert_eq!(origin.calls(), 1);
 }
 
-/// Range requests pass through and are not stored.
+/// Range requests share the URL's entry: the first fills it whole, the second is a hit cut to its range.
 #[tokio::test]
-async fn range_requests_bypass() {
+async fn range_requests_are_cut_from_the_stored_entry() {
     let origin = Origin::new(CACHEABLE);
-    let (h1, _) = get_twice(&origin, CacheLayer::new(), &[("range", "bytes=0-3")]).await;
-    assert_eq!(origin.calls(), 2);
-    assert!(status(&h1).contains("fwd=request"));
+    let app = app(&origin, CacheLayer::new());
+    let range = [("range", "bytes=0-3")];
+    let (code, h1, body) = send(&app, req(Method::GET, "/r", &range)).await;
+    assert_eq!(
+        (code, &body[..]),
+        (StatusCode::PARTIAL_CONTENT, &b"call"[..])
+    );
+    assert!(status(&h1).contains("fwd=uri-miss"), "{}", status(&h1));
+    let (code, h2, body) = send(&app, req(Method::GET, "/r", &range)).await;
+    assert_eq!(
+        (code, &body[..]),
+        (StatusCode::PARTIAL_CONTENT, &b"call"[..])
+    );
+    assert!(status(&h2).contains("hit"), "{}", status(&h2));
+    assert_eq!(origin.calls(), 1);
 }
 
 /// A request with `Cache-Control: no-cache` goes to the origin.

@@ -36,6 +36,8 @@ pin_project! {
         Prefixed { prefix: VecDeque<Bytes>, rest: Pin<Box<B>> },
         // One reader of a fill streamed to several requests at once.
         Shared { reader: StreamReader },
+        // A byte range of another body: `skip` bytes dropped, then `left` kept.
+        Sliced { inner: Pin<Box<CacheBody<B>>>, skip: u64, left: u64 },
     }
 }
 
@@ -60,6 +62,36 @@ impl<B> CacheBody<B> {
 
     pub(crate) fn shared(reader: StreamReader) -> Self {
         Self::of(Kind::Shared { reader })
+    }
+
+    /// The length of a body held whole in memory; `None` for one that is
+    /// still arriving.
+    pub(crate) fn complete_len(&self) -> Option<u64> {
+        match &self.kind {
+            Kind::Full { data } => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
+            _ => None,
+        }
+    }
+
+    /// Bytes `start..start + len` of this body. A body in memory is cut at
+    /// once (no copy); one still arriving is cut as it arrives, and ends in
+    /// an error if it stops short of the range.
+    pub(crate) fn slice(self, start: u64, len: u64) -> Self {
+        match self.kind {
+            Kind::Full { data } => {
+                let data = data.unwrap_or_default();
+                let from = usize::try_from(start).unwrap_or(usize::MAX).min(data.len());
+                let to = usize::try_from(start.saturating_add(len))
+                    .unwrap_or(usize::MAX)
+                    .min(data.len());
+                Self::full(data.slice(from..to))
+            }
+            kind => Self::of(Kind::Sliced {
+                inner: Box::pin(Self::of(kind)),
+                skip: start,
+                left: len,
+            }),
+        }
     }
 
     fn of(kind: Kind<B>) -> Self {
@@ -91,6 +123,33 @@ where
             KindProj::Shared { reader } => {
                 reader.poll_chunk(cx).map(|c| c.map(|r| r.map(Frame::data)))
             }
+            KindProj::Sliced { inner, skip, left } => loop {
+                if *left == 0 {
+                    return Poll::Ready(None);
+                }
+                let Some(frame) = std::task::ready!(inner.as_mut().poll_frame(cx)) else {
+                    // The whole body was promised by its Content-Length.
+                    return Poll::Ready(Some(Err("body ended before its byte range".into())));
+                };
+                // Trailers describe the whole body, not this range: dropped.
+                let Ok(data) = frame?.into_data() else {
+                    continue;
+                };
+                let len = data.len() as u64;
+                if *skip >= len {
+                    *skip -= len;
+                    continue;
+                }
+                // Both below `len`, a usize: the casts cannot truncate.
+                let from = *skip as usize;
+                let to = (*skip).saturating_add(*left).min(len) as usize;
+                *skip = 0;
+                let part = data.slice(from..to);
+                *left -= part.len() as u64;
+                if !part.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(part))));
+                }
+            },
         }
     }
 
@@ -100,6 +159,7 @@ where
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Prefixed { prefix, rest } => prefix.is_empty() && rest.is_end_stream(),
             Kind::Shared { reader } => reader.is_end(),
+            Kind::Sliced { left, .. } => *left == 0,
         }
     }
 
@@ -120,6 +180,7 @@ where
                 hint
             }
             Kind::Shared { .. } => SizeHint::new(),
+            Kind::Sliced { left, .. } => SizeHint::with_exact(*left),
         }
     }
 }

@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::purge::Invalidation;
+use crate::http::range::RangeRequest;
 
 const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
 
@@ -25,6 +26,8 @@ pin_project! {
         strip: Option<HeaderName>,
         // Off by default; set once per call, so the hit path pays one branch.
         hide_cache_status: bool,
+        // The byte range to cut from the cache's answer (never a bypass's).
+        range: Option<Box<RangeRequest>>,
     }
 }
 
@@ -64,6 +67,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            range: None,
         }
     }
 
@@ -81,6 +85,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            range: None,
         }
     }
 
@@ -90,6 +95,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            range: None,
         }
     }
 
@@ -103,6 +109,16 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     /// Remove `name` (the user's own targeted cache-control header) too.
     pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
         self.strip = name;
+        self
+    }
+
+    /// Answer `range` from the response the cache builds. A bypass is the
+    /// origin's own answer to the request as sent, `Range` and all: it is
+    /// left alone.
+    pub(crate) fn ranged(mut self, range: Option<RangeRequest>) -> Self {
+        if !matches!(self.kind, Kind::Bypass { .. }) {
+            self.range = range.map(Box::new);
+        }
         self
     }
 
@@ -122,6 +138,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut response = ready!(Self::poll_kind(this.kind, cx))?;
+        if let Some(range) = this.range.take() {
+            response = range.apply(response);
+        }
         if *this.strip_surrogate_key {
             response.headers_mut().remove(SURROGATE_KEY);
         }

@@ -9,6 +9,7 @@ pub(crate) mod future;
 pub(crate) mod layer;
 pub(crate) mod policy;
 pub(crate) mod purge;
+pub(crate) mod range;
 pub(crate) mod request_body;
 pub(crate) mod response;
 pub(crate) mod route;

@@ -52,10 +52,10 @@ pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestV
     if method != Method::GET && method != Method::HEAD {
         return RequestVerdict::Bypass(Forward::Method);
     }
-    // Partial content and protocol upgrades are passed through untouched;
-    // If-Match and If-Unmodified-Since are the origin's to evaluate (412).
-    if headers.contains_key(header::RANGE)
-        || headers.contains_key(header::UPGRADE)
+    // Protocol upgrades are passed through untouched; If-Match and
+    // If-Unmodified-Since are the origin's to evaluate (412). `Range` is
+    // served from the cache (crate::http::range).
+    if headers.contains_key(header::UPGRADE)
         || headers.contains_key(header::IF_MATCH)
         || headers.contains_key(header::IF_UNMODIFIED_SINCE)
     {

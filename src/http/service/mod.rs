@@ -2,8 +2,13 @@
 //! error of its own (`type Error = S::Error`); every cache problem fails open.
 //!
 //! ```text
+<<<<<<< HEAD
 //! request ─► classify (method, Range, request no-store …) ── bypass ─► origin
 //!    │ body, bad Host, method / URL override ──────────────── bypass ─► origin
+=======
+//! request ─► classify (method, request no-store …) ── bypass ─► origin
+//!    │ Range: served as a plain GET, the answer cut to the range (crate::http::range)
+>>>>>>> ranges
 //!    │ key = variant of (URL, Authorization?, key headers) by learned Vary names
 //!    │ request no-cache ─► forward, store the fresh result (fwd=request)
 //!    ▼
@@ -31,7 +36,12 @@ use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::future::ResponseFuture;
+<<<<<<< HEAD
 use crate::http::policy::{self, Forward, RequestDirectives, RequestForm, RequestVerdict, Usable};
+=======
+use crate::http::policy::{self, Forward, RequestDirectives, RequestVerdict, Usable};
+use crate::http::range::RangeRequest;
+>>>>>>> ranges
 use crate::http::request_body::RequestBody;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::metrics::Source;
@@ -55,13 +65,15 @@ mod target;
 
 /// Request headers dropped from the leader's origin request, so the stored
 /// response is a complete one rather than a 304 or a fragment. The cache
-/// adds its own validators when it revalidates.
-const CONDITIONAL: [HeaderName; 5] = [
+/// adds its own validators when it revalidates; a `Range` is cut from the
+/// complete answer ([`crate::http::range`]).
+const CONDITIONAL: [HeaderName; 6] = [
     header::IF_NONE_MATCH,
     header::IF_MODIFIED_SINCE,
     header::IF_MATCH,
     header::IF_UNMODIFIED_SINCE,
     header::IF_RANGE,
+    header::RANGE,
 ];
 
 /// Hop-by-hop and per-response headers never stored with an entry. The
@@ -133,7 +145,9 @@ where
         // At the one exit every answer passes, whatever path made it.
         let strip = self.state.http.strip_surrogate_key;
         let hide = !self.state.http.show_cache_status;
+        let range = RangeRequest::of(req.method(), req.headers());
         self.route(req.map(RequestBody::new))
+            .ranged(range)
             .strip_surrogate_key(strip)
             .hiding_cache_status(hide)
             .stripping(self.state.stripped_header())
