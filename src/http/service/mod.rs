@@ -2,13 +2,9 @@
 //! error of its own (`type Error = S::Error`); every cache problem fails open.
 //!
 //! ```text
-<<<<<<< HEAD
-//! request ─► classify (method, Range, request no-store …) ── bypass ─► origin
-//!    │ body, bad Host, method / URL override ──────────────── bypass ─► origin
-=======
 //! request ─► classify (method, request no-store …) ── bypass ─► origin
+//!    │ body, bad Host, method / URL override ──────────────── bypass ─► origin
 //!    │ Range: served as a plain GET, the answer cut to the range (crate::http::range)
->>>>>>> ranges
 //!    │ key = variant of (URL, Authorization?, key headers) by learned Vary names
 //!    │ request no-cache ─► forward, store the fresh result (fwd=request)
 //!    ▼
@@ -36,12 +32,8 @@ use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::future::ResponseFuture;
-<<<<<<< HEAD
 use crate::http::policy::{self, Forward, RequestDirectives, RequestForm, RequestVerdict, Usable};
-=======
-use crate::http::policy::{self, Forward, RequestDirectives, RequestVerdict, Usable};
 use crate::http::range::RangeRequest;
->>>>>>> ranges
 use crate::http::request_body::RequestBody;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::metrics::Source;
