@@ -345,7 +345,10 @@
 //!   requests go straight to the origin instead of queueing. An error
 //!   status (4xx, 5xx) never sets one. An answer uncacheable because of
 //!   its own request (a `Set-Cookie`, the request's credentials, an error
-//!   page not stored) goes to that request alone. The one removal an
+//!   page not stored) goes to that request alone. An error page the cache
+//!   could store (a `431` with `max-age=60`) does not replace an entry that
+//!   still serves everyone either: it answers the reload that got it, and
+//!   the entry is replaced once it expires. The one removal an
 //!   unstored answer makes is RFC 9111 §4.4's: a 2xx/3xx to an unsafe
 //!   method purges its URL, and the refill after it is coalesced as usual.
 //! - **Vary across instances:** every stored variant carries the names and

@@ -28,7 +28,7 @@ use support::RedisServer;
 /// override a 405, `X-Private` a `private` 200 (all without freshness).
 /// `/err` is a 500 with no Cache-Control after 400 ms, echoing the cookie;
 /// `/sie` a 200 `max-age=1, stale-if-error=60` until `failing`, then a 500
-/// `max-age=30`; `/swr` a 200 `max-age=1, stale-while-revalidate=1,
+/// `max-age=30` (`/everywhere` sends its 431 with `max-age=60`); `/swr` a 200 `max-age=1, stale-while-revalidate=1,
 /// stale-if-error=60` after 300 ms; `/err-stored` a 500 `max-age=30` after
 /// 400 ms; `/sie-slow` like `/sie` but failing with a 500 without freshness
 /// after 400 ms.
@@ -107,6 +107,12 @@ async fn answer(o: &Origin, path: &str, headers: &HeaderMap, n: usize) -> Respon
             200,
             Some("max-age=1, stale-if-error=60"),
             format!("ok call={n}"),
+        ),
+        // An origin that sends its Cache-Control on every answer, errors too.
+        "/everywhere" if headers.get("x-pad").is_some_and(|v| v.len() > 1024) => reply(
+            431,
+            Some("max-age=60"),
+            format!("header too large call={n}"),
         ),
         _ if headers.get("x-pad").is_some_and(|v| v.len() > 1024) => {
             reply(431, None, format!("header too large call={n}"))
@@ -255,6 +261,38 @@ async fn an_uncacheable_answer_to_one_reload_keeps_the_fresh_entry() {
     .await;
     assert_eq!(&private.body[..], b"private call=2");
     for s in ten_plain_gets(&[&app], "/x").await {
+        assert!(s.starts_with("herdguard; hit"), "{s}");
+    }
+    assert_eq!(origin.calls(), 2);
+}
+
+/// Hot key, memory: a 431 that carries `max-age=60` (storable) answering one oversized reload never replaces the fresh entry.
+#[tokio::test(start_paused = true)]
+async fn a_storable_error_answer_to_one_reload_keeps_the_hot_entry() {
+    let origin = Origin::default();
+    let app = origin.app(CacheLayer::new());
+    send(&app, "/everywhere", &[]).await;
+    let hostile = attack(&app, "/everywhere", &attacks()[0]).await;
+    assert_eq!(hostile.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    for s in ten_plain_gets(&[&app], "/everywhere").await {
+        assert!(s.starts_with("herdguard; hit"), "{s}");
+    }
+    assert_eq!(origin.calls(), 2);
+}
+
+/// Hot key, two layers on one Redis: the storable 431 answering a reload on the instance without a copy of its own never replaces the fresh Redis entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_storable_error_answer_to_one_reload_keeps_the_hot_entry() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let (a, b) = (
+        origin.app(redis_layer(&redis)),
+        origin.app(redis_layer(&redis)),
+    );
+    send(&a, "/everywhere", &[]).await;
+    let hostile = attack(&b, "/everywhere", &attacks()[0]).await;
+    assert_eq!(hostile.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    for s in ten_plain_gets(&[&a, &b], "/everywhere").await {
         assert!(s.starts_with("herdguard; hit"), "{s}");
     }
     assert_eq!(origin.calls(), 2);

@@ -7,7 +7,7 @@ use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 
 use crate::engine::{Fill, Freshness};
-use crate::http::policy::{self, Forward, ResponseVerdict};
+use crate::http::policy::{self, Forward, RequestDirectives, ResponseVerdict, Usable};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::vary::variant_key;
@@ -141,13 +141,24 @@ impl LayerState {
         }
     }
 
-    /// Whether the engine holds an entry for `target` that other requests
-    /// may still be served (fresh, or stale within its grace).
-    fn usable_entry(&self, target: &Target) -> bool {
-        matches!(
+    /// Whether an entry for `target` that other requests may still be
+    /// served (fresh, or stale within its grace) is here: in the engine, or
+    /// kept aside (read from Redis by a refresh that refused it).
+    pub(super) fn usable_entry(&self, target: &Target) -> bool {
+        if matches!(
             self.engine.probe(&target.key),
             Probe::Fresh(_) | Probe::Stale(_)
-        )
+        ) {
+            return true;
+        }
+        self.retained.get(&target.key).is_some_and(|e| {
+            let age = e.value.current_age(e.age());
+            let rd = RequestDirectives::default();
+            matches!(
+                policy::usability(&rd, e.value.rules, age, self.http.rules.grace),
+                Usable::Fresh | Usable::StaleWhileRevalidate | Usable::Grace
+            )
+        })
     }
 
     /// Learn the Vary names `entry` carries for its URL (it may come from

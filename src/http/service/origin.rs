@@ -23,6 +23,7 @@ use crate::http::state::LayerState;
 use crate::http::vary::stored_values;
 
 use super::bounds::{Origin, OriginBody};
+use super::fill::is_error;
 use super::streamed::{join, stream_head, stream_rest, Handoff, Passthrough, StreamStart};
 use super::target::{url_of, Target};
 use super::{CONDITIONAL, NOT_STORED};
@@ -392,8 +393,13 @@ where
             revalidated: false,
         };
         // While revalidating, an origin error never replaces the stored
-        // response: stale-if-error may still need it.
-        if stale.is_some() && value.status.is_server_error() {
+        // response: stale-if-error may still need it. Nor does any error
+        // page while that response still serves everyone else: it answered
+        // one request (a reload with an oversized header, say), and the
+        // entry is replaced once it expires.
+        let guarded = value.status.is_server_error()
+            || (is_error(value.status) && state.usable_entry(&target));
+        if stale.is_some() && guarded {
             return Ok(Fill::Share(value));
         }
         Ok(state.finish(target, value, verdict, &request_headers))
