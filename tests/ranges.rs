@@ -517,16 +517,25 @@ mod redis_instances {
 
     use crate::support::RedisServer;
 
-    fn instance(server: &RedisServer) -> CacheLayer {
+    fn instance(server: &RedisServer, namespace: &str) -> CacheLayer {
         CacheLayer::builder()
             .redis(
                 RedisOptions::new(server.url())
-                    .namespace("ranges")
+                    .namespace(namespace)
                     .response_timeout(Duration::from_secs(2))
                     .pool_wait_timeout(Duration::from_secs(2)),
             )
             .build()
             .unwrap()
+    }
+
+    /// Wait (at most 10 s) until `origin` has been called.
+    async fn called(origin: &Origin) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while origin.calls() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no origin call");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The cold case across two instances on one redis-server: a range
@@ -536,15 +545,11 @@ mod redis_instances {
     async fn cold_range_across_two_instances_costs_one_call() {
         let server = RedisServer::start();
         let origin = Origin::whole(BODY, Duration::from_millis(1500));
-        let a = instance(&server).layer(origin.service());
-        let b = instance(&server).layer(origin.service());
+        let a = instance(&server, "lead").layer(origin.service());
+        let b = instance(&server, "lead").layer(origin.service());
         let ranged = spawn_read(&a, get(&[("range", "bytes=0-9")]));
         // The range request leads: its call has started before the others come.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while origin.calls() == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "no origin call");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        called(&origin).await;
         let plain: Vec<_> = (0..2).map(|_| spawn_read(&b, get(&[]))).collect();
         assert_part(&ranged.await.unwrap(), BODY, 0, 9);
         for p in plain {
@@ -555,6 +560,24 @@ mod redis_instances {
         // The entry on Redis is the whole 200: a range on b is cut from it.
         let suffix = read(&b, get(&[("range", "bytes=-3")])).await;
         assert_part(&suffix, BODY, BODY.len() - 3, BODY.len() - 1);
+        assert_eq!(origin.calls(), 1);
+    }
+
+    /// The same the other way round: a plain GET leads on one instance, and a
+    /// range request and a plain GET wait on the other: 1 call, exact bodies.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn range_waiting_on_another_instance_gets_its_slice() {
+        let server = RedisServer::start();
+        let origin = Origin::whole(BODY, Duration::from_millis(1500));
+        let a = instance(&server, "wait").layer(origin.service());
+        let b = instance(&server, "wait").layer(origin.service());
+        let leader = spawn_read(&a, get(&[]));
+        called(&origin).await;
+        let ranged = spawn_read(&b, get(&[("range", "bytes=3-12")]));
+        let plain = spawn_read(&b, get(&[]));
+        assert_whole(&leader.await.unwrap(), BODY);
+        assert_part(&ranged.await.unwrap(), BODY, 3, 12);
+        assert_whole(&plain.await.unwrap(), BODY);
         assert_eq!(origin.calls(), 1);
     }
 }
