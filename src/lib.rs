@@ -224,6 +224,11 @@
 //!     one with `Content-Length`. A streamed body of unknown length (chunked,
 //!     too large to store) is sent whole as a 200, never as a 206. Any other
 //!     status (404, 301 …) is sent as it is.
+//!   - A body too large to store ([`max_body_bytes`](CacheLayerBuilder::max_body_bytes)):
+//!     the range requests of the fill that finds out are cut from its
+//!     stream; after it, the instance remembers the key (4096 keys, 60 s)
+//!     and range requests for it go to the origin with their `Range`
+//!     (`fwd=request; detail=too-large`). Plain GETs still share one fill.
 //!   - Where the request goes to the origin on its own (a bypass,
 //!     hit-for-pass, a waiter released because the answer was not for it),
 //!     its `Range` goes with it, and the origin's 206 is passed through.

@@ -27,11 +27,11 @@ use stream_support::{chunks, concat, settle, ChanBody, Chunk};
 type OriginBody = BoxBody<Bytes, std::io::Error>;
 
 /// The origin's body: given whole (one frame, after `delay`), or fed by the
-/// test chunk by chunk.
+/// test chunk by chunk (the head after `delay`).
 #[derive(Clone)]
 enum Feed {
     Whole(Bytes, Duration),
-    Fed,
+    Fed(Duration),
 }
 
 /// Counts calls and records the `Range` each call carried.
@@ -116,7 +116,8 @@ impl Origin {
                         }
                         Full::new(bytes).map_err(|e| match e {}).boxed()
                     }
-                    Feed::Fed => {
+                    Feed::Fed(delay) => {
+                        tokio::time::sleep(*delay).await;
                         let (tx, rx) = mpsc::unbounded_channel();
                         o.senders.lock().unwrap().push(tx);
                         ChanBody(rx).boxed()
@@ -346,7 +347,7 @@ async fn range_of_a_streamed_fill_ends_with_its_bytes() {
     let len = whole.len().to_string();
     let origin = Origin::new(
         &[("cache-control", "max-age=60"), ("content-length", &len)],
-        Feed::Fed,
+        Feed::Fed(Duration::ZERO),
     );
     let svc = memory().layer(origin.service());
     let plain = spawn_read(&svc, get(&[]));
@@ -373,17 +374,19 @@ async fn range_of_a_streamed_fill_ends_with_its_bytes() {
     assert_eq!(origin.ranges(), vec![None]);
 }
 
-/// A body too large to store, led by a range request: the range reader gets
-/// exactly its slice (never the whole body dressed as one), the plain
-/// waiter the whole body, from 1 call; then nothing is stored.
+/// A body too large to store, led by a range request: each range reader
+/// on the stream (leader and waiter) gets exactly its slice, never the whole
+/// body dressed as one, and the plain waiter the whole body, from 1 call.
 #[tokio::test(start_paused = true)]
 async fn too_large_fill_gives_a_range_waiter_only_its_slice() {
     let parts = chunks(8, 1024);
     let whole = concat(&parts);
     let len = whole.len().to_string();
+    // The head comes late, so every request waits on the flight before the
+    // cache learns the body is too large.
     let origin = Origin::new(
         &[("cache-control", "max-age=60"), ("content-length", &len)],
-        Feed::Fed,
+        Feed::Fed(Duration::from_millis(100)),
     );
     let svc = CacheLayer::builder()
         .max_body_bytes(4096)
@@ -394,7 +397,7 @@ async fn too_large_fill_gives_a_range_waiter_only_its_slice() {
     settle().await;
     let plain = spawn_read(&svc, get(&[]));
     let waiter = spawn_read(&svc, get(&[("range", "bytes=-10")]));
-    settle().await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let tx = origin.body(0);
     for c in &parts {
         tx.send(Ok(c.clone())).unwrap();
@@ -407,13 +410,62 @@ async fn too_large_fill_gives_a_range_waiter_only_its_slice() {
     assert_eq!(origin.calls(), 1);
 }
 
+/// Once a fill found the body too large to store, the next range request
+/// goes to the origin with its `Range` (it would not be stored anyway),
+/// while a plain GET still leads a whole-object fill.
+#[tokio::test(start_paused = true)]
+async fn range_for_a_known_too_large_body_goes_to_the_origin() {
+    let parts = chunks(8, 1024);
+    let len = concat(&parts).len().to_string();
+    let origin = Origin::new(
+        &[("cache-control", "max-age=60"), ("content-length", &len)],
+        Feed::Fed(Duration::ZERO),
+    );
+    let svc = CacheLayer::builder()
+        .max_body_bytes(4096)
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    let feed = |n: usize| {
+        let tx = origin.body(n);
+        for c in &parts {
+            tx.send(Ok(c.clone())).unwrap();
+        }
+    };
+    let first = spawn_read(&svc, get(&[("range", "bytes=0-9")]));
+    settle().await;
+    feed(0);
+    assert_eq!(first.await.unwrap().0, StatusCode::PARTIAL_CONTENT);
+
+    let second = spawn_read(&svc, get(&[("range", "bytes=10-19")]));
+    settle().await;
+    feed(1);
+    let (_, h, _) = second.await.unwrap();
+    assert!(
+        header(&h, "cache-status").contains("fwd=request; detail=too-large"),
+        "{h:?}"
+    );
+    let plain = spawn_read(&svc, get(&[]));
+    settle().await;
+    feed(2);
+    assert_eq!(plain.await.unwrap().0, StatusCode::OK);
+    assert_eq!(
+        origin.ranges(),
+        vec![None, Some("bytes=10-19".to_owned()), None],
+        "whole fill, the range's own call, whole fill"
+    );
+}
+
 /// A body too large to store, of unknown length (chunked): the range
 /// request gets the whole 200, which RFC 9110 §14.2 allows, not a 206.
 #[tokio::test(start_paused = true)]
 async fn too_large_fill_of_unknown_length_answers_range_whole() {
     let parts = chunks(8, 1024);
     let whole = concat(&parts);
-    let origin = Origin::new(&[("cache-control", "max-age=60")], Feed::Fed);
+    let origin = Origin::new(
+        &[("cache-control", "max-age=60")],
+        Feed::Fed(Duration::ZERO),
+    );
     let svc = CacheLayer::builder()
         .max_body_bytes(4096)
         .build()
@@ -465,16 +517,25 @@ mod redis_instances {
 
     use crate::support::RedisServer;
 
-    fn instance(server: &RedisServer) -> CacheLayer {
+    fn instance(server: &RedisServer, namespace: &str) -> CacheLayer {
         CacheLayer::builder()
             .redis(
                 RedisOptions::new(server.url())
-                    .namespace("ranges")
+                    .namespace(namespace)
                     .response_timeout(Duration::from_secs(2))
                     .pool_wait_timeout(Duration::from_secs(2)),
             )
             .build()
             .unwrap()
+    }
+
+    /// Wait (at most 10 s) until `origin` has been called.
+    async fn called(origin: &Origin) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while origin.calls() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no origin call");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The cold case across two instances on one redis-server: a range
@@ -484,15 +545,11 @@ mod redis_instances {
     async fn cold_range_across_two_instances_costs_one_call() {
         let server = RedisServer::start();
         let origin = Origin::whole(BODY, Duration::from_millis(1500));
-        let a = instance(&server).layer(origin.service());
-        let b = instance(&server).layer(origin.service());
+        let a = instance(&server, "lead").layer(origin.service());
+        let b = instance(&server, "lead").layer(origin.service());
         let ranged = spawn_read(&a, get(&[("range", "bytes=0-9")]));
         // The range request leads: its call has started before the others come.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while origin.calls() == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "no origin call");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        called(&origin).await;
         let plain: Vec<_> = (0..2).map(|_| spawn_read(&b, get(&[]))).collect();
         assert_part(&ranged.await.unwrap(), BODY, 0, 9);
         for p in plain {
@@ -503,6 +560,24 @@ mod redis_instances {
         // The entry on Redis is the whole 200: a range on b is cut from it.
         let suffix = read(&b, get(&[("range", "bytes=-3")])).await;
         assert_part(&suffix, BODY, BODY.len() - 3, BODY.len() - 1);
+        assert_eq!(origin.calls(), 1);
+    }
+
+    /// The same the other way round: a plain GET leads on one instance, and a
+    /// range request and a plain GET wait on the other: 1 call, exact bodies.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn range_waiting_on_another_instance_gets_its_slice() {
+        let server = RedisServer::start();
+        let origin = Origin::whole(BODY, Duration::from_millis(1500));
+        let a = instance(&server, "wait").layer(origin.service());
+        let b = instance(&server, "wait").layer(origin.service());
+        let leader = spawn_read(&a, get(&[]));
+        called(&origin).await;
+        let ranged = spawn_read(&b, get(&[("range", "bytes=3-12")]));
+        let plain = spawn_read(&b, get(&[]));
+        assert_whole(&leader.await.unwrap(), BODY);
+        assert_part(&ranged.await.unwrap(), BODY, 3, 12);
+        assert_whole(&plain.await.unwrap(), BODY);
         assert_eq!(origin.calls(), 1);
     }
 }

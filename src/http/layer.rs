@@ -155,6 +155,7 @@ impl CacheLayer {
             retained: self.state.retained.clone(),
             // Flights are shared, so the streams they offer are too.
             streams: Arc::clone(&self.state.streams),
+            too_large: self.state.too_large.clone(),
             root: Some(root),
         };
         CacheLayer {
@@ -553,6 +554,7 @@ impl CacheLayerBuilder {
             engine: Arc::new(engine),
             http: self.http,
             streams: Arc::new(crate::http::stream::Streams::new()),
+            too_large: crate::http::range::TooLarge::new(),
             root: None,
         });
         if let Some(remote) = &state.engine.remote {

@@ -19,12 +19,66 @@
 //!   client's own validators, a 404, a 206 of the origin's own, a stream of
 //!   unknown length) goes out as it is.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
+use moka::sync::Cache as MokaCache;
 
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
+use crate::http::state::LayerState;
+use crate::key::CacheKey;
+
+/// How many keys [`TooLarge`] remembers per layer (a few hundred KiB at most).
+const TOO_LARGE_KEYS: u64 = 4096;
+
+/// How long a key stays known as too large to store.
+const TOO_LARGE_FOR: Duration = Duration::from_secs(60);
+
+/// Keys whose last fill was too large to store (`max_body_bytes`), on this
+/// instance. A range request for one goes to the origin with its `Range`
+/// instead of waiting for a whole object the cache will not keep; plain
+/// requests are not affected (they still share one streamed fill). Bounded
+/// in count and time: after a minute a range request leads or joins a whole
+/// fill again, and finds out afresh.
+#[derive(Clone)]
+pub(crate) struct TooLarge(MokaCache<CacheKey, ()>);
+
+impl TooLarge {
+    pub(crate) fn new() -> Self {
+        Self(
+            MokaCache::builder()
+                .max_capacity(TOO_LARGE_KEYS)
+                .time_to_live(TOO_LARGE_FOR)
+                .build(),
+        )
+    }
+
+    /// `key`'s body was too large to store.
+    pub(crate) fn mark(&self, key: CacheKey) {
+        self.0.insert(key, ());
+    }
+}
+
+impl std::fmt::Debug for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TooLarge")
+            .field("keys", &self.0.entry_count())
+            .finish()
+    }
+}
+
+impl LayerState {
+    /// Whether `req` is a range request for a key known to be too large to
+    /// store: it goes to the origin untouched, `Range` and all.
+    pub(crate) fn range_to_origin<B>(&self, req: &Request<B>, key: &CacheKey) -> bool {
+        req.method() == Method::GET
+            && req.headers().contains_key(header::RANGE)
+            && self.too_large.0.contains_key(key)
+    }
+}
 
 /// One byte range asked for, as written (RFC 9110 §14.1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

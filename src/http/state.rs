@@ -131,6 +131,8 @@ pub(crate) struct LayerState {
     pub(crate) retained: RetainedStore<CachedResponse>,
     /// Fills whose body is streaming, offered to their flight's waiters.
     pub(crate) streams: Arc<Streams>,
+    /// Keys whose body was too large to store: their range requests go to the origin.
+    pub(crate) too_large: crate::http::range::TooLarge,
     /// The layer a route layer was made from: kept alive while any route is,
     /// because the Redis purge handler reaches memory through it.
     pub(crate) root: Option<Arc<LayerState>>,

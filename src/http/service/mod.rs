@@ -202,6 +202,11 @@ impl<S> CacheService<S> {
         let head = req.method() == Method::HEAD;
         let (req, route_key) = state.route_key(req);
         let target = state.target_for(&req, route_key);
+        if !rd.only_if_cached && state.range_to_origin(&req, &target.key) {
+            state.engine.counters.record(Source::Bypass);
+            let status = state.status_fwd(Forward::Request, Some("too-large"));
+            return ResponseFuture::bypass(inner.call(req), status, None);
+        }
         // One span per request; fields are filled in as the outcome is known
         // (lease and fence by the leader's task, which carries this span).
         let span = tracing::debug_span!(

@@ -255,6 +255,7 @@ where
         let mut body = Box::pin(body);
         if declared.is_some_and(|len| len > limit as u64) {
             state.engine.counters.not_stored("too-large");
+            state.too_large.mark(target.key);
             let Some(head) = head else {
                 if let Some(tx) = passthrough {
                     let response =
@@ -333,6 +334,7 @@ where
             }
             if total > limit {
                 state.engine.counters.not_stored("too-large");
+                state.too_large.mark(target.key);
                 // Storable but for its size (then this is its first frame;
                 // later ones stream below): shared through a window of
                 // `max_body_bytes` like a declared length, paid from what the

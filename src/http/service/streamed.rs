@@ -170,6 +170,7 @@ pub(super) async fn stream_rest<ResB: OriginBody>(
                 _ => {
                     if total > limit {
                         state.engine.counters.not_stored("too-large");
+                        state.too_large.mark(key);
                     }
                     storing = false;
                     chunks.clear();
