@@ -1,0 +1,208 @@
+//! What a cold burst costs Redis, counted on a real redis-server with
+//! `INFO commandstats` (commands run inside scripts included): the leader's
+//! whole fill, and each instance that waits for it.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Response, Uri};
+use axum::routing::get;
+use axum::Router;
+use deadpool_redis::redis;
+use herdguard::{CacheLayer, RedisOptions};
+use support::origin::{get_req, send};
+use support::RedisServer;
+use tokio::sync::Semaphore;
+
+/// Commands the test itself sends, and the subscriber's liveness PING
+/// (every 5 s, not per key): left out of the counts.
+const OURS: &[&str] = &[
+    "info",
+    "config|resetstat",
+    "pubsub|shardnumsub",
+    "pubsub|shardchannels",
+    "ping",
+];
+
+/// Calls per command since the last reset, ours left out.
+async fn commandstats(c: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            (!OURS.contains(&name)).then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+fn total(stats: &BTreeMap<String, u64>) -> u64 {
+    stats.values().sum()
+}
+
+async fn reset(c: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(c)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
+/// An origin that holds every call until the test opens its gate.
+#[derive(Clone)]
+struct Gated {
+    calls: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    body: Arc<Vec<u8>>,
+}
+
+impl Gated {
+    fn new(body_len: usize) -> Self {
+        Self {
+            calls: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+            body: Arc::new(vec![b'x'; body_len]),
+        }
+    }
+
+    fn app(&self, layer: CacheLayer) -> Router {
+        let me = self.clone();
+        Router::new()
+            .fallback(get(move |uri: Uri| {
+                let me = me.clone();
+                async move {
+                    me.calls.fetch_add(1, Ordering::SeqCst);
+                    let _permit = me.gate.acquire().await.expect("gate open");
+                    let mut body = format!("{uri} ").into_bytes();
+                    body.extend_from_slice(&me.body);
+                    Response::builder()
+                        .header("cache-control", "max-age=60")
+                        .body(Body::from(body))
+                        .expect("response")
+                }
+            }))
+            .layer(layer)
+    }
+
+    async fn wait_calls(&self, n: usize) {
+        let start = Instant::now();
+        while self.calls.load(Ordering::SeqCst) < n {
+            assert!(start.elapsed() < Duration::from_secs(10), "origin never called");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+fn layer(server: &RedisServer, opts: impl FnOnce(RedisOptions) -> RedisOptions) -> CacheLayer {
+    CacheLayer::builder()
+        .redis(opts(RedisOptions::new(server.url()).namespace("cost")))
+        .build()
+        .expect("valid layer")
+}
+
+/// Wait until `n` clients listen on the fill channel of `uri` (the waiters
+/// have subscribed), then a little longer for the look they take after.
+async fn wait_for_waiters(c: &mut redis::aio::MultiplexedConnection, app: &Router, n: i64) {
+    let _ = app;
+    let start = Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("SHARDCHANNELS")
+            .query_async(c)
+            .await
+            .unwrap_or_default();
+        let mut subs = 0;
+        for ch in &channels {
+            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(ch)
+                .query_async(c)
+                .await
+                .expect("PUBSUB SHARDNUMSUB");
+            subs += counts.first().map_or(0, |(_, k)| *k);
+        }
+        if subs >= n {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{n} waiters never subscribed ({subs})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+struct Burst {
+    leader: BTreeMap<String, u64>,
+    all: BTreeMap<String, u64>,
+    origin_calls: usize,
+}
+
+/// A cold burst of `per` requests on each of `apps` for `uri`: the first
+/// app leads (its origin call is held until the others wait), the rest wait.
+async fn cold_burst(
+    c: &mut redis::aio::MultiplexedConnection,
+    origin: &Gated,
+    apps: &[Router],
+    uri: &'static str,
+    per: usize,
+) -> Burst {
+    let before = origin.calls.load(Ordering::SeqCst);
+    reset(c).await;
+    let lead = {
+        let app = apps[0].clone();
+        tokio::spawn(async move { send(&app, get_req(uri)).await })
+    };
+    origin.wait_calls(before + 1).await;
+    let mut tasks = vec![lead];
+    for app in apps {
+        for _ in 0..per {
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move { send(&app, get_req(uri)).await }));
+        }
+    }
+    wait_for_waiters(c, &apps[0], apps.len() as i64 - 1).await;
+    origin.gate.add_permits(1000);
+    for t in tasks {
+        let (code, _, body) = t.await.expect("request task");
+        assert_eq!(code, 200);
+        assert!(body.starts_with(uri.as_bytes()));
+    }
+    origin.gate.forget_permits(usize::MAX);
+    // The leader's purge index is written in the background.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let all = commandstats(c).await;
+    Burst {
+        leader: BTreeMap::new(),
+        all,
+        origin_calls: origin.calls.load(Ordering::SeqCst) - before,
+    }
+}
+
+/// Print where the commands of a cold burst go (the measurement this work starts from).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measure_cold_burst() {
+    let server = RedisServer::start();
+    let mut c = server.connection().await;
+    let origin = Gated::new(512);
+    let apps: Vec<Router> = (0..4).map(|_| origin.app(layer(&server, |o| o.poll_interval(Duration::from_secs(5))))).collect();
+    // Warm up: connections, scripts, subscriber connections.
+    let warm = cold_burst(&mut c, &origin, &apps, "/warm", 5).await;
+    println!("warm-up: {} {:?}", total(&warm.all), warm.all);
+    let lone = cold_burst(&mut c, &origin, &apps[..1], "/lone", 5).await;
+    println!("leader alone: {} {:?}", total(&lone.all), lone.all);
+    let b = cold_burst(&mut c, &origin, &apps, "/cold", 5).await;
+    println!("4 instances: {} {:?} origin {}", total(&b.all), b.all, b.origin_calls);
+    let _ = b.leader;
+}
