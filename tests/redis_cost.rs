@@ -40,7 +40,12 @@ async fn commandstats(c: &mut redis::aio::MultiplexedConnection) -> BTreeMap<Str
     info.lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
             (!OURS.contains(&name)).then(|| (name.to_owned(), calls))
         })
         .collect()
@@ -97,7 +102,10 @@ impl Gated {
     async fn wait_calls(&self, n: usize) {
         let start = Instant::now();
         while self.calls.load(Ordering::SeqCst) < n {
-            assert!(start.elapsed() < Duration::from_secs(10), "origin never called");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "origin never called"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -196,13 +204,20 @@ async fn measure_cold_burst() {
     let server = RedisServer::start();
     let mut c = server.connection().await;
     let origin = Gated::new(512);
-    let apps: Vec<Router> = (0..4).map(|_| origin.app(layer(&server, |o| o.poll_interval(Duration::from_secs(5))))).collect();
+    let apps: Vec<Router> = (0..4)
+        .map(|_| origin.app(layer(&server, |o| o.poll_interval(Duration::from_secs(5)))))
+        .collect();
     // Warm up: connections, scripts, subscriber connections.
     let warm = cold_burst(&mut c, &origin, &apps, "/warm", 5).await;
     println!("warm-up: {} {:?}", total(&warm.all), warm.all);
     let lone = cold_burst(&mut c, &origin, &apps[..1], "/lone", 5).await;
     println!("leader alone: {} {:?}", total(&lone.all), lone.all);
     let b = cold_burst(&mut c, &origin, &apps, "/cold", 5).await;
-    println!("4 instances: {} {:?} origin {}", total(&b.all), b.all, b.origin_calls);
+    println!(
+        "4 instances: {} {:?} origin {}",
+        total(&b.all),
+        b.all,
+        b.origin_calls
+    );
     let _ = b.leader;
 }

@@ -20,8 +20,16 @@ use crate::key::CacheKey;
 pub(crate) const MAGIC: &[u8; 2] = b"HG";
 /// 2: CachedResponse carries its URL key and stored rules.
 /// 3: a checksum and the payload length in the envelope, the body length in
-///    a response. Older versions decode as a miss and are overwritten.
-pub(crate) const VERSION: u8 = 3;
+///    a response.
+/// 4: the Redis layout is one key per entry: no `:fresh` key (the lookup
+///    takes the stale window, read at [`STALE_OFFSET`], off the entry's
+///    PTTL) and no `:pass` key (the pass marker is `MAGIC VERSION "pass"`
+///    in the entry's own key). Older versions decode as a miss and are
+///    overwritten.
+pub(crate) const VERSION: u8 = 4;
+/// Where the stale window (u64 LE, milliseconds) sits: the Lua lookup reads
+/// it to tell fresh from stale, so this offset is part of the format.
+pub(crate) const STALE_OFFSET: usize = 20;
 /// Where the fence token (u64 LE) sits: the fenced write reads it in Lua
 /// when the fence hash is gone, so this offset is part of the format.
 pub(crate) const FENCE_OFFSET: usize = 28;
@@ -173,5 +181,14 @@ mod tests {
         let v = encode_entry(&meta, &Bytes::from_static(b"x"));
         let raw: [u8; 8] = v[FENCE_OFFSET..FENCE_OFFSET + 8].try_into().unwrap();
         assert_eq!(u64::from_le_bytes(raw), 0x0102_0304_0506);
+    }
+
+    /// The stale window sits where the Lua lookup reads it.
+    #[test]
+    fn stale_window_is_at_its_documented_offset() {
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_millis(70_001), 1);
+        let v = encode_entry(&meta, &Bytes::from_static(b"x"));
+        let raw: [u8; 8] = v[STALE_OFFSET..STALE_OFFSET + 8].try_into().unwrap();
+        assert_eq!(u64::from_le_bytes(raw), 70_001);
     }
 }

@@ -54,7 +54,7 @@ mod store;
 mod tls;
 
 pub(crate) use self::error::{redact_error, StoreError};
-pub(crate) use self::fills::FillSubscription;
+pub(crate) use self::fills::{FillSubscription, Woken};
 pub use self::options::RedisOptions;
 pub(crate) use self::scripts::{RemoteLookup, WriteMode};
 pub(crate) use self::store::RedisStore;
