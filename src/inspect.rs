@@ -7,7 +7,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::engine::envelope::{decode_entry, entry_flags};
+use crate::engine::envelope::{decode_entry, entry_flags, MAGIC, VERSION};
 use crate::error::DecodeError;
 use crate::http::layer::CacheLayer;
 use crate::http::purge::PurgeTarget;
@@ -17,17 +17,23 @@ use crate::key::CacheKey;
 /// The Redis key names of one entry (the layout of the Redis store).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryKeyNames {
-    /// `{ns}:{H}:v`: the encoded entry; its PTTL is the hard expiry.
+    /// `{ns}:{H}:v`: the encoded entry, its PTTL the hard expiry (the
+    /// freshness left is that PTTL past the entry's stale window); or the
+    /// hit-for-pass marker (see [`is_pass_marker`]), its PTTL what is left of it.
     pub value: String,
-    /// `{ns}:{H}:fresh`: present while fresh; its PTTL is the freshness left.
-    pub fresh: String,
     /// `{ns}:{H}:lock`: the lease token.
     pub lock: String,
     /// `{ns}:{H}:fence`: hash with `next` (last token issued) and `hw`
     /// (highest write accepted, or raised by a purge).
     pub fence: String,
-    /// `{ns}:{H}:pass`: hit-for-pass marker.
-    pub pass: String,
+}
+
+/// Whether the bytes stored in an entry's key are the hit-for-pass marker.
+pub fn is_pass_marker(stored: &[u8]) -> bool {
+    stored.len() == 7
+        && stored[..2] == MAGIC[..]
+        && stored[2] == VERSION
+        && &stored[3..] == b"pass"
 }
 
 /// The key names of `key` under `namespace`.
@@ -36,10 +42,8 @@ pub fn entry_keys(namespace: &str, key: &CacheKey) -> EntryKeyNames {
     let name = |suffix: &str| format!("{namespace}:{{{h}}}:{suffix}");
     EntryKeyNames {
         value: name("v"),
-        fresh: name("fresh"),
         lock: name("lock"),
         fence: name("fence"),
-        pass: name("pass"),
     }
 }
 
@@ -166,14 +170,8 @@ mod tests {
         let ours = entry_keys("ns", &key);
         let theirs = store.keys(&key);
         assert_eq!(
-            [ours.value, ours.fresh, ours.lock, ours.fence, ours.pass],
-            [
-                theirs.value,
-                theirs.fresh,
-                theirs.lock,
-                theirs.fence,
-                theirs.pass
-            ]
+            [ours.value, ours.lock, ours.fence],
+            [theirs.value, theirs.lock, theirs.fence]
         );
     }
 
