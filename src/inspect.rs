@@ -30,10 +30,7 @@ pub struct EntryKeyNames {
 
 /// Whether the bytes stored in an entry's key are the hit-for-pass marker.
 pub fn is_pass_marker(stored: &[u8]) -> bool {
-    stored.len() == 7
-        && stored[..2] == MAGIC[..]
-        && stored[2] == VERSION
-        && &stored[3..] == b"pass"
+    stored.len() == 7 && stored[..2] == MAGIC[..] && stored[2] == VERSION && &stored[3..] == b"pass"
 }
 
 /// The key names of `key` under `namespace`.

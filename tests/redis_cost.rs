@@ -198,26 +198,131 @@ async fn cold_burst(
     }
 }
 
-/// Print where the commands of a cold burst go (the measurement this work starts from).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn measure_cold_burst() {
-    let server = RedisServer::start();
+/// Warm `apps` up (connections, scripts, subscriber connections: once per
+/// instance, not per key), then run a burst with the first app alone and
+/// one with all of them. Returns (leader's whole fill, per waiting instance).
+async fn leader_and_waiter_costs(
+    server: &RedisServer,
+    origin: &Gated,
+    apps: &[Router],
+) -> (u64, u64) {
     let mut c = server.connection().await;
+    cold_burst(&mut c, origin, apps, "/warm", 5).await;
+    let lone = cold_burst(&mut c, origin, &apps[..1], "/lone", 5).await;
+    let all = cold_burst(&mut c, origin, apps, "/cold", 5).await;
+    assert_eq!((lone.origin_calls, all.origin_calls), (1, 1));
+    let waiters = apps.len() as u64 - 1;
+    let extra = total(&all.all) - total(&lone.all);
+    assert_eq!(
+        extra % waiters,
+        0,
+        "waiters cost the same each: leader {:?}, all {:?}",
+        lone.all,
+        all.all
+    );
+    (total(&lone.all), extra / waiters)
+}
+
+/// A cold burst on 4 instances: each waiting instance costs Redis exactly 6 commands (lookup script with its GET and SET NX GET, SSUBSCRIBE, one GET of the lease, SUNSUBSCRIBE) and is answered by the notice, with no read after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_instance_costs_redis_six_commands() {
+    let server = RedisServer::start();
     let origin = Gated::new(512);
     let apps: Vec<Router> = (0..4)
         .map(|_| origin.app(layer(&server, |o| o.poll_interval(Duration::from_secs(5)))))
         .collect();
-    // Warm up: connections, scripts, subscriber connections.
-    let warm = cold_burst(&mut c, &origin, &apps, "/warm", 5).await;
-    println!("warm-up: {} {:?}", total(&warm.all), warm.all);
-    let lone = cold_burst(&mut c, &origin, &apps[..1], "/lone", 5).await;
-    println!("leader alone: {} {:?}", total(&lone.all), lone.all);
-    let b = cold_burst(&mut c, &origin, &apps, "/cold", 5).await;
-    println!(
-        "4 instances: {} {:?} origin {}",
-        total(&b.all),
-        b.all,
-        b.origin_calls
+    let (leader, waiter) = leader_and_waiter_costs(&server, &origin, &apps).await;
+    assert_eq!(waiter, 6, "per waiting instance (leader {leader})");
+    assert!(leader <= 26, "the leader's whole fill: {leader}");
+}
+
+/// An entry over `notice_entry_limit` is not in the notice: each waiting instance reads it once (one lookup script: EVALSHA, GET, PTTL), 9 commands in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_over_the_notice_bound_is_read_once_per_waiting_instance() {
+    let server = RedisServer::start();
+    let origin = Gated::new(4096);
+    let apps: Vec<Router> = (0..4)
+        .map(|_| {
+            origin.app(layer(&server, |o| {
+                o.poll_interval(Duration::from_secs(5))
+                    .notice_entry_limit(1024)
+            }))
+        })
+        .collect();
+    let (_, waiter) = leader_and_waiter_costs(&server, &origin, &apps).await;
+    assert_eq!(waiter, 9, "6 to wait, 3 to read the entry once");
+}
+
+/// A fill notice carrying an older write than the copy an instance holds is ignored: the instance keeps its newer copy instead of taking the notice's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_older_than_the_copy_held_is_ignored() {
+    let server = RedisServer::start();
+    let mut c = server.connection().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = |calls: Arc<AtomicUsize>| {
+        Router::new()
+            .fallback(get(move || {
+                let calls = calls.clone();
+                async move {
+                    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    Response::builder()
+                        .header("cache-control", "max-age=1, stale-while-revalidate=30")
+                        .body(Body::from(format!("call={n}")))
+                        .expect("response")
+                }
+            }))
+            .layer(layer(&server, |o| o.poll_interval(Duration::from_secs(5))))
+    };
+    let (a, b) = (app(calls.clone()), app(calls.clone()));
+    let key = CacheLayer::new().key_for(&get_req("/k")).to_hex();
+    let (v, lock, channel) = (
+        format!("cost:{{{key}}}:v"),
+        format!("cost:{{{key}}}:lock"),
+        format!("cost:{{{key}}}:fill"),
     );
-    let _ = b.leader;
+
+    // Fill 1 through A; its notice is the stored entry itself.
+    send(&a, get_req("/k")).await;
+    let old_notice: Vec<u8> = redis::cmd("GET").arg(&v).query_async(&mut c).await.unwrap();
+    // Fill 2 (a newer fence) through A's refresh once stale; B takes it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    send(&a, get_req("/k")).await; // stale answer, refresh in the background
+    let start = Instant::now();
+    while calls.load(Ordering::SeqCst) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(10), "no refresh");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, _, body) = send(&b, get_req("/k")).await;
+    assert_eq!(&body[..], b"call=2");
+
+    // B's copy goes stale; its refresh waits on a lease someone else holds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _: () = redis::cmd("SET")
+        .arg(&lock)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (_, _, body) = send(&b, get_req("/k")).await;
+    assert_eq!(
+        &body[..],
+        b"call=2",
+        "the stale copy, while B's refresh waits"
+    );
+    wait_for_waiters(&mut c, &b, 1).await;
+
+    // The old notice arrives (late, or replayed): B must not take it.
+    let _: i64 = redis::cmd("SPUBLISH")
+        .arg(&channel)
+        .arg(&old_notice)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, _, body) = send(&b, get_req("/k")).await;
+    assert_eq!(&body[..], b"call=2", "B took the older write of the notice");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
