@@ -93,25 +93,42 @@ async fn send(app: &Router, uri: &str, lang: Option<&str>) -> Instant {
     if let Some(l) = lang {
         r = r.header("accept-language", l);
     }
-    let resp = app.clone().oneshot(r.body(Body::empty()).unwrap()).await.unwrap();
+    let resp = app
+        .clone()
+        .oneshot(r.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     assert!(resp.status().is_success());
     let _ = resp.into_body().collect().await.unwrap();
     Instant::now()
 }
 
 async fn commandstats(c: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(c).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap();
     info.lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
             (!OURS.contains(&name)).then(|| (name.to_owned(), calls))
         })
         .collect()
 }
 
 async fn reset(c: &mut redis::aio::MultiplexedConnection) {
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(c).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(c)
+        .await
+        .unwrap();
 }
 
 fn layer(url: &str) -> CacheLayer {
@@ -222,7 +239,11 @@ async fn row(p: usize, per: usize, delay: Duration, runs: usize, leader_alone: O
     };
     println!(
         "| {p} | {} | {median} [{}–{}] | {:.1} | {} | {} | {} |",
-        calls.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        calls
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         counts[0],
         counts[counts.len() - 1],
         median as f64 / p as f64,
