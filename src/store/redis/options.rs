@@ -239,8 +239,9 @@ impl RedisOptions {
     /// Poll interval of a waiter in case a fill notification is lost (default 200 ms).
     ///
     /// Waiters are woken by the fill notification; this poll is only the
-    /// fallback. A waiter never sleeps past the lease it waits on, so a
-    /// leader that dies is noticed when its lease ends, whatever the poll.
+    /// fallback. A waiter never sleeps longer than one lease TTL, so a
+    /// leader that dies is noticed at most a lease TTL (or one poll, if
+    /// shorter) after its lease ends, whatever the poll.
     #[must_use]
     pub fn poll_interval(mut self, t: Duration) -> Self {
         self.poll_interval = t;
@@ -267,6 +268,13 @@ impl RedisOptions {
     /// carries an older write than an instance already holds is ignored.
     /// Every subscribed instance receives the notice, so the bound caps the
     /// bytes one fill sends per waiting instance.
+    ///
+    /// ```
+    /// use herdguard::RedisOptions;
+    /// // Large pages: notices announce them; each waiting instance reads once.
+    /// let opts = RedisOptions::new("redis://127.0.0.1:6379").notice_entry_limit(16 * 1024);
+    /// # let _ = opts;
+    /// ```
     #[must_use]
     pub fn notice_entry_limit(mut self, bytes: usize) -> Self {
         self.notice_entry_limit = bytes;
