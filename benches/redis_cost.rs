@@ -153,7 +153,8 @@ async fn burst(
     uri: &str,
     per: usize,
 ) -> BurstResult {
-    let before: usize = origins.iter().map(|o| o.calls.load(Ordering::SeqCst)).sum();
+    // One counter, shared by every instance's origin.
+    let before = origins[0].calls.load(Ordering::SeqCst);
     for o in origins {
         *o.returned.lock().unwrap() = None;
     }
@@ -187,7 +188,7 @@ async fn burst(
             .collect(),
         None => Vec::new(),
     };
-    let after: usize = origins.iter().map(|o| o.calls.load(Ordering::SeqCst)).sum();
+    let after = origins[0].calls.load(Ordering::SeqCst);
     BurstResult {
         origin_calls: after - before,
         commands,
