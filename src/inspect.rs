@@ -7,7 +7,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::engine::envelope::{decode_entry, entry_flags};
+use crate::engine::envelope::{decode_entry, entry_flags, KEPT_OFFSET, MAGIC, VERSION};
 use crate::error::DecodeError;
 use crate::http::layer::CacheLayer;
 use crate::http::purge::PurgeTarget;
@@ -17,17 +17,20 @@ use crate::key::CacheKey;
 /// The Redis key names of one entry (the layout of the Redis store).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryKeyNames {
-    /// `{ns}:{H}:v`: the encoded entry; its PTTL is the hard expiry.
+    /// `{ns}:{H}:v`: the encoded entry, its PTTL the hard expiry (the
+    /// freshness left is that PTTL past the entry's stale window); or the
+    /// hit-for-pass marker (see [`is_pass_marker`]), its PTTL what is left of it.
     pub value: String,
-    /// `{ns}:{H}:fresh`: present while fresh; its PTTL is the freshness left.
-    pub fresh: String,
     /// `{ns}:{H}:lock`: the lease token.
     pub lock: String,
     /// `{ns}:{H}:fence`: hash with `next` (last token issued) and `hw`
     /// (highest write accepted, or raised by a purge).
     pub fence: String,
-    /// `{ns}:{H}:pass`: hit-for-pass marker.
-    pub pass: String,
+}
+
+/// Whether the bytes stored in an entry's key are the hit-for-pass marker.
+pub fn is_pass_marker(stored: &[u8]) -> bool {
+    stored.len() == 7 && stored[..2] == MAGIC[..] && stored[2] == VERSION && &stored[3..] == b"pass"
 }
 
 /// The key names of `key` under `namespace`.
@@ -36,10 +39,8 @@ pub fn entry_keys(namespace: &str, key: &CacheKey) -> EntryKeyNames {
     let name = |suffix: &str| format!("{namespace}:{{{h}}}:{suffix}");
     EntryKeyNames {
         value: name("v"),
-        fresh: name("fresh"),
         lock: name("lock"),
         fence: name("fence"),
-        pass: name("pass"),
     }
 }
 
@@ -57,6 +58,10 @@ pub struct Envelope {
     pub fresh_ms: u64,
     /// Stale grace after freshness, milliseconds.
     pub stale_ms: u64,
+    /// How long a shared store keeps it past freshness, milliseconds: the
+    /// stale grace, or the `stale-if-error` window when that is longer.
+    /// Freshness left is the entry's PTTL less this.
+    pub kept_ms: u64,
     /// Fence token of the write that stored it (0: unfenced).
     pub fence: u64,
     /// Payload bytes after the envelope header.
@@ -76,6 +81,7 @@ pub struct Envelope {
 pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
     let bytes = Bytes::copy_from_slice(bytes);
     let (meta, payload) = decode_entry::<Bytes>(bytes.clone())?;
+    let kept = kept_past_freshness(&bytes).unwrap_or(meta.stale_for.as_millis() as u64);
     let response = if entry_flags(&bytes) & FLAG_RESPONSE != 0 {
         // Stored by the HTTP layer: a payload that is not a response is corrupt.
         Some(decode_entry::<CachedResponse>(bytes)?.1)
@@ -98,11 +104,18 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
         stored_at_ms: meta.stored_at_ms,
         fresh_ms: meta.fresh_for.as_millis() as u64,
         stale_ms: meta.stale_for.as_millis() as u64,
+        kept_ms: kept,
         fence: meta.fence,
         payload_bytes: payload.len(),
         http_status: response.map(|r| r.status.as_u16()),
         tags,
     })
+}
+
+/// The keep time past freshness an intact encoding carries.
+fn kept_past_freshness(bytes: &[u8]) -> Option<u64> {
+    let raw = bytes.get(KEPT_OFFSET..KEPT_OFFSET + 8)?;
+    Some(u64::from_le_bytes(raw.try_into().ok()?))
 }
 
 /// What to purge.
@@ -166,14 +179,8 @@ mod tests {
         let ours = entry_keys("ns", &key);
         let theirs = store.keys(&key);
         assert_eq!(
-            [ours.value, ours.fresh, ours.lock, ours.fence, ours.pass],
-            [
-                theirs.value,
-                theirs.fresh,
-                theirs.lock,
-                theirs.fence,
-                theirs.pass
-            ]
+            [ours.value, ours.lock, ours.fence],
+            [theirs.value, theirs.lock, theirs.fence]
         );
     }
 

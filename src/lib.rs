@@ -44,14 +44,17 @@
 //!                            every lease/3), fenced write + release + SPUBLISH
 //! no entry, lease held    ─► WAIT for the fill notification (sharded pub/sub on
 //!                            the entry's own channel, one subscriber connection
-//!                            per process, bounded poll as a fallback),
-//!                            then look again; if the lease lapsed with no fill,
+//!                            per process, bounded poll as a fallback); the
+//!                            notice carries the entry up to
+//!                            `RedisOptions::notice_entry_limit` (64 KiB), else
+//!                            look again; if the lease lapsed with no fill,
 //!                            compete again: exactly one wins
 //! pass marker             ─► go to the origin (known uncacheable)
 //! ```
 //!
 //! Each entry's keys share one hash tag made from the hex of the key's hash
-//! (`{ns}:{H}:v`, `:fresh`, `:lock`, `:fence`, `:pass`), so no request text
+//! (`{ns}:{H}:v`, the entry or the pass marker, whose PTTL past the entry's
+//! stale window is its freshness; `:lock`; `:fence`), so no request text
 //! reaches a key name and every script touches one slot. Every lease comes
 //! with a fence token (a per-key counter); the write script stores an entry
 //! only if its token is not older than the newest accepted one, so a leader

@@ -264,18 +264,13 @@ async fn layers_in_one_process_make_one_call_when_the_fresh_marker_ends_first() 
     send(&apps[0], get_req("/e")).await;
     assert_eq!(origin.calls(), 1);
     // What Redis shows in the last millisecond of the entry's freshness
-    // (PTTL of the fresh marker rounds down to 0 while the value is still
-    // there), held open: value present, fresh marker gone.
+    // (its PTTL rounds down to 0 while the value is still there), held
+    // open: the value present with no expiry, so the lookup finds no
+    // freshness left (PTTL -1) and no stale window.
     let key = layers[0].key_for(&get_req("/e")).to_hex();
     let mut conn = server.connection().await;
-    let _: () = deadpool_redis::redis::cmd("PEXPIRE")
+    let _: () = deadpool_redis::redis::cmd("PERSIST")
         .arg(format!("ra:{{{key}}}:v"))
-        .arg(5_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: () = deadpool_redis::redis::cmd("DEL")
-        .arg(format!("ra:{{{key}}}:fresh"))
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -229,14 +229,6 @@ async fn corrupt_entries_are_misses_and_get_overwritten() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let _: () = redis::cmd("SET")
-            .arg(format!("t:{{{key}}}:fresh"))
-            .arg("1")
-            .arg("PX")
-            .arg(60_000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
         let before = origin.calls();
         let fresh_instance = origin.app(layer(&server, |o| o));
         let (code, _, body) = send(&fresh_instance, get_req(Box::leak(uri.into_boxed_str()))).await;

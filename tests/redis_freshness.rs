@@ -1,4 +1,4 @@
-//! Freshness across instances has one clock, Redis's `:fresh` key: an
+//! Freshness across instances has one clock, Redis's (the entry's PTTL past its stale window): an
 //! entry Redis still calls fresh is served as fresh by every instance,
 //! whatever its age by the writer's stamp (the write lands after the stamp).
 #![cfg(feature = "redis")]
@@ -44,15 +44,21 @@ async fn an_entry_redis_calls_fresh_is_not_refused_for_its_stamped_age() {
     // time: Redis TTLs do not follow tokio's paused clock.)
     let key = CacheLayer::new().key_for(&get_req("/late")).to_hex();
     let mut conn = server.connection().await;
-    for part in ["v", "fresh"] {
-        let set: i64 = redis::cmd("PEXPIRE")
-            .arg(format!("t:{{{key}}}:{part}"))
-            .arg(5_000)
-            .query_async(&mut conn)
-            .await
-            .expect("pexpire");
-        assert_eq!(set, 1, "the entry's {part} key exists");
-    }
+    // Fresh for 5 s by Redis: the entry's PTTL past its stale window (u64
+    // LE at byte 20 of the encoding).
+    let stored: Vec<u8> = redis::cmd("GET")
+        .arg(format!("t:{{{key}}}:v"))
+        .query_async(&mut conn)
+        .await
+        .expect("get");
+    let stale = u64::from_le_bytes(stored[20..28].try_into().expect("an entry"));
+    let set: i64 = redis::cmd("PEXPIRE")
+        .arg(format!("t:{{{key}}}:v"))
+        .arg(5_000 + stale)
+        .query_async(&mut conn)
+        .await
+        .expect("pexpire");
+    assert_eq!(set, 1, "the entry exists");
     tokio::time::sleep(Duration::from_millis(1_300)).await; // past max-age by the stamp
 
     let reader = origin.app(layer(&server));
@@ -101,11 +107,18 @@ async fn a_burst_at_the_end_of_freshness_shares_one_refresh() {
     // Redis's clock does not follow tokio's paused one.
     let key = CacheLayer::new().key_for(&get_req("/edge")).to_hex();
     let mut conn = server.connection().await;
-    let left: u64 = redis::cmd("PTTL")
-        .arg(format!("t:{{{key}}}:fresh"))
+    // Freshness left is the entry's PTTL past its stale window (u64 LE at
+    // byte 20 of the encoding).
+    let (hard, stored): (u64, Vec<u8>) = redis::pipe()
+        .cmd("PTTL")
+        .arg(format!("t:{{{key}}}:v"))
+        .cmd("GET")
+        .arg(format!("t:{{{key}}}:v"))
         .query_async(&mut conn)
         .await
         .expect("pttl");
+    let stale = u64::from_le_bytes(stored[20..28].try_into().expect("an entry"));
+    let left = hard - stale;
     let end = tokio::time::Instant::now() + Duration::from_millis(left);
     assert!(left > 500, "still fresh for a while: {left} ms");
     tokio::time::sleep_until(end - STALL - LEFT).await;

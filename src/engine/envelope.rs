@@ -20,13 +20,25 @@ use crate::key::CacheKey;
 pub(crate) const MAGIC: &[u8; 2] = b"HG";
 /// 2: CachedResponse carries its URL key and stored rules.
 /// 3: a checksum and the payload length in the envelope, the body length in
-///    a response. Older versions decode as a miss and are overwritten.
-pub(crate) const VERSION: u8 = 3;
+///    a response.
+/// 4: the Redis layout is one key per entry: no `:fresh` key (the lookup
+///    takes the stale window, read at [`STALE_OFFSET`], off the entry's
+///    PTTL) and no `:pass` key (the pass marker is `MAGIC VERSION "pass"`
+///    in the entry's own key). Older versions decode as a miss and are
+///    overwritten.
+pub(crate) const VERSION: u8 = 4;
+/// Where the stale window (u64 LE, milliseconds) sits.
+pub(crate) const STALE_OFFSET: usize = 20;
+/// Where the shared store's keep time past freshness (u64 LE, milliseconds)
+/// sits: the stale window, or the `stale-if-error` window when that is
+/// longer (see `remote::shared_lifetime`). The Lua lookup takes it off the
+/// entry's PTTL to tell fresh from stale, so this offset is part of the format.
+pub(crate) const KEPT_OFFSET: usize = 36;
 /// Where the fence token (u64 LE) sits: the fenced write reads it in Lua
 /// when the fence hash is gone, so this offset is part of the format.
 pub(crate) const FENCE_OFFSET: usize = 28;
-/// magic, version, flags, stored_at, fresh, stale, fence, payload length, checksum.
-const HEADER_LEN: usize = 2 + 1 + 1 + 8 * 4 + 8 + 8;
+/// magic, version, flags, stored_at, fresh, stale, fence, kept, payload length, checksum.
+const HEADER_LEN: usize = 2 + 1 + 1 + 8 * 5 + 8 + 8;
 const CHECKSUM_OFFSET: usize = HEADER_LEN - 8;
 
 /// When an entry was stored and how long it may be used.
@@ -82,8 +94,15 @@ pub(crate) fn entry_flags(bytes: &[u8]) -> u8 {
     bytes.get(3).copied().unwrap_or(0)
 }
 
-/// Encode an entry envelope around `value`.
+/// Encode an entry envelope around `value`, kept past its freshness for its
+/// stale window.
 pub(crate) fn encode_entry<V: Value>(meta: &EntryMeta, value: &V) -> Bytes {
+    encode_kept(meta, value, meta.stale_for)
+}
+
+/// Encode an entry that a shared store keeps for `kept` past its freshness
+/// (at least its stale window): what the Lua lookup reads at [`KEPT_OFFSET`].
+pub(crate) fn encode_kept<V: Value>(meta: &EntryMeta, value: &V, kept: Duration) -> Bytes {
     let mut out = BytesMut::with_capacity(HEADER_LEN + value.weight() + 64);
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
@@ -92,6 +111,7 @@ pub(crate) fn encode_entry<V: Value>(meta: &EntryMeta, value: &V) -> Bytes {
     out.put_u64_le(meta.fresh_for.as_millis() as u64);
     out.put_u64_le(meta.stale_for.as_millis() as u64);
     out.put_u64_le(meta.fence);
+    out.put_u64_le(kept.max(meta.stale_for).as_millis() as u64);
     out.put_u64_le(0); // payload length, set below
     out.put_u64_le(0); // checksum, set below
     value.encode(&mut out);
@@ -123,6 +143,9 @@ pub(crate) fn decode_entry<V: Value>(mut bytes: Bytes) -> Result<(EntryMeta, V),
         stale_for: Duration::from_millis(bytes.get_u64_le()),
         fence: bytes.get_u64_le(),
     };
+    // The keep time is for the store's own clock (the Lua lookup); the
+    // engine goes by freshness and the stale window.
+    let _kept = bytes.get_u64_le();
     let payload_len = bytes.get_u64_le();
     let stored_sum = bytes.get_u64_le();
     if payload_len != bytes.len() as u64 {
@@ -173,5 +196,22 @@ mod tests {
         let v = encode_entry(&meta, &Bytes::from_static(b"x"));
         let raw: [u8; 8] = v[FENCE_OFFSET..FENCE_OFFSET + 8].try_into().unwrap();
         assert_eq!(u64::from_le_bytes(raw), 0x0102_0304_0506);
+    }
+
+    /// The stale window and the keep time sit at their documented offsets; the keep time is never below the stale window.
+    #[test]
+    fn stale_window_and_keep_time_are_at_their_documented_offsets() {
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_millis(70_001), 1);
+        let read = |v: &Bytes, at: usize| u64::from_le_bytes(v[at..at + 8].try_into().unwrap());
+        let v = encode_entry(&meta, &Bytes::from_static(b"x"));
+        assert_eq!(read(&v, STALE_OFFSET), 70_001);
+        assert_eq!(read(&v, KEPT_OFFSET), 70_001);
+        let v = encode_kept(&meta, &Bytes::from_static(b"x"), Duration::from_secs(600));
+        assert_eq!(read(&v, STALE_OFFSET), 70_001);
+        assert_eq!(read(&v, KEPT_OFFSET), 600_000);
+        let v = encode_kept(&meta, &Bytes::from_static(b"x"), Duration::ZERO);
+        assert_eq!(read(&v, KEPT_OFFSET), 70_001);
+        let (back, _) = decode_entry::<Bytes>(v).unwrap();
+        assert_eq!(back, meta);
     }
 }

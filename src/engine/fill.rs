@@ -93,8 +93,8 @@ impl<V: Value> Engine<V> {
             let grace_end = meta.fresh_for.saturating_add(meta.stale_for);
             hard_left.min(grace_end.saturating_sub(meta.elapsed()))
         };
-        // Redis's `:fresh` key is the cluster's one clock for freshness. Its
-        // TTL starts when the write lands, after the entry was stamped, so by
+        // Redis's clock (the entry's PTTL past its stale window) is the
+        // cluster's one clock for freshness. That TTL starts when the write lands, after the entry was stamped, so by
         // the stamp alone a copy Redis calls fresh can be past its freshness:
         // the HTTP layer would then refuse it and call the origin outside the
         // flight. The age of a fresh copy is the one Redis implies.

@@ -5,11 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use tokio::time::Instant;
 
 use super::cache::Freshness;
 use super::compute::{ComputeFuture, Fill};
-use super::envelope::{decode_entry, encode_entry, EntryMeta};
+use super::envelope::{decode_entry, encode_kept, EntryMeta, MAGIC, VERSION};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
 use super::redlock::RedlockTry;
@@ -19,8 +21,18 @@ use crate::key::CacheKey;
 use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{FenceToken, LeaseToken};
 use crate::metrics::Source;
-use crate::store::memory::Stored;
-use crate::store::redis::{FillSubscription, RedisStore, RemoteLookup, WriteMode};
+use crate::store::memory::{Probe, Stored};
+use crate::store::redis::{FillSubscription, RedisStore, RemoteLookup, Woken, WriteMode};
+
+/// What a wait for another instance's fill came to.
+enum Waited<V> {
+    /// The overall wait is over.
+    Over,
+    /// The fill's notice carried its entry, now in L1.
+    Filled(Arc<Stored<V>>),
+    /// Look in Redis again.
+    Look,
+}
 
 impl<V: Value> Engine<V> {
     /// `ahead`: the copy a refresh-ahead started from. The first lookup then
@@ -107,6 +119,7 @@ impl<V: Value> Engine<V> {
                     bytes,
                     hard_left,
                     fence,
+                    holder,
                 } => {
                     let decoded = decode_entry::<V>(bytes);
                     if let Err(e) = &decoded {
@@ -175,11 +188,18 @@ impl<V: Value> Engine<V> {
                                 handle.publish_stale(Arc::clone(entry));
                             }
                             let poll = remote.options.poll_interval;
-                            if self
-                                .wait_for_fill(remote, key, &mut subscription, poll, deadline)
-                                .await
-                            {
-                                match entry {
+                            let waited = self
+                                .wait_for_fill(
+                                    remote,
+                                    key,
+                                    &mut subscription,
+                                    (poll, &holder),
+                                    deadline,
+                                    refresh.then_some(refused).flatten(),
+                                )
+                                .await;
+                            match waited {
+                                Waited::Over => match entry {
                                     Some(entry) if !refresh => {
                                         return Outcome::Value {
                                             entry,
@@ -188,7 +208,14 @@ impl<V: Value> Engine<V> {
                                     }
                                     // Waited as long as allowed for a fill.
                                     _ => return self.compute_unshared(fut).await,
+                                },
+                                Waited::Filled(entry) => {
+                                    return Outcome::Value {
+                                        entry,
+                                        source: filled_source(refresh),
+                                    }
                                 }
+                                Waited::Look => {}
                             }
                             read_entry = true;
                         }
@@ -220,75 +247,151 @@ impl<V: Value> Engine<V> {
                         // Only a Redlock lookup says Miss; be safe if not.
                         return self.compute_locally(key, fut).await;
                     }
-                    if self
+                    let waited = self
                         .wait_for_fill(
                             remote,
                             key,
                             &mut subscription,
-                            remote.options.poll_interval,
+                            (remote.options.poll_interval, &Bytes::new()),
                             deadline,
+                            newer_than,
                         )
-                        .await
-                    {
+                        .await;
+                    match waited {
                         // Waited as long as allowed: one uncached call for this
                         // whole process, shared with its waiters.
-                        return self.compute_unshared(fut).await;
+                        Waited::Over => return self.compute_unshared(fut).await,
+                        Waited::Filled(entry) => {
+                            return Outcome::Value {
+                                entry,
+                                source: filled_source(refresh),
+                            }
+                        }
+                        Waited::Look => {}
                     }
                 }
                 RemoteLookup::Pass { left } => {
                     self.memory.insert_pass(key, left.min(self.config.pass_ttl));
                     return Outcome::Pass(None);
                 }
-                RemoteLookup::Held { lease_left } => {
+                RemoteLookup::Held { lease_left, holder } => {
                     self.counters.lock_acquire("contended");
                     read_entry = true;
-                    if self
-                        .wait_for_fill(remote, key, &mut subscription, lease_left, deadline)
-                        .await
-                    {
+                    let newer_than = if refresh { refused } else { None };
+                    let waited = self
+                        .wait_for_fill(
+                            remote,
+                            key,
+                            &mut subscription,
+                            (lease_left, &holder),
+                            deadline,
+                            newer_than,
+                        )
+                        .await;
+                    match waited {
                         // Waited as long as allowed: one uncached call for this
                         // whole process, shared with its waiters.
-                        return self.compute_unshared(fut).await;
+                        Waited::Over => return self.compute_unshared(fut).await,
+                        Waited::Filled(entry) => {
+                            return Outcome::Value {
+                                entry,
+                                source: filled_source(refresh),
+                            }
+                        }
+                        Waited::Look => {}
                     }
                 }
             }
         }
     }
 
-    /// Someone else holds the lease: wait for its fill, bounded. Returns
-    /// true when the overall wait is over.
+    /// Someone else holds the lease (`holder`, when known, with at most
+    /// `lease_left` to run): wait for its fill, bounded.
+    ///
+    /// The first time, subscribe to the key's fill notices and, once that is
+    /// in place, check that the same lease still runs (one GET): a fill that
+    /// landed between the lookup and the subscription is then not missed.
+    /// Without a known holder, look again instead. A notice that carries the
+    /// entry answers at once (see [`take_notice`](Self::take_notice)).
+    /// `newer_than`: a forced refresh takes only a fill newer than that fence.
     async fn wait_for_fill(
         &self,
         remote: &Arc<RedisStore>,
         key: CacheKey,
         subscription: &mut Option<FillSubscription>,
-        lease_left: Duration,
+        (lease_left, holder): (Duration, &Bytes),
         deadline: Instant,
-    ) -> bool {
+        newer_than: Option<u64>,
+    ) -> Waited<V> {
+        let bound = |now: Instant| {
+            let poll = if remote.notifications_live() {
+                remote.options.poll_interval
+            } else {
+                remote
+                    .options
+                    .fallback_poll_interval
+                    .min(remote.options.poll_interval)
+            };
+            poll.min(lease_left + Duration::from_millis(5))
+                .min(deadline.saturating_duration_since(now))
+        };
+        if Instant::now() >= deadline {
+            return Waited::Over;
+        }
+        let sub = match subscription {
+            Some(sub) => sub,
+            None => {
+                let sub = subscription.insert(remote.subscribe_fills(key));
+                match sub.wait(bound(Instant::now())).await {
+                    Woken::Fill(notice) => return self.take_notice(key, &notice, newer_than),
+                    Woken::TimedOut => return Waited::Look,
+                    Woken::Changed => {}
+                }
+                if holder.is_empty()
+                    || !matches!(remote.lease_held_by(&key, holder).await, Ok(true))
+                {
+                    return Waited::Look;
+                }
+                sub
+            }
+        };
         let now = Instant::now();
         if now >= deadline {
-            return true;
+            return Waited::Over;
         }
-        match subscription {
-            // First time: subscribe, then look again before waiting, so a fill
-            // published in between is not missed.
-            None => *subscription = Some(remote.subscribe_fills(key)),
-            Some(sub) => {
-                let poll = if remote.notifications_live() {
-                    remote.options.poll_interval
-                } else {
-                    remote
-                        .options
-                        .fallback_poll_interval
-                        .min(remote.options.poll_interval)
-                };
-                let wait = poll
-                    .min(lease_left + Duration::from_millis(5))
-                    .min(deadline - now);
-                sub.wait(wait).await;
+        match sub.wait(bound(now)).await {
+            Woken::Fill(notice) => self.take_notice(key, &notice, newer_than),
+            Woken::Changed | Woken::TimedOut => Waited::Look,
+        }
+    }
+
+    /// A fill notice's payload: the entry itself (into L1), unless it is
+    /// not one (a wake-up: look it up), does not decode, is no newer than
+    /// `newer_than`, or is older than the copy this instance already holds
+    /// (a notice is never trusted over the fence).
+    fn take_notice(&self, key: CacheKey, notice: &Bytes, newer_than: Option<u64>) -> Waited<V> {
+        if notice.get(..3) != Some(&[MAGIC[0], MAGIC[1], VERSION][..]) {
+            return Waited::Look;
+        }
+        let (meta, value) = match decode_entry::<V>(notice.clone()) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                tracing::debug!(key = %key.short(), error = %e, "fill notice does not decode; reading the entry");
+                return Waited::Look;
             }
+        };
+        let held = match self.memory.probe(&key) {
+            Probe::Fresh(e) | Probe::Stale(e) => Some(e.meta.fence),
+            _ => None,
+        };
+        if held.is_some_and(|h| meta.fence < h) || newer_than.is_some_and(|r| meta.fence <= r) {
+            tracing::debug!(key = %key.short(), fence = meta.fence, "fill notice older than the copy held; ignored");
+            return Waited::Look;
         }
-        false
+        // Published as the entry was stored: all of its lifetime is left.
+        let hard = meta.fresh_for.saturating_add(meta.stale_for);
+        let entry = self.fill_l1(key, value, meta, meta.fresh_for, hard, Duration::ZERO);
+        Waited::Filled(entry)
     }
 
     /// Holding the lease: compute under the watchdog, then fenced write.
@@ -355,8 +458,8 @@ impl<V: Value> Engine<V> {
                 stale_for,
             } => {
                 let meta = EntryMeta::now(*fresh_for, *stale_for, fence.0);
-                let bytes = encode_entry(&meta, value);
                 let hard = shared_lifetime(value, *fresh_for, *stale_for);
+                let bytes = encode_kept(&meta, value, hard.saturating_sub(*fresh_for));
                 let mode = WriteMode::Store {
                     bytes: &bytes,
                     fresh: *fresh_for,
@@ -498,7 +601,7 @@ impl<V: Value> Engine<V> {
                 return;
             };
             let meta = EntryMeta::now(freshness.fresh_for, freshness.stale_for, fence.0);
-            let bytes = encode_entry(&meta, &value);
+            let bytes = encode_kept(&meta, &value, hard.saturating_sub(freshness.fresh_for));
             let mode = WriteMode::Store {
                 bytes: &bytes,
                 fresh: freshness.fresh_for,
@@ -546,5 +649,15 @@ impl<V: Value> Engine<V> {
             );
             retained.keep(key, Arc::new(entry), hard_left);
         }
+    }
+}
+
+/// The source of an answer a fill notice brought: a hit, or for a forced
+/// refresh the refresh another instance ran, shared.
+fn filled_source(refresh: bool) -> Source {
+    if refresh {
+        Source::Coalesced
+    } else {
+        Source::Hit
     }
 }

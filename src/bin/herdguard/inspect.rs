@@ -77,7 +77,6 @@ pub(crate) async fn inspect_entry(
     let mut pipe = redis::pipe();
     pipe.cmd("GET").arg(&names.value);
     pipe.cmd("PTTL").arg(&names.value);
-    pipe.cmd("PTTL").arg(&names.fresh);
     pipe.cmd("GET").arg(&names.lock);
     pipe.cmd("PTTL").arg(&names.lock);
     pipe.cmd("HMGET")
@@ -85,22 +84,30 @@ pub(crate) async fn inspect_entry(
         .arg("next")
         .arg("hw")
         .arg("rejected");
-    pipe.cmd("PTTL").arg(&names.pass);
     type Reply = (
         Option<Vec<u8>>,
-        i64,
         i64,
         Option<Vec<u8>>,
         i64,
         (Option<u64>, Option<u64>, Option<u64>),
-        i64,
     );
-    let (value, value_pttl, fresh_pttl, lock, lock_pttl, (next, hw, rejected), pass_pttl): Reply =
+    let (value, value_pttl, lock, lock_pttl, (next, hw, rejected)): Reply =
         bounded(url, timeout, pipe.query_async(&mut conn)).await?;
 
     let mut problems = Vec::new();
+    // The pass marker lives in the entry's key; its PTTL is what is left of it.
+    let pass = value.as_deref().is_some_and(inspect::is_pass_marker);
+    let pass_pttl = if pass { value_pttl } else { -2 };
+    let value = if pass { None } else { value };
     let envelope = value.as_deref().map(inspect::decode_envelope);
+    // Freshness left: the entry's PTTL past its keep time.
+    let fresh_pttl = match &envelope {
+        Some(Ok(e)) if value_pttl >= 0 => (value_pttl - e.kept_ms as i64).max(-2),
+        Some(Ok(_)) => value_pttl,
+        _ => -2,
+    };
     let status = match &envelope {
+        None if pass => "pass",
         None => "missing",
         Some(Err(_)) => "corrupt",
         Some(Ok(_)) if fresh_pttl > 0 || fresh_pttl == -1 => "fresh",
@@ -142,8 +149,7 @@ pub(crate) async fn inspect_entry(
         "namespace": namespace,
         "redis": redact(url),
         "keys": {
-            "value": names.value, "fresh": names.fresh, "lock": names.lock,
-            "fence": names.fence, "pass": names.pass,
+            "value": names.value, "lock": names.lock, "fence": names.fence,
         },
         "status": status,
         "stored_bytes": value.as_ref().map(Vec::len),

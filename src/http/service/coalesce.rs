@@ -144,7 +144,7 @@ where
         }
     }
     // A copy the flight handed out fresh by the engine's clock (Redis's
-    // `:fresh` TTL may have had a millisecond left) can have expired by the
+    // freshness, PTTL past the stale window, may have had a millisecond left) can have expired by the
     // time this request looks at it. If only that refuses it, the request
     // goes round the flight once more rather than to the origin alone; once
     // is enough: that lookup lands after the copy's end, which is no earlier

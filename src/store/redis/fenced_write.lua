@@ -1,8 +1,12 @@
--- KEYS: v fresh lock fence pass
--- ARGV: token fence mode value fresh_ms hard_ms channel key_hex fence_retention_ms pass_ms
---       entry_prefix fence_offset
--- mode: store (value, fresh_ms, hard_ms), pass (pass_ms) or release (nothing).
+-- KEYS: v (unused) lock fence (unused): the unused slots keep the others' places.
+-- ARGV: token fence mode value fresh_ms hard_ms channel wake fence_retention_ms pass_ms
+--       entry_prefix fence_offset carry
+-- mode: store (value, hard_ms), pass (pass_ms) or release (nothing). Freshness
+-- needs no key of its own: the entry's stale window is in its encoding, and
+-- the lookup takes it off v's PTTL. A pass marker is entry_prefix .. 'pass' in v.
 -- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
+-- The notice is the stored entry itself when carry = '1' and it was
+-- accepted, else `wake` (waiters then look it up).
 -- Returns {accepted, released}: accepted is 1, 0 (fenced off) or 2 (a pass
 -- marker not set over a fresh entry); released is 0 or 1.
 local f = tonumber(ARGV[2])
@@ -24,25 +28,31 @@ if not floor then
     if vf <= fence_clock() + 60000000 then floor = vf end
   end
 end
+-- Whether v holds an entry of this version that is still fresh: its PTTL
+-- past its keep time (u64 LE at byte 36), as the lookup reckons it.
+local function fresh_entry_held()
+  local cur = redis.pcall('GET', KEYS[1])
+  local prefix = ARGV[11]
+  if type(cur) ~= 'string' or string.len(cur) < 44 or cur == prefix .. 'pass'
+      or string.sub(cur, 1, string.len(prefix)) ~= prefix then
+    return false
+  end
+  local kept = 0
+  for i = 44, 37, -1 do kept = kept * 256 + string.byte(cur, i) end
+  return redis.call('PTTL', KEYS[1]) - kept > 0
+end
 local accepted = 0
 if ARGV[3] ~= 'release' then
   if f >= floor then
     if ARGV[3] == 'store' then
       redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
-      if tonumber(ARGV[5]) > 0 then
-        redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
-      else
-        redis.call('DEL', KEYS[2])
-      end
-      redis.call('DEL', KEYS[5])
-    elseif redis.call('EXISTS', KEYS[2]) == 1 then
+    elseif fresh_entry_held() then
       -- A pass marker never replaces a fresh entry: the answer that says
       -- "uncacheable" may have been made for one request alone.
       accepted = 2
     else
       -- The origin now says uncacheable: the old entry must not be served.
-      redis.call('DEL', KEYS[1], KEYS[2])
-      redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
+      redis.call('SET', KEYS[1], ARGV[11] .. 'pass', 'PX', ARGV[10])
     end
     if accepted == 0 then
       redis.call('HSET', KEYS[4], 'hw', ARGV[2])
@@ -62,5 +72,7 @@ if redis.call('GET', KEYS[3]) == ARGV[1] then
 end
 -- Best effort: waiters also poll, and a server without sharded pub/sub
 -- (before Redis 7) must not turn a stored entry into a failed write.
-redis.pcall('SPUBLISH', ARGV[7], ARGV[8])
+local notice = ARGV[8]
+if accepted == 1 and ARGV[13] == '1' then notice = ARGV[4] end
+redis.pcall('SPUBLISH', ARGV[7], notice)
 return {accepted, released}

@@ -2,6 +2,13 @@
 //! the waiters' registry and its one subscriber connection. Publishes nothing
 //! (the fenced write does) and reads no entry.
 //!
+//! A notice's payload is the stored entry itself (its encoding, checksummed
+//! as stored) when it is at most [`RedisOptions::notice_entry_limit`], else a
+//! short wake-up: waiters then read the entry. Payloads over this instance's
+//! own limit are kept as a wake-up only, so what a waiting key holds here is
+//! bounded. The payload is handed to the waiters as it came; the engine
+//! decodes it and checks its fence.
+//!
 //! The fenced write publishes on `{ns}:{H}:fill`, a channel under the entry's
 //! own hash tag: on a cluster it lives in the entry's slot, so the script may
 //! publish it and only the shard that owns the entry carries it (classic
@@ -19,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use deadpool_redis::redis::{
     self, aio::MultiplexedConnection, cluster_async::ClusterConnection, AsyncConnectionConfig,
     PushInfo, PushKind,
@@ -30,13 +38,28 @@ use super::options::RedisOptions;
 use crate::key::CacheKey;
 
 /// What a waiter sees of its key.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct FillState {
     /// Fills announced since the key got its first waiter.
     fills: u64,
     /// The key's channel is subscribed on the server: from now on a fill is
     /// announced, so a lookup made after this cannot miss one.
     ready: bool,
+    /// The payload of the latest notice (empty when over the limit).
+    last: Bytes,
+}
+
+/// Why a [`FillSubscription::wait`] returned.
+#[derive(Debug)]
+pub(crate) enum Woken {
+    /// A fill was announced; its notice's payload (an encoded entry, or a
+    /// wake-up to read it).
+    Fill(Bytes),
+    /// The subscription is in place (first wait), or the notification
+    /// connection changed: look again.
+    Changed,
+    /// The bound ran out.
+    TimedOut,
 }
 
 /// Local registry of waiters for fill notifications.
@@ -50,10 +73,15 @@ pub(crate) struct Fills {
     pub(crate) started: AtomicBool,
     /// Channel name prefix, `{ns}:`.
     namespace: String,
+    /// Payloads up to this long are kept for the waiters.
+    payload_limit: usize,
 }
 
 impl Fills {
-    pub(crate) fn new(namespace: &str) -> (Arc<Self>, mpsc::UnboundedReceiver<CacheKey>) {
+    pub(crate) fn new(
+        namespace: &str,
+        payload_limit: usize,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<CacheKey>) {
         let (changes, rx) = mpsc::unbounded_channel();
         let fills = Arc::new(Self {
             waiting: Mutex::new(HashMap::new()),
@@ -61,6 +89,7 @@ impl Fills {
             connected: AtomicBool::new(false),
             started: AtomicBool::new(false),
             namespace: namespace.to_owned(),
+            payload_limit,
         });
         (fills, rx)
     }
@@ -84,7 +113,9 @@ impl Fills {
         if added {
             let _ = self.changes.send(key);
         }
+        let seen = rx.borrow().fills;
         FillSubscription {
+            seen,
             rx,
             key,
             fills: Arc::clone(self),
@@ -92,13 +123,22 @@ impl Fills {
         }
     }
 
-    fn notify(&self, payload: &[u8]) {
-        let Some(key) = CacheKey::from_hex(payload) else {
+    /// A notice on `channel`: wake its key's waiters with the payload.
+    fn notify(&self, channel: &[u8], payload: Vec<u8>) {
+        let Some(key) = key_of_channel(channel) else {
             return;
+        };
+        let last = if payload.len() <= self.payload_limit {
+            Bytes::from(payload)
+        } else {
+            Bytes::new()
         };
         let map = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(tx) = map.get(&key) {
-            tx.send_modify(|s| s.fills += 1);
+            tx.send_modify(|s| {
+                s.fills += 1;
+                s.last = last;
+            });
         }
     }
 
@@ -138,6 +178,8 @@ fn key_of_channel(name: &[u8]) -> Option<CacheKey> {
 #[derive(Debug)]
 pub(crate) struct FillSubscription {
     rx: watch::Receiver<FillState>,
+    /// Fills announced before this waiter last looked.
+    seen: u64,
     key: CacheKey,
     fills: Arc<Fills>,
     /// The first wait only waits for the subscription to be in place.
@@ -148,17 +190,30 @@ impl FillSubscription {
     /// Wait for a fill notification, at most `bound`.
     ///
     /// The first call returns as soon as the key's channel is subscribed
-    /// (or a fill arrives): the caller then looks again, and that lookup
+    /// (or a fill arrives): the caller then checks again, and that check
     /// happens after notifications flow, so no fill falls in between.
-    pub(crate) async fn wait(&mut self, bound: Duration) {
-        if !self.armed {
+    pub(crate) async fn wait(&mut self, bound: Duration) -> Woken {
+        let seen = self.seen;
+        let woke = if !self.armed {
             self.armed = true;
-            let seen = self.rx.borrow_and_update().fills;
-            let _ =
-                tokio::time::timeout(bound, self.rx.wait_for(|s| s.ready || s.fills != seen)).await;
-            return;
+            tokio::time::timeout(bound, self.rx.wait_for(|s| s.ready || s.fills != seen))
+                .await
+                .is_ok_and(|r| r.is_ok())
+        } else {
+            tokio::time::timeout(bound, self.rx.changed())
+                .await
+                .is_ok_and(|r| r.is_ok())
+        };
+        let state = self.rx.borrow_and_update();
+        if state.fills != seen {
+            self.seen = state.fills;
+            return Woken::Fill(state.last.clone());
         }
-        let _ = tokio::time::timeout(bound, self.rx.changed()).await;
+        if woke {
+            Woken::Changed
+        } else {
+            Woken::TimedOut
+        }
     }
 }
 
@@ -315,7 +370,7 @@ pub(crate) async fn run_subscriber(
                         Some(p) => match p.kind {
                             PushKind::SMessage | PushKind::Message => {
                                 if let (Some(msg), Some(f)) = (redis::Msg::from_push_info(p), fills.upgrade()) {
-                                    f.notify(msg.get_payload_bytes());
+                                    f.notify(msg.get_channel_name().as_bytes(), msg.get_payload_bytes().to_vec());
                                 }
                             }
                             // The server dropped a subscription we did not

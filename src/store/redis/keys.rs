@@ -6,10 +6,15 @@ use crate::key::CacheKey;
 /// The Redis key names of one entry.
 #[derive(Debug)]
 pub(crate) struct EntryKeys {
+    /// The entry (or the pass marker); freshness is its PTTL past the
+    /// entry's stale window.
     pub(crate) value: String,
+    /// The older layout's (entry version 3) freshness key: never written
+    /// now; a purge still deletes it, with whatever an older version left.
     pub(crate) fresh: String,
     pub(crate) lock: String,
     pub(crate) fence: String,
+    /// The older layout's pass marker key, like `fresh`.
     pub(crate) pass: String,
 }
 

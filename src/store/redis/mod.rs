@@ -4,12 +4,16 @@
 //! parts and re-exports what the crate uses; no code lives here.
 //!
 //! ```text
-//! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry
-//! {ns}:{H}:fresh  present while fresh, PX = freshness left
-//! {ns}:{H}:lock   lease token, SET NX PX
+//! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry; fresh while
+//!                 PTTL > the stale window in the encoding (u64 LE at byte 20);
+//!                 or the pass marker `HG\x04pass`, PX = pass TTL
+//! {ns}:{H}:lock   lease token, SET NX PX GET
 //! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
-//! {ns}:{H}:pass   hit-for-pass marker
 //! ```
+//!
+//! One key per entry, so eviction takes an entry whole. Entry version 3
+//! kept freshness and the pass marker in keys of their own (`:fresh`,
+//! `:pass`); nothing writes them now and purges still delete them.
 //!
 //! Connections to a standalone Redis: deadpool builds them (with connect and
 //! response timeouts), and we keep a few multiplexed connections checked out
@@ -19,7 +23,9 @@
 //! the same job (see [`cluster`]).
 //!
 //! Fill notifications use sharded pub/sub on a per-entry channel
-//! `{ns}:{H}:fill` (see [`fills`]), on a cluster and standalone alike.
+//! `{ns}:{H}:fill` (see [`fills`]), on a cluster and standalone alike. The
+//! notice is the stored entry itself (up to
+//! [`RedisOptions::notice_entry_limit`]) or `wake`.
 //!
 //! # Parts
 //!
@@ -54,7 +60,7 @@ mod store;
 mod tls;
 
 pub(crate) use self::error::{redact_error, StoreError};
-pub(crate) use self::fills::FillSubscription;
+pub(crate) use self::fills::{FillSubscription, Woken};
 pub use self::options::RedisOptions;
 pub(crate) use self::scripts::{RemoteLookup, WriteMode};
 pub(crate) use self::store::RedisStore;

@@ -93,6 +93,8 @@ pub struct RedisOptions {
     pub(crate) breaker_min_backoff: Duration,
     pub(crate) breaker_max_backoff: Duration,
     pub(crate) fence_retention: Duration,
+    /// Entries up to this many encoded bytes ride in their fill notice.
+    pub(crate) notice_entry_limit: usize,
     /// The `cache` label of this store's metrics: the layer's name, or none
     /// for a store outside a layer.
     pub(crate) metrics_name: Option<String>,
@@ -168,6 +170,7 @@ impl RedisOptions {
             breaker_min_backoff: Duration::from_millis(250),
             breaker_max_backoff: Duration::from_secs(5),
             fence_retention: Duration::from_secs(24 * 3600),
+            notice_entry_limit: 64 * 1024,
             metrics_name: None,
         }
     }
@@ -236,8 +239,9 @@ impl RedisOptions {
     /// Poll interval of a waiter in case a fill notification is lost (default 200 ms).
     ///
     /// Waiters are woken by the fill notification; this poll is only the
-    /// fallback. A waiter never sleeps past the lease it waits on, so a
-    /// leader that dies is noticed when its lease ends, whatever the poll.
+    /// fallback. A waiter never sleeps longer than one lease TTL, so a
+    /// leader that dies is noticed at most a lease TTL (or one poll, if
+    /// shorter) after its lease ends, whatever the poll.
     #[must_use]
     pub fn poll_interval(mut self, t: Duration) -> Self {
         self.poll_interval = t;
@@ -250,6 +254,30 @@ impl RedisOptions {
     #[must_use]
     pub fn fallback_poll_interval(mut self, t: Duration) -> Self {
         self.fallback_poll_interval = t;
+        self
+    }
+
+    /// The largest entry (encoded bytes: body, headers and a 52-byte
+    /// envelope) that rides in its fill notice (default 64 KiB; 0: none).
+    ///
+    /// When a leader stores an entry, the other instances waiting for it
+    /// are told over sharded pub/sub. An entry up to this size is in the
+    /// notice itself, checksummed as stored, so each waiting instance is
+    /// answered with no further Redis read; a larger one is read once per
+    /// waiting instance. A notice is never trusted over the fence: one that
+    /// carries an older write than an instance already holds is ignored.
+    /// Every subscribed instance receives the notice, so the bound caps the
+    /// bytes one fill sends per waiting instance.
+    ///
+    /// ```
+    /// use herdguard::RedisOptions;
+    /// // Large pages: notices announce them; each waiting instance reads once.
+    /// let opts = RedisOptions::new("redis://127.0.0.1:6379").notice_entry_limit(16 * 1024);
+    /// # let _ = opts;
+    /// ```
+    #[must_use]
+    pub fn notice_entry_limit(mut self, bytes: usize) -> Self {
+        self.notice_entry_limit = bytes;
         self
     }
 

@@ -23,12 +23,19 @@ pub(crate) enum RemoteLookup {
         bytes: Bytes,
         hard_left: Duration,
         fence: Option<FenceToken>,
+        /// Whoever holds the refresh lease here (empty when none is known).
+        holder: Bytes,
     },
     Leased {
         fence: FenceToken,
     },
+    /// Another caller holds the lease.
     Held {
+        /// At most this long left (the lease TTL: the script does not ask).
         lease_left: Duration,
+        /// The holder's lease token, to check later that the same lease
+        /// still runs (one GET) instead of looking again.
+        holder: Bytes,
     },
     /// No entry, and the lease is not taken here (it lives on Redlock nodes).
     Miss,
@@ -74,7 +81,8 @@ pub(super) static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Store only if the fence is not older than the newest accepted write;
-/// release the lease if still ours; announce the fill.
+/// release the lease if still ours; announce the fill (the notice carries
+/// the stored entry when asked to).
 pub(super) static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("fence.lua"),
@@ -149,6 +157,10 @@ pub(super) fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
         _ => None,
     };
     let (fresh, hard, fence, other) = (int()?, int()?, int()?, int()?);
+    let holder = match it.next() {
+        Some(RedisValue::BulkString(b)) => Bytes::from(b),
+        _ => Bytes::new(),
+    };
     Some(match status.as_slice() {
         b"fresh" => RemoteLookup::Fresh {
             bytes: value,
@@ -159,17 +171,20 @@ pub(super) fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
             bytes: value,
             hard_left: pttl(hard),
             fence: Some(FenceToken(fence as u64)),
+            holder,
         },
         b"stale" => RemoteLookup::Stale {
             bytes: value,
             hard_left: pttl(hard),
             fence: None,
+            holder,
         },
         b"leased" => RemoteLookup::Leased {
             fence: FenceToken(fence as u64),
         },
         b"held" => RemoteLookup::Held {
             lease_left: pttl(other),
+            holder,
         },
         b"pass" => RemoteLookup::Pass { left: pttl(other) },
         b"miss" => RemoteLookup::Miss,

@@ -25,6 +25,9 @@ use crate::error::BuildError;
 use crate::key::CacheKey;
 use crate::lock::{FenceToken, LeaseToken};
 
+/// The payload of a fill notice that carries no entry: read it.
+pub(crate) const WAKE: &[u8] = b"wake";
+
 /// The Redis store of one cache.
 pub(crate) struct RedisStore {
     pub(crate) options: RedisOptions,
@@ -58,7 +61,7 @@ impl RedisStore {
     pub(crate) fn new(options: RedisOptions) -> Result<Self, BuildError> {
         options.validate()?;
         let (connection, fill_source) = Connection::new(&options)?;
-        let (fills, changes) = Fills::new(&options.namespace);
+        let (fills, changes) = Fills::new(&options.namespace, options.notice_entry_limit);
         let mut entry_prefix = MAGIC.to_vec();
         entry_prefix.push(VERSION);
         Ok(Self {
@@ -108,10 +111,8 @@ impl RedisStore {
         let k = self.keys(key);
         let mut inv = LOOKUP_OR_LEASE.prepare_invoke();
         inv.key(&k.value)
-            .key(&k.fresh)
             .key(&k.lock)
             .key(&k.fence)
-            .key(&k.pass)
             .arg(token.as_str())
             .arg(millis(self.options.lease_ttl))
             .arg(if skip_entry { "1" } else { "0" })
@@ -133,19 +134,23 @@ impl RedisStore {
         mode: WriteMode<'_>,
     ) -> Result<WriteOutcome, StoreError> {
         let k = self.keys(key);
+        let mut carry = false;
         let (mode_name, value, fresh, hard, pass): (&str, &[u8], u64, u64, u64) = match mode {
             WriteMode::Store { bytes, fresh, hard } => {
+                carry = bytes.len() <= self.options.notice_entry_limit;
                 ("store", bytes, millis(fresh), millis(hard).max(1), 0)
             }
             WriteMode::Pass { ttl } => ("pass", &[], 0, 0, millis(ttl).max(1)),
             WriteMode::Release => ("release", &[], 0, 0, 0),
         };
+        // The two unused key slots get `v` again: the script's KEYS keep
+        // their places, and every key named is in the entry's slot.
         let mut inv = FENCED_WRITE_AND_RELEASE.prepare_invoke();
         inv.key(&k.value)
-            .key(&k.fresh)
+            .key(&k.value)
             .key(&k.lock)
             .key(&k.fence)
-            .key(&k.pass)
+            .key(&k.value)
             .arg(token.as_str())
             .arg(fence.0)
             .arg(mode_name)
@@ -153,11 +158,12 @@ impl RedisStore {
             .arg(fresh)
             .arg(hard)
             .arg(self.fills.channel(key))
-            .arg(key.to_hex())
+            .arg(WAKE)
             .arg(millis(self.options.fence_retention))
             .arg(pass)
             .arg(&self.entry_prefix[..])
-            .arg(FENCE_OFFSET);
+            .arg(FENCE_OFFSET)
+            .arg(if carry { "1" } else { "0" });
         let (accepted, released): (i64, i64) = match self.invoke("write_and_release", &inv).await {
             Ok(reply) => reply,
             Err(e) => {
@@ -175,6 +181,21 @@ impl RedisStore {
             released: released == 1,
             kept: accepted == 2,
         })
+    }
+
+    /// Whether the lease of `key` is still held by `holder` (one GET): a
+    /// waiter's check, after its fill subscription is in place, that the
+    /// fill it waits for has not landed meanwhile.
+    pub(crate) async fn lease_held_by(
+        &self,
+        key: &CacheKey,
+        holder: &[u8],
+    ) -> Result<bool, StoreError> {
+        let k = self.keys(key);
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&k.lock);
+        let now: Option<Vec<u8>> = self.query("lease_held_by", &cmd).await?;
+        Ok(now.is_some_and(|t| t == holder))
     }
 
     /// PEXPIRE the lease only if `token` still holds it.
