@@ -194,14 +194,23 @@ fn redis_layer(redis: &RedisServer) -> CacheLayer {
         .expect("valid layer")
 }
 
-async fn redis_exists(redis: &RedisServer, key: &str) -> bool {
+/// What the entry key `ep:{hex}:v` holds: None when empty, else whether it
+/// is the pass marker and, for an entry, its stored HTTP status.
+async fn stored(redis: &RedisServer, hex: &str) -> Option<(bool, Option<u16>)> {
     let mut c = redis.connection().await;
-    let n: i64 = deadpool_redis::redis::cmd("EXISTS")
-        .arg(key)
+    let v: Option<Vec<u8>> = deadpool_redis::redis::cmd("GET")
+        .arg(format!("ep:{{{hex}}}:v"))
         .query_async(&mut c)
         .await
-        .expect("EXISTS");
-    n == 1
+        .expect("GET");
+    let v = v?;
+    if herdguard::inspect::is_pass_marker(&v) {
+        return Some((true, None));
+    }
+    let status = herdguard::inspect::decode_envelope(&v)
+        .ok()
+        .and_then(|e| e.http_status);
+    Some((false, status))
 }
 
 fn key_hex(layer: &CacheLayer, path: &str) -> String {
@@ -320,8 +329,8 @@ async fn on_redis_an_error_answer_to_one_reload_keeps_the_hot_entry() {
         }
         assert_eq!(origin.calls(), 2, "attack {i}: no origin call after it");
         let key = key_hex(&la, "/x");
-        assert!(!redis_exists(&redis, &format!("ep:{{{key}}}:pass")).await);
-        assert!(redis_exists(&redis, &format!("ep:{{{key}}}:v")).await);
+        // The entry, not a pass marker.
+        assert_eq!(stored(&redis, &key).await, Some((false, Some(200))));
     }
 }
 
@@ -363,7 +372,11 @@ async fn on_redis_an_uncacheable_answer_never_marks_a_fresh_entry() {
     .await;
     assert_eq!(&private.body[..], b"private call=2");
     let key = key_hex(&la, "/x");
-    assert!(!redis_exists(&redis, &format!("ep:{{{key}}}:pass")).await);
+    assert_eq!(
+        stored(&redis, &key).await,
+        Some((false, Some(200))),
+        "no pass marker over the fresh entry"
+    );
     for s in ten_plain_gets(&[&a, &b], "/x").await {
         assert!(s.starts_with("herdguard; hit"), "{s}");
     }
@@ -529,12 +542,11 @@ async fn stale_if_error_holds_on_an_instance_without_a_copy() {
     }
     // One call per request to the failing origin, none stored.
     assert_eq!(origin.calls(), 5);
-    let fresh: i64 = deadpool_redis::redis::cmd("EXISTS")
-        .arg(format!("ep:{{{key}}}:fresh"))
-        .query_async(&mut c)
-        .await
-        .expect("EXISTS");
-    assert_eq!(fresh, 0, "the 500 was never stored");
+    assert_eq!(
+        stored(&redis, &key).await,
+        Some((false, Some(200))),
+        "the 500 was never stored"
+    );
 }
 
 /// An entry kept in Redis only for stale-if-error (past its stale-while-revalidate) is not served stale: five requests on an instance without a copy share one refill.
