@@ -5,7 +5,8 @@
 -- The channel carries the entry's hash tag (same slot as KEYS on a cluster).
 -- Returns {accepted, released}, each 0 or 1.
 local f = tonumber(ARGV[2])
--- The newest write (or purge) we know of: `hw`, or, when the fence hash is
+-- A write is accepted only with a token strictly newer than the newest
+-- write (or purge) we know of: `hw`, or, when the fence hash is
 -- gone, the fence the stored entry was written with (it is part of the
 -- encoding), so a leader from before the loss cannot replace a newer entry.
 local floor = tonumber(redis.call('HGET', KEYS[4], 'hw'))
@@ -25,7 +26,7 @@ if not floor then
 end
 local accepted = 0
 if ARGV[3] ~= 'release' then
-  if f >= floor then
+  if f > floor then
     if ARGV[3] == 'store' then
       redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
       if tonumber(ARGV[5]) > 0 then
@@ -40,7 +41,9 @@ if ARGV[3] ~= 'release' then
       redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
     end
     redis.call('HSET', KEYS[4], 'hw', ARGV[2])
-    local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
+    -- Kept while the entry lives, and past that as long as a fill that
+    -- leased before its expiry may still write.
+    local keep = tonumber(ARGV[9]) + tonumber(ARGV[6])
     if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
     accepted = 1
   else

@@ -92,6 +92,12 @@ pub struct RedisOptions {
     pub(crate) watchdog: bool,
     pub(crate) breaker_min_backoff: Duration,
     pub(crate) breaker_max_backoff: Duration,
+    /// How long a fence mark (a purge's, a lease's) must outlive its event:
+    /// as long as a fill that leased before it may still write, so the
+    /// origin timeout plus the lease. A written entry's fence is kept for its
+    /// hard expiry plus this. The engine sets it from its own origin
+    /// timeout; a lost mark restarts from the server clock, above every
+    /// token issued before.
     pub(crate) fence_retention: Duration,
     /// The `cache` label of this store's metrics: the layer's name, or none
     /// for a store outside a layer.
@@ -167,7 +173,8 @@ impl RedisOptions {
             watchdog: true,
             breaker_min_backoff: Duration::from_millis(250),
             breaker_max_backoff: Duration::from_secs(5),
-            fence_retention: Duration::from_secs(24 * 3600),
+            // The engine's default origin timeout plus the default lease.
+            fence_retention: Duration::from_secs(65),
             metrics_name: None,
         }
     }

@@ -108,9 +108,14 @@ pub(super) static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// Records an entry in a group index (purge by URL or tag).
+/// Records an entry's keys in a group index (purge by URL or tag) and says
+/// when the group was last purged.
 pub(super) static INDEX_GROUP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("index_group.lua")));
+
+/// Stamps a group purged, then says how large its index is.
+pub(super) static PURGE_GROUP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("purge_group.lua")));
 
 pub(super) fn millis(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64

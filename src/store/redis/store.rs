@@ -216,6 +216,7 @@ impl RedisStore {
             .key(&k.fresh)
             .key(&k.pass)
             .key(&k.fence)
+            .key(&k.lock)
             .arg(millis(self.options.fence_retention));
         let _: i64 = self.invoke("purge", &inv).await?;
         Ok(())
