@@ -57,7 +57,10 @@ impl Gated {
     async fn wait_calls(&self, n: usize) {
         let start = tokio::time::Instant::now();
         while self.calls() < n {
-            assert!(start.elapsed() < Duration::from_secs(10), "origin never reached call {n}");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "origin never reached call {n}"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -139,13 +142,25 @@ async fn url_purge_beats_a_first_fill_that_never_hears_it() {
     assert_eq!(lb.purge_url(&url("/r")).await.unwrap(), Purged::Redis);
     origin.open();
     let (_, _, body) = first.await.unwrap();
-    assert_eq!(call(&body), "call=1", "the request that started the fill gets it");
+    assert_eq!(
+        call(&body),
+        "call=1",
+        "the request that started the fill gets it"
+    );
 
     let (_, headers, body) = send(&b, req(axum::http::Method::GET, "/r", &[])).await;
-    assert_eq!(call(&body), "call=2", "Redis does not hold the pre-purge fill");
+    assert_eq!(
+        call(&body),
+        "call=2",
+        "Redis does not hold the pre-purge fill"
+    );
     assert!(!cache_status(&headers).contains("hit"));
     let (_, headers, body) = send(&a, req(axum::http::Method::GET, "/r", &[])).await;
-    assert_eq!(call(&body), "call=2", "nor does the filling instance's memory");
+    assert_eq!(
+        call(&body),
+        "call=2",
+        "nor does the filling instance's memory"
+    );
     assert!(cache_status(&headers).contains("hit"));
     assert_eq!(origin.calls(), 2);
 }
@@ -173,7 +188,11 @@ async fn purge_during_a_vary_fill_leaves_no_base_copy() {
 
     let c = origin.app(layer(server.url()));
     let (_, headers, body) = send(&c, get_lang("/v", "fr")).await;
-    assert_eq!(call(&body), "call=3", "no pre-purge copy under the base key");
+    assert_eq!(
+        call(&body),
+        "call=3",
+        "no pre-purge copy under the base key"
+    );
     assert!(!cache_status(&headers).contains("hit"));
     assert_eq!(origin.calls(), 3);
 }
@@ -203,10 +222,25 @@ async fn purge_raises_a_lost_fence_under_a_held_lease() {
     let _ = started.acquire().await.unwrap();
     let mut c = server.connection().await;
     let tag = key.to_hex();
-    let (fence, lock) = (format!("{NS}:{{{tag}}}:fence"), format!("{NS}:{{{tag}}}:lock"));
-    let gone: i64 = redis::cmd("DEL").arg(&fence).query_async(&mut c).await.unwrap();
-    let held: i64 = redis::cmd("EXISTS").arg(&lock).query_async(&mut c).await.unwrap();
-    assert_eq!((gone, held), (1, 1), "the fence hash is gone, the lease held");
+    let (fence, lock) = (
+        format!("{NS}:{{{tag}}}:fence"),
+        format!("{NS}:{{{tag}}}:lock"),
+    );
+    let gone: i64 = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let held: i64 = redis::cmd("EXISTS")
+        .arg(&lock)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        (gone, held),
+        (1, 1),
+        "the fence hash is gone, the lease held"
+    );
 
     let purger = layer(server.url());
     let purged = herdguard::inspect::purge_and_wait(&purger, herdguard::inspect::Purge::Key(key));
@@ -224,7 +258,10 @@ async fn purge_raises_a_lost_fence_under_a_held_lease() {
         })
         .await
         .unwrap();
-    assert_eq!(next.value, "new", "the fill that leased before the purge was refused");
+    assert_eq!(
+        next.value, "new",
+        "the fill that leased before the purge was refused"
+    );
 }
 
 /// After a failover to a replica that missed the last token, the new primary never issues that token again, and the older holder's write loses to the newer one.
@@ -249,7 +286,10 @@ async fn tokens_never_repeat_after_failover_to_a_lagging_replica() {
     assert!(b.write("r", new_b, b"newer").await.unwrap());
     // A, reconnected to the new primary, finally writes its older fill.
     let a = FencedStore::new(opts()).unwrap();
-    assert!(!a.write("r", old_a, b"older").await.unwrap(), "an older token is refused");
+    assert!(
+        !a.write("r", old_a, b"older").await.unwrap(),
+        "an older token is refused"
+    );
     assert_eq!(a.read("r").await.unwrap().unwrap(), &b"newer"[..]);
 }
 

@@ -202,7 +202,11 @@ impl RedisServer {
     pub async fn acl_user(&self, name: &str, rules: &[&str]) -> String {
         let mut c = self.connection().await;
         let mut cmd = redis::cmd("ACL");
-        cmd.arg("SETUSER").arg(name).arg("reset").arg("on").arg(format!(">{name}"));
+        cmd.arg("SETUSER")
+            .arg(name)
+            .arg("reset")
+            .arg("on")
+            .arg(format!(">{name}"));
         for r in rules {
             cmd.arg(*r);
         }

@@ -97,15 +97,31 @@ impl RedisStore {
     /// still indexed, so a later purge finds them. The group is stamped
     /// purged first, so a fill not yet indexed stores nothing (see
     /// [`index_before_write`](Self::index_before_write)).
-    pub(crate) async fn purge_group(&self, group: &str) -> Result<(), StoreError> {
+    ///
+    /// The error says whether nothing at all was done (the first call did
+    /// not reach Redis).
+    pub(crate) async fn purge_group(&self, group: &str) -> Result<(), (StoreError, bool)> {
         let index = self.group_key(group);
-        let legacy = self.legacy_group_key(group);
         let mut start = PURGE_GROUP.prepare_invoke();
         start
             .key(&index)
             .key(self.group_stamp_key(group))
             .arg(millis(self.options.fence_retention).max(1));
-        let (kind, count): (String, usize) = self.invoke("purge_group", &start).await?;
+        let (kind, count): (String, usize) = match self.invoke("purge_group", &start).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                let nothing = e.did_nothing();
+                return Err((e, nothing));
+            }
+        };
+        self.walk_group(group, &kind, count)
+            .await
+            .map_err(|e| (e, false))
+    }
+
+    async fn walk_group(&self, group: &str, kind: &str, count: usize) -> Result<(), StoreError> {
+        let index = self.group_key(group);
+        let legacy = self.legacy_group_key(group);
         if kind == "set" {
             // Not rewritten since an older version kept it.
             self.purge_set(&index).await?;
