@@ -6,6 +6,13 @@
 //! set of entry keys scored by when each entry expires. Writes trim the
 //! expired members, so an index holds the group's live entries only, and the
 //! index key itself expires with its last entry. A purge walks it in batches.
+//!
+//! A purge stamps the group (`{ns}:g:{G}:p`, the server time) before it
+//! reads the index, and a fill records its keys in the index before its
+//! fenced write, reading the stamp in the same script: a fill either is in
+//! the index when the purge reads it (and the purge raises its fences) or
+//! sees the stamp (and stores nothing). So a purge holds against a first
+//! fill it could not yet find, without its notice.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -40,7 +40,7 @@ pub(crate) enum RemoteLookup {
 /// What a fenced write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WriteOutcome {
-    /// The entry (or pass marker) was stored: its fence was not older than
+    /// The entry (or pass marker) was stored: its fence was newer than
     /// the newest accepted write.
     pub(crate) accepted: bool,
     /// Our lease was still ours and is now released.
@@ -70,7 +70,7 @@ pub(super) static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// Store only if the fence is not older than the newest accepted write;
+/// Store only if the fence is newer than the newest accepted write;
 /// release the lease if still ours; announce the fill.
 pub(super) static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(

@@ -123,7 +123,7 @@ impl RedisStore {
         parse_lookup(reply).ok_or(StoreError::Protocol)
     }
 
-    /// Store (or mark pass, or nothing) only if `fence` is not older than the
+    /// Store (or mark pass, or nothing) only if `fence` is newer than the
     /// newest accepted write; release the lease if it is still ours; wake waiters.
     pub(crate) async fn write_and_release(
         &self,
