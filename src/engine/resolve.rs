@@ -69,13 +69,12 @@ impl<V: Value> Engine<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
         let remote = match &config.redis {
             Some(opts) => {
-                let mut opts = opts.clone().metrics_name(&config.metrics_name);
                 // Fence marks and purge stamps outlive any fill that leased
                 // before them: it writes within the origin timeout.
-                opts.fence_retention = config
-                    .origin_timeout
-                    .saturating_add(config.max_wait())
-                    .saturating_add(opts.lease_ttl);
+                let opts = opts
+                    .clone()
+                    .metrics_name(&config.metrics_name)
+                    .fills_last(config.origin_timeout.saturating_add(config.max_wait()));
                 let mut store = RedisStore::new(opts)?;
                 if config.redlock.is_some() {
                     store.set_lease_elsewhere();

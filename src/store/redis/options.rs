@@ -179,6 +179,13 @@ impl RedisOptions {
         }
     }
 
+    /// A fill writes at most `longest` after it leased: fence marks and
+    /// purge stamps are kept that long plus the lease.
+    pub(crate) fn fills_last(mut self, longest: Duration) -> Self {
+        self.fence_retention = longest.saturating_add(self.lease_ttl);
+        self
+    }
+
     /// Label this store's metrics with the layer's name.
     pub(crate) fn metrics_name(mut self, name: &str) -> Self {
         self.metrics_name = Some(name.to_owned());
