@@ -33,6 +33,7 @@ struct Gated {
     gate: Arc<Semaphore>,
     held: usize,
     vary: bool,
+    tag: Option<&'static str>,
 }
 
 impl Gated {
@@ -42,7 +43,14 @@ impl Gated {
             gate: Arc::new(Semaphore::new(0)),
             held,
             vary,
+            tag: None,
         }
+    }
+
+    /// Tag every answer with `Surrogate-Key: tag`.
+    fn tag(mut self, tag: &'static str) -> Self {
+        self.tag = Some(tag);
+        self
     }
 
     fn calls(&self) -> usize {
@@ -85,6 +93,10 @@ async fn gated(State(o): State<Gated>, uri: Uri, headers: HeaderMap) -> Response
     let mut r = Response::new(Body::from(format!("call={n} lang={lang} uri={uri}")));
     r.headers_mut()
         .insert("cache-control", "max-age=60".parse().unwrap());
+    if let Some(tag) = o.tag {
+        r.headers_mut()
+            .insert("surrogate-key", tag.parse().unwrap());
+    }
     if o.vary {
         r.headers_mut()
             .insert("vary", "accept-language".parse().unwrap());
@@ -162,6 +174,63 @@ async fn url_purge_beats_a_first_fill_that_never_hears_it() {
         "nor does the filling instance's memory"
     );
     assert!(cache_status(&headers).contains("hit"));
+    assert_eq!(origin.calls(), 2);
+}
+
+/// A tag purge beats a first fill of a tagged answer on an instance that never hears the notice: nothing of that fill is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_purge_beats_a_first_fill_that_never_hears_it() {
+    let server = RedisServer::start();
+    let origin = Gated::new(1, false).tag("t1");
+    let a = origin.app(layer(deaf(&server).await));
+    let lb = layer(server.url());
+    let b = origin.app(lb.clone());
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { send(&a, req(axum::http::Method::GET, "/t", &[])).await }
+    });
+    origin.wait_calls(1).await;
+    assert_eq!(lb.purge_tag("t1").await.unwrap(), Purged::Redis);
+    origin.open();
+    let (_, _, body) = first.await.unwrap();
+    assert_eq!(call(&body), "call=1");
+
+    let (_, headers, body) = send(&b, req(axum::http::Method::GET, "/t", &[])).await;
+    assert_eq!(call(&body), "call=2", "Redis does not hold the pre-purge fill");
+    assert!(!cache_status(&headers).contains("hit"));
+    assert_eq!(origin.calls(), 2);
+}
+
+/// A Vary variant copy kept in memory answers fresh for at most `l1_ttl`: after another instance stored a newer answer for that variant, the next request past `l1_ttl` gets the newer one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vary_copy_in_memory_lives_at_most_l1_ttl() {
+    let server = RedisServer::start();
+    let origin = Gated::new(0, true);
+    let l1 = Duration::from_millis(300);
+    let short = |url: String| {
+        CacheLayer::builder()
+            .redis(RedisOptions::new(url).namespace(NS).l1_ttl(l1))
+            .build()
+            .unwrap()
+    };
+    let a = origin.app(short(server.url()));
+    let b = origin.app(short(server.url()));
+    // A fills the base key; its answer is also filed under the `de` variant.
+    let (_, _, body) = send(&a, get_lang("/v", "de")).await;
+    assert_eq!(call(&body), "call=1");
+    // B learns the Vary names from Redis, then reloads the `de` variant.
+    let (_, _, body) = send(&b, get_lang("/v", "de")).await;
+    assert_eq!(call(&body), "call=1");
+    let reload = req(
+        axum::http::Method::GET,
+        "/v",
+        &[("accept-language", "de"), ("cache-control", "no-cache")],
+    );
+    let (_, _, body) = send(&b, reload).await;
+    assert_eq!(call(&body), "call=2");
+    tokio::time::sleep(l1 + Duration::from_millis(200)).await;
+    let (_, _, body) = send(&a, get_lang("/v", "de")).await;
+    assert_eq!(call(&body), "call=2", "A's variant copy did not outlive l1_ttl");
     assert_eq!(origin.calls(), 2);
 }
 
