@@ -196,7 +196,11 @@ async fn tag_purge_beats_a_first_fill_that_never_hears_it() {
     assert_eq!(call(&body), "call=1");
 
     let (_, headers, body) = send(&b, req(axum::http::Method::GET, "/t", &[])).await;
-    assert_eq!(call(&body), "call=2", "Redis does not hold the pre-purge fill");
+    assert_eq!(
+        call(&body),
+        "call=2",
+        "Redis does not hold the pre-purge fill"
+    );
     assert!(!cache_status(&headers).contains("hit"));
     assert_eq!(origin.calls(), 2);
 }
@@ -230,7 +234,11 @@ async fn a_vary_copy_in_memory_lives_at_most_l1_ttl() {
     assert_eq!(call(&body), "call=2");
     tokio::time::sleep(l1 + Duration::from_millis(200)).await;
     let (_, _, body) = send(&a, get_lang("/v", "de")).await;
-    assert_eq!(call(&body), "call=2", "A's variant copy did not outlive l1_ttl");
+    assert_eq!(
+        call(&body),
+        "call=2",
+        "A's variant copy did not outlive l1_ttl"
+    );
     assert_eq!(origin.calls(), 2);
 }
 
@@ -263,6 +271,48 @@ async fn purge_during_a_vary_fill_leaves_no_base_copy() {
         "no pre-purge copy under the base key"
     );
     assert!(!cache_status(&headers).contains("hit"));
+    assert_eq!(origin.calls(), 3);
+}
+
+/// An older Vary fill whose lease was lost (as eviction would take it) files no copy under the base key after a newer fill of the same variant stored its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_vary_fill_does_not_overwrite_a_newer_base_copy() {
+    let server = RedisServer::start();
+    let origin = Gated::new(2, true);
+    let a = origin.app(layer(server.url()));
+    let b = origin.app(layer(server.url()));
+    let (_, _, body) = send(&a, get_lang("/v", "de")).await;
+    assert_eq!(call(&body), "call=1");
+    let (_, _, body) = send(&b, get_lang("/v", "de")).await;
+    assert_eq!(call(&body), "call=1", "B learns the Vary names from Redis");
+    let older = tokio::spawn({
+        let a = a.clone();
+        async move { send(&a, get_lang("/v", "fr")).await }
+    });
+    origin.wait_calls(2).await;
+    // A's lease on the `fr` variant is lost mid-fill.
+    let mut c = server.connection().await;
+    let locks: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{NS}:{{*}}:lock"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    let _: i64 = redis::cmd("DEL")
+        .arg(&locks[0])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (_, _, body) = send(&b, get_lang("/v", "fr")).await;
+    assert_eq!(call(&body), "call=3", "B leads a newer fill of the variant");
+    origin.open();
+    let (_, _, body) = older.await.unwrap();
+    assert_eq!(call(&body), "call=2");
+
+    let fresh = origin.app(layer(server.url()));
+    let (_, headers, body) = send(&fresh, get_lang("/v", "fr")).await;
+    assert_eq!(call(&body), "call=3", "the base key holds the newer answer");
+    assert!(cache_status(&headers).contains("hit"));
     assert_eq!(origin.calls(), 3);
 }
 
