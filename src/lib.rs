@@ -56,15 +56,16 @@
 //! (`{ns}:{H}:v`, the entry or the pass marker, whose PTTL past the entry's
 //! stale window is its freshness; `:lock`; `:fence`), so no request text
 //! reaches a key name and every script touches one slot. Every lease comes
-//! with a fence token (a per-key counter); the write script stores an entry
-//! only if its token is not older than the newest accepted one, so a leader
-//! whose lease lapsed (GC pause, slow origin) cannot overwrite a newer value.
-//! Rejected writes are counted in [`Stats::fenced_rejections`]. The counter
-//! survives its own loss: after a FLUSHALL, an evicted fence hash or a restart
-//! without persistence it starts again from the Redis server's clock in
-//! microseconds, above every token issued before, so an old in-flight leader
-//! is refused and new leases are never stuck below its mark. (This assumes
-//! the server clock does not step back further than the counter's age.)
+//! with a fence token; the write script stores an entry only if its token is
+//! strictly newer than the newest accepted one, so a leader whose lease
+//! lapsed (GC pause, slow origin) cannot overwrite a newer value. Rejected
+//! writes are counted in [`Stats::fenced_rejections`]. A token is above the
+//! last one issued for the key, above its high-water mark and above the
+//! Redis server's clock in microseconds: it never repeats, not after a
+//! FLUSHALL, an evicted fence hash, a restart without persistence or a
+//! failover to a replica that missed the last tokens. (This assumes the
+//! server clock does not step back further than the time between two
+//! leases of a key.)
 //!
 //! Redis Cluster ([`RedisOptions::cluster`]) runs the same scripts unchanged:
 //! entries spread over the slots, and fill notifications are published on
@@ -277,10 +278,17 @@
 //!   when a response is stored and stripped from every response to a client
 //!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
 //!   A purge beats a fill already running: that fill's answer still goes to
-//!   the requests waiting on it, but it is not stored (in memory, every
-//!   instance that heard the purge refuses it; in Redis, the purge raises the
-//!   fence of every entry it deletes, so a refresh of that entry is refused
-//!   even by an instance that missed the notice).
+//!   the requests waiting on it, but it is stored nowhere, on any instance,
+//!   whether the notice reached it or not. The purge stamps its URL or tag
+//!   in Redis before it reads the index and raises the fence of every key it
+//!   finds; a fill records its keys (its Vary variant and base-key copies
+//!   too) in the index before its fenced write and checks the stamp there.
+//!   Vary copies are written only after the fill's own write is accepted,
+//!   under its token. The handle resolves to `Ok` only when the purge is
+//!   done everywhere; [`PurgeError::local_only`] says it reached this
+//!   process only (Redis unreachable). With Redis configured, copies made
+//!   outside it (Redis unreachable, or a failed write) live at most the L1
+//!   lifetime. docs/operations.md has the table of what a purge guarantees.
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,

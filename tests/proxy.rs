@@ -1019,3 +1019,41 @@ async fn tls_clients_get_h2_by_alpn() {
     let body = String::from_utf8_lossy(&body);
     assert_eq!(line(&body, "xfp"), "https", "{body}");
 }
+
+/// PURGE answers what happened: 200 when Redis took it, 503 "this instance only" when Redis is unreachable.
+#[tokio::test]
+async fn purge_status_says_how_far_the_purge_reached() {
+    let mut redis = support::RedisServer::start();
+    let upstream = origin(Seen::default()).await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--redis",
+        &redis.url(),
+        "--purge-token",
+        "t",
+    ])
+    .await;
+    let purge = || async {
+        let req = Request::builder()
+            .method("PURGE")
+            .uri(proxy.url("/slow/1"))
+            .header("x-purge-token", "t")
+            .body(Body::empty())
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), client().request(req))
+            .await
+            .expect("answered within 20 s")
+            .unwrap();
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    get(&proxy.url("/slow/1"), &[]).await;
+    let (status, body) = purge().await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    redis.stop();
+    let (status, body) = purge().await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("this instance only"), "{body}");
+}

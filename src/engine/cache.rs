@@ -160,6 +160,7 @@ impl<V: Value> Cache<V> {
                     value,
                     fresh_for: freshness.fresh_for,
                     stale_for: freshness.stale_for,
+                    copies: Vec::new(),
                 })
             })
         });

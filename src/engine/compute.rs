@@ -15,6 +15,10 @@ pub(crate) enum Fill<V> {
         value: V,
         fresh_for: Duration,
         stale_for: Duration,
+        /// Further keys the same answer is filed under. Written only after
+        /// the fill's own fenced write is accepted, under its fence token
+        /// and its purge checks: never outside the fence.
+        copies: Vec<Copy>,
     },
     /// Share it with the callers waiting right now, but do not store it.
     Share(V),
@@ -35,6 +39,16 @@ pub(crate) enum Fill<V> {
     /// origin on their own. Unlike `Pass` nothing is marked: the next caller
     /// leads a new fill.
     Unbuffered,
+}
+
+/// A further key a fill's answer is filed under: the Vary variant learned
+/// at fill time, or a URL's base key (which carries the Vary names for
+/// instances that have not learned them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Copy {
+    pub(crate) key: crate::key::CacheKey,
+    /// Also kept in this process's memory (else in Redis only).
+    pub(crate) memory: bool,
 }
 
 pub(crate) type ComputeFuture<V> = BoxFuture<'static, Result<Fill<V>, BoxError>>;

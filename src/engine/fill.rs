@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::compute::Fill;
+use super::compute::{Copy, Fill};
 use super::envelope::EntryMeta;
 use super::flight::Outcome;
+use super::purge_log::key_name;
 use super::resolve::Engine;
 use super::value::Value;
 use crate::key::CacheKey;
@@ -14,29 +15,43 @@ use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
 
 impl<V: Value> Engine<V> {
-    /// Put a fill into memory for its whole lifetime and say what waiters get.
+    /// Put a fill into memory and say what waiters get. Without Redis it
+    /// stays its whole lifetime. With Redis configured it was made outside
+    /// Redis (unreachable, or its fenced write failed), where no purge sent
+    /// through another instance can reach it: it stays at most the L1
+    /// lifetime, then the next request asks Redis again.
+    ///
+    /// `since`: the purge-log generation an origin call outside any flight
+    /// started at (a flight's own start is looked up instead).
     pub(super) fn fill_memory(
         &self,
         key: CacheKey,
         fill: Fill<V>,
         fence: u64,
         origin_time: Duration,
+        since: Option<u64>,
     ) -> Outcome<V> {
         match fill {
             Fill::Store {
                 value,
                 fresh_for,
                 stale_for,
+                copies,
             } => {
-                let usable = fresh_for.saturating_add(stale_for);
+                let mut usable = fresh_for.saturating_add(stale_for);
+                let mut fresh = fresh_for;
+                if let Some(l1) = self.remote_l1() {
+                    fresh = fresh.min(l1);
+                    usable = usable.min(l1);
+                }
                 self.counters.entry_bytes(value.weight());
                 let meta = EntryMeta::now(fresh_for, stale_for, fence);
                 let entry = Arc::new(
-                    Stored::new(value, meta, fresh_for, usable, Duration::ZERO)
+                    Stored::new(value, meta, fresh, usable, Duration::ZERO)
                         .refresh_after(self.refresh_age(fresh_for, origin_time)),
                 );
                 if !usable.is_zero() {
-                    self.insert_checked(key, &entry);
+                    self.insert_checked(key, &entry, &copies, since);
                 }
                 Outcome::Value {
                     entry,
@@ -109,7 +124,7 @@ impl<V: Value> Engine<V> {
                 .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
         );
         if !usable.is_zero() {
-            self.insert_checked(key, &entry);
+            self.insert_checked(key, &entry, &[], None);
         }
         entry
     }
@@ -128,16 +143,40 @@ impl<V: Value> Engine<V> {
         }
     }
 
-    /// Insert into memory, then look at the purge log again: a purge that
-    /// recorded itself between our check and our insert may have removed
-    /// the key before we inserted it.
-    fn insert_checked(&self, key: CacheKey, entry: &Arc<Stored<V>>) {
+    /// Insert into memory (under `key` and the copies kept in memory), then
+    /// look at the purge log again: a purge that recorded itself between
+    /// our check and our insert may have removed the key before we
+    /// inserted it. `since` as for [`fill_memory`](Self::fill_memory).
+    pub(super) fn insert_checked(
+        &self,
+        key: CacheKey,
+        entry: &Arc<Stored<V>>,
+        copies: &[Copy],
+        since: Option<u64>,
+    ) {
+        let kept = || copies.iter().filter(|c| c.memory).map(|c| c.key);
         self.memory.insert(key, Arc::clone(entry));
-        if self
-            .flights
-            .purged_during(&key, || entry.value.purge_groups())
-        {
+        for k in kept() {
+            self.memory.insert(k, Arc::clone(entry));
+        }
+        let names = || {
+            let mut names = entry.value.purge_groups();
+            names.extend(kept().map(|k| key_name(&k)));
+            names
+        };
+        let purged = match since {
+            Some(generation) => self.flights.purges.purged_since(generation, || {
+                let mut n = names();
+                n.push(key_name(&key));
+                n
+            }),
+            None => self.flights.purged_during(&key, names),
+        };
+        if purged {
             self.memory.remove(&key);
+            for k in kept() {
+                self.memory.remove(&k);
+            }
         }
     }
 }

@@ -45,7 +45,7 @@ pub(crate) mod retained;
 mod value;
 
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
-pub(crate) use compute::{Compute, ComputeFuture, Fill};
+pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill};
 pub(crate) use config::EngineConfig;
 pub(crate) use resolve::{Engine, Resolved};
 pub use value::Value;

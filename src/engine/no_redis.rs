@@ -3,8 +3,11 @@
 
 use std::sync::Arc;
 
-use super::cache::Freshness;
-use super::compute::ComputeFuture;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::compute::{ComputeFuture, Fill};
 use super::flight::{FlightHandle, Outcome};
 use super::resolve::Engine;
 use super::value::Value;
@@ -27,9 +30,16 @@ impl<V: Value> Engine<V> {
         &self,
         remote: &Arc<RedisStore>,
         _key: CacheKey,
-        _value: &V,
-        _freshness: Freshness,
+        _fill: Fill<V>,
+        _asked: Instant,
     ) {
         match **remote {}
+    }
+
+    pub(super) fn remote_l1(&self) -> Option<Duration> {
+        match self.remote.as_deref() {
+            Some(remote) => match *remote {},
+            None => None,
+        }
     }
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::cache::Freshness;
-use super::compute::Fill;
+use tokio::time::Instant;
+
+use super::compute::{Copy, Fill};
 use super::flight::Outcome;
 use super::purge_log::key_name;
 use super::resolve::{spawn_detached, Engine};
@@ -14,36 +16,57 @@ use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
+/// When an origin call outside any flight started: what it stores is
+/// checked against the purges that came after.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutsideStart {
+    at: Instant,
+    generation: u64,
+}
+
 impl<V: Value> Engine<V> {
-    /// Store a value outside any flight: a client's `no-cache` refresh, or a
-    /// response filed under a second key (a Vary variant learned at fill time).
+    /// Note the start of an origin call outside any flight (before it is made).
+    pub(crate) fn outside_start(&self) -> OutsideStart {
+        OutsideStart {
+            at: Instant::now(),
+            generation: self.flights.purges.generation(),
+        }
+    }
+
+    /// Store a value outside any flight (a client's `no-cache` refresh),
+    /// with the copies its answer is also filed under. Nothing is stored
+    /// where a purge came after `started`: here by the purge log, in Redis
+    /// by the group stamps and the fence.
     pub(crate) fn store_outside_flight(
         &self,
         key: CacheKey,
         value: V,
         freshness: Freshness,
+        copies: Vec<Copy>,
+        started: OutsideStart,
     ) -> Option<Arc<Stored<V>>> {
-        if let Some(remote) = &self.remote {
-            self.write_outside_flight(remote, key, &value, freshness);
-        }
         let fill = Fill::Store {
             value,
             fresh_for: freshness.fresh_for,
             stale_for: freshness.stale_for,
+            copies,
         };
-        match self.fill_memory(key, fill, 0, Duration::ZERO) {
+        let local = match (&self.remote, &fill) {
+            (Some(remote), Fill::Store { value, copies, .. }) => {
+                let local = Fill::Store {
+                    value: value.clone(),
+                    fresh_for: freshness.fresh_for,
+                    stale_for: freshness.stale_for,
+                    copies: copies.clone(),
+                };
+                self.write_outside_flight(remote, key, fill, started.at);
+                local
+            }
+            _ => fill,
+        };
+        match self.fill_memory(key, local, 0, Duration::ZERO, Some(started.generation)) {
             Outcome::Value { entry, .. } => Some(entry),
             Outcome::Pass(_) | Outcome::Failed(_) => None,
-        }
-    }
-
-    /// Write a value to the shared store only (not to memory), outside any
-    /// flight: a copy for instances that look a key up without knowing more.
-    pub(crate) fn store_remote_only(&self, key: CacheKey, value: &V, freshness: Freshness) {
-        if let Some(remote) = &self.remote {
-            if remote.available() {
-                self.write_outside_flight(remote, key, value, freshness);
-            }
         }
     }
 

@@ -9,8 +9,9 @@ use bytes::Bytes;
 
 use tokio::time::Instant;
 
-use super::cache::Freshness;
-use super::compute::{ComputeFuture, Fill};
+use futures_util::future::join_all;
+
+use super::compute::{ComputeFuture, Copy, Fill};
 use super::envelope::{decode_entry, encode_kept, EntryMeta, MAGIC, VERSION};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
@@ -59,6 +60,9 @@ impl<V: Value> Engine<V> {
         let mut ahead = ahead;
         loop {
             let token = LeaseToken::random();
+            // Before the lease is asked for (here or on Redlock below): a
+            // purge of the fill's groups after this moment beats the fill.
+            let asked = Instant::now();
             let first = !looked;
             looked = true;
             let skip = skip_entry || !read_entry;
@@ -157,7 +161,9 @@ impl<V: Value> Engine<V> {
                                 handle.publish_stale(entry);
                             }
                             let lease = HeldLease::Single(token);
-                            return self.lead_remote(remote, key, lease, fence, fut).await;
+                            return self
+                                .lead_remote(remote, key, lease, fence, asked, fut)
+                                .await;
                         }
                         (Ok((meta, value, servable)), None) => {
                             let entry = servable.then(|| {
@@ -178,7 +184,9 @@ impl<V: Value> Engine<V> {
                                 if let Some(entry) = entry {
                                     handle.publish_stale(entry);
                                 }
-                                return self.lead_remote(remote, key, lease, fence, fut).await;
+                                return self
+                                    .lead_remote(remote, key, lease, fence, asked, fut)
+                                    .await;
                             }
                             // Someone else refreshes it. Everyone waiting here
                             // takes the stale copy now; this flight stays open
@@ -221,20 +229,26 @@ impl<V: Value> Engine<V> {
                         }
                         (Err(_), Some(fence)) => {
                             let lease = HeldLease::Single(token);
-                            return self.lead_remote(remote, key, lease, fence, fut).await;
+                            return self
+                                .lead_remote(remote, key, lease, fence, asked, fut)
+                                .await;
                         }
                         (Err(_), None) => skip_entry = true,
                     }
                 }
                 RemoteLookup::Leased { fence } => {
                     let lease = HeldLease::Single(token);
-                    return self.lead_remote(remote, key, lease, fence, fut).await;
+                    return self
+                        .lead_remote(remote, key, lease, fence, asked, fut)
+                        .await;
                 }
                 RemoteLookup::Miss => {
                     let newer_than = if refresh { refused } else { None };
                     match self.redlock_lease(remote, key, newer_than).await {
                         RedlockTry::Won(lease, fence) => {
-                            return self.lead_remote(remote, key, lease, fence, fut).await
+                            return self
+                                .lead_remote(remote, key, lease, fence, asked, fut)
+                                .await
                         }
                         RedlockTry::FilledMeanwhile => {
                             read_entry = true;
@@ -394,13 +408,16 @@ impl<V: Value> Engine<V> {
         Waited::Filled(entry)
     }
 
-    /// Holding the lease: compute under the watchdog, then fenced write.
+    /// Holding the lease: compute under the watchdog, index the fill's keys
+    /// under its purge groups (refusing to store if one was purged since
+    /// `asked`), then the fenced write, then its copies under the same token.
     async fn lead_remote(
         &self,
         remote: &Arc<RedisStore>,
         key: CacheKey,
         lease: HeldLease,
         fence: FenceToken,
+        asked: Instant,
         fut: ComputeFuture<V>,
     ) -> Outcome<V> {
         let single = matches!(lease, HeldLease::Single(_));
@@ -451,12 +468,23 @@ impl<V: Value> Engine<V> {
                 return Outcome::Failed(error);
             }
         };
-        let written = match &fill {
-            Fill::Store {
-                value,
-                fresh_for,
-                stale_for,
-            } => {
+        let (fill, checked) = Self::index_before_write(remote, key, fill, asked).await;
+        let written = match (&fill, checked) {
+            (_, Err(e)) => {
+                let _ = remote
+                    .write_and_release(&key, &token, fence, WriteMode::Release)
+                    .await;
+                Err(e)
+            }
+            (
+                Fill::Store {
+                    value,
+                    fresh_for,
+                    stale_for,
+                    ..
+                },
+                Ok(()),
+            ) => {
                 let meta = EntryMeta::now(*fresh_for, *stale_for, fence.0);
                 let hard = shared_lifetime(value, *fresh_for, *stale_for);
                 let bytes = encode_kept(&meta, value, hard.saturating_sub(*fresh_for));
@@ -470,11 +498,11 @@ impl<V: Value> Engine<V> {
                     .await
                     .map(|w| (w, Some(meta)))
             }
-            Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered => remote
+            (Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered, Ok(())) => remote
                 .write_and_release(&key, &token, fence, WriteMode::Release)
                 .await
                 .map(|w| (w, None)),
-            Fill::Pass(_) => {
+            (Fill::Pass(_), Ok(())) => {
                 let mode = WriteMode::Pass {
                     ttl: self.config.pass_ttl,
                 };
@@ -494,7 +522,7 @@ impl<V: Value> Engine<V> {
             Err(e) => {
                 // Redis went away mid-flight: memory carries the entry.
                 tracing::debug!(key = %key.short(), error = %e, "fenced write failed; keeping the value in memory");
-                self.fill_memory(key, fill, fence.0, took)
+                self.fill_memory(key, fill, fence.0, took, None)
             }
             Ok((w, meta)) => {
                 if single && !w.released && !lost {
@@ -508,10 +536,14 @@ impl<V: Value> Engine<V> {
                     tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
                 }
                 match (fill, meta) {
-                    (Fill::Store { value, .. }, Some(meta)) if w.accepted => {
+                    (Fill::Store { value, copies, .. }, Some(meta)) if w.accepted => {
                         self.counters.entry_bytes(value.weight());
                         let hard = shared_lifetime(&value, meta.fresh_for, meta.stale_for);
-                        self.index_in_background(remote, key, &value, hard);
+                        let wanted = copies.len();
+                        let copies = Self::write_copies(remote, fence, &meta, &value, copies).await;
+                        if copies.len() < wanted {
+                            self.counters.fenced_rejection();
+                        }
                         // Measured from the store, not from now: the write's
                         // round trip is part of the entry's age.
                         let since = meta.elapsed();
@@ -523,6 +555,9 @@ impl<V: Value> Engine<V> {
                             hard.saturating_sub(since),
                             took,
                         );
+                        if !copies.is_empty() && !remote.options.l1_ttl.is_zero() {
+                            self.insert_checked(key, &entry, &copies, None);
+                        }
                         Outcome::Value {
                             entry,
                             source: Source::Miss,
@@ -562,58 +597,167 @@ impl<V: Value> Engine<V> {
         }
     }
 
-    /// Record the entry under its purge groups (URL, tags) in Redis, off the
-    /// request path.
-    fn index_in_background(
-        &self,
+    /// Before a fill is written: record its keys (its own and its copies')
+    /// under its purge groups (URL, tags), and turn it into a shared,
+    /// unstored answer if one of those groups was purged since `asked`.
+    /// The order matters: a purge either finds these keys in the index (and
+    /// raises their fences) or stamped the group before we looked (and we
+    /// store nothing), so it holds without its notice reaching us.
+    async fn index_before_write(
         remote: &Arc<RedisStore>,
         key: CacheKey,
-        value: &V,
-        ttl: Duration,
-    ) {
+        fill: Fill<V>,
+        asked: Instant,
+    ) -> (Fill<V>, Result<(), crate::store::redis::StoreError>) {
+        let Fill::Store {
+            value,
+            fresh_for,
+            stale_for,
+            copies,
+        } = fill
+        else {
+            return (fill, Ok(()));
+        };
         let groups = value.purge_groups();
         if groups.is_empty() {
-            return;
+            let fill = Fill::Store {
+                value,
+                fresh_for,
+                stale_for,
+                copies,
+            };
+            return (fill, Ok(()));
         }
-        let remote = Arc::clone(remote);
-        tokio::spawn(async move { remote.index_groups(&key, &groups, ttl).await });
+        let members: Vec<CacheKey> = std::iter::once(key)
+            .chain(copies.iter().map(|c| c.key))
+            .collect();
+        let hard = shared_lifetime(&value, fresh_for, stale_for);
+        match remote
+            .index_before_write(&members, &groups, hard, asked)
+            .await
+        {
+            Ok(true) => {
+                tracing::debug!(key = %key.short(), "purged in redis while filling: shared, not stored");
+                (Fill::Share(value), Ok(()))
+            }
+            Ok(false) => {
+                let fill = Fill::Store {
+                    value,
+                    fresh_for,
+                    stale_for,
+                    copies,
+                };
+                (fill, Ok(()))
+            }
+            Err(e) => {
+                let fill = Fill::Store {
+                    value,
+                    fresh_for,
+                    stale_for,
+                    copies,
+                };
+                (fill, Err(e))
+            }
+        }
     }
 
-    /// The Redis half of [`store_outside_flight`](Self::store_outside_flight):
-    /// a fresh fence, a fenced write (no lease is held, so nothing to
-    /// release), and the purge index; in the background.
+    /// File an accepted fill's answer under its copies' keys in Redis, with
+    /// the fill's own fence token: a purge that raised a copy's fence, or a
+    /// newer fill's copy already there, refuses it. Returns the copies that
+    /// landed (only those may be kept in memory).
+    async fn write_copies(
+        remote: &Arc<RedisStore>,
+        fence: FenceToken,
+        meta: &EntryMeta,
+        value: &V,
+        copies: Vec<Copy>,
+    ) -> Vec<Copy> {
+        if copies.is_empty() {
+            return copies;
+        }
+        let hard = shared_lifetime(value, meta.fresh_for, meta.stale_for);
+        let bytes = encode_kept(meta, value, hard.saturating_sub(meta.fresh_for));
+        let writes = copies.iter().map(|c| {
+            let nobody = LeaseToken::random();
+            let mode = WriteMode::Store {
+                bytes: &bytes,
+                fresh: meta.fresh_for,
+                hard,
+            };
+            let key = c.key;
+            async move { remote.write_and_release(&key, &nobody, fence, mode).await }
+        });
+        let results = join_all(writes).await;
+        copies
+            .into_iter()
+            .zip(results)
+            .filter_map(|(c, r)| r.is_ok_and(|w| w.accepted).then_some(c))
+            .collect()
+    }
+
+    /// The Redis half of [`store_outside_flight`](Self::store_outside_flight),
+    /// in the background: a fence token, the purge index and its check
+    /// against `asked` (when the origin call started), the fenced write (no
+    /// lease is held, so nothing to release), then the copies under the
+    /// same token.
     pub(super) fn write_outside_flight(
         &self,
         remote: &Arc<RedisStore>,
         key: CacheKey,
-        value: &V,
-        freshness: Freshness,
+        fill: Fill<V>,
+        asked: Instant,
     ) {
-        let hard = shared_lifetime(value, freshness.fresh_for, freshness.stale_for);
-        if hard.is_zero() {
+        let Fill::Store {
+            fresh_for,
+            stale_for,
+            ..
+        } = &fill
+        else {
+            return;
+        };
+        if fresh_for.saturating_add(*stale_for).is_zero() {
             return;
         }
-        let groups = value.purge_groups();
         let remote = Arc::clone(remote);
-        let value = value.clone();
         tokio::spawn(async move {
+            // Taken before the index: a purge that finds the keys there
+            // raises their fences above it.
             let Ok(fence) = remote.next_fence(&key).await else {
                 return;
             };
-            let meta = EntryMeta::now(freshness.fresh_for, freshness.stale_for, fence.0);
-            let bytes = encode_kept(&meta, &value, hard.saturating_sub(freshness.fresh_for));
+            let (fill, checked) = Self::index_before_write(&remote, key, fill, asked).await;
+            let Fill::Store {
+                value,
+                fresh_for,
+                stale_for,
+                copies,
+            } = fill
+            else {
+                return;
+            };
+            if checked.is_err() {
+                return;
+            }
+            let meta = EntryMeta::now(fresh_for, stale_for, fence.0);
+            let hard = shared_lifetime(&value, fresh_for, stale_for);
+            let bytes = encode_kept(&meta, &value, hard.saturating_sub(fresh_for));
             let mode = WriteMode::Store {
                 bytes: &bytes,
-                fresh: freshness.fresh_for,
+                fresh: fresh_for,
                 hard,
             };
             let nobody = LeaseToken::random();
             if let Ok(w) = remote.write_and_release(&key, &nobody, fence, mode).await {
-                if w.accepted && !groups.is_empty() {
-                    remote.index_groups(&key, &groups, hard).await;
+                if w.accepted {
+                    Self::write_copies(&remote, fence, &meta, &value, copies).await;
                 }
             }
         });
+    }
+
+    /// The L1 lifetime, when Redis is configured.
+    pub(super) fn remote_l1(&self) -> Option<Duration> {
+        self.remote.as_ref().map(|r| r.options.l1_ttl)
     }
 }
 

@@ -74,7 +74,13 @@ impl<V: Value> Engine<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
         let remote = match &config.redis {
             Some(opts) => {
-                let mut store = RedisStore::new(opts.clone().metrics_name(&config.metrics_name))?;
+                // Fence marks and purge stamps outlive any fill that leased
+                // before them: it writes within the origin timeout.
+                let opts = opts
+                    .clone()
+                    .metrics_name(&config.metrics_name)
+                    .fills_last(config.origin_timeout.saturating_add(config.max_wait()));
+                let mut store = RedisStore::new(opts)?;
                 if config.redlock.is_some() {
                     store.set_lease_elsewhere();
                 }
@@ -248,7 +254,13 @@ impl<V: Value> Engine<V> {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
             }
-            Ok(fill) => self.fill_memory(key, self.unless_purged(key, fill), 0, started.elapsed()),
+            Ok(fill) => self.fill_memory(
+                key,
+                self.unless_purged(key, fill),
+                0,
+                started.elapsed(),
+                None,
+            ),
         }
     }
 

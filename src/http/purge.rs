@@ -71,29 +71,53 @@ impl PurgeTarget {
     }
 }
 
-/// How far a purge reached, once its [`PurgeHandle`] resolves.
+/// How far a purge reached, once its [`PurgeHandle`] resolves: it is done
+/// everywhere there is to reach. A purge that is not is a [`PurgeError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Purged {
-    /// This process only: the layer has no Redis.
+    /// Everywhere, which is this process only: the layer has no Redis.
     Local,
-    /// This process and Redis: the entries are deleted there and the purge
-    /// notice is published, so every instance that hears it drops its
-    /// copies (one that misses it stops answering fresh from its copy when
-    /// its L1 lifetime ends).
+    /// Everywhere: the entries are deleted in Redis, their fences raised
+    /// and their groups stamped (so no fill that started before the purge
+    /// stores its answer, on any instance, heard the notice or not), and
+    /// the notice is published. An instance that misses the notice stops
+    /// answering from its copy when its L1 lifetime ends.
     Redis,
 }
 
-/// A purge that did not fully reach Redis. Memory copies were still dropped,
-/// and the notice was still published when only the deletion failed.
+/// A purge that is not done everywhere. This process's memory was purged
+/// either way. [`local_only`](PurgeError::local_only) tells the two cases
+/// apart: Redis was not reached at all (nothing there changed, other
+/// instances still serve their copies: retry), or it failed part-way or
+/// with an unknown result (a timeout).
 #[derive(Debug, Clone)]
 pub struct PurgeError {
     reason: String,
+    local_only: bool,
+}
+
+impl PurgeError {
+    /// Whether the purge is done in this process only because Redis could
+    /// not be reached (circuit open, connection refused, server not a
+    /// writable primary). `false`: it failed part-way or its outcome in
+    /// Redis is unknown.
+    pub fn local_only(&self) -> bool {
+        self.local_only
+    }
 }
 
 impl fmt::Display for PurgeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "purge did not reach redis: {}", self.reason)
+        if self.local_only {
+            write!(
+                f,
+                "purged in this process only, redis unreachable: {}",
+                self.reason
+            )
+        } else {
+            write!(f, "purge did not complete in redis: {}", self.reason)
+        }
     }
 }
 
@@ -152,6 +176,7 @@ impl Future for PurgeHandle {
                 Ok(result) => result.map(|()| Purged::Redis),
                 Err(_) => Err(PurgeError {
                     reason: "the purge task ended early (runtime shut down)".to_owned(),
+                    local_only: false,
                 }),
             }),
         }
@@ -172,15 +197,19 @@ impl LayerState {
             self.purge_local(target);
             return PurgeHandle::ready(Err(PurgeError {
                 reason: "no tokio runtime to run it on".to_owned(),
+                local_only: true,
             }));
         };
         let remote = Arc::clone(remote);
         let (tx, rx) = oneshot::channel();
         let t = target.clone();
         runtime.spawn(async move {
-            let result = purge_remote(&remote, &t).await.map_err(|e| PurgeError {
-                reason: redact_error(&e),
-            });
+            let result = purge_remote(&remote, &t)
+                .await
+                .map_err(|(e, did_nothing)| PurgeError {
+                    reason: redact_error(&e),
+                    local_only: did_nothing,
+                });
             // Nobody awaits the handle: the log is the only place left to say it.
             if let Err(Err(e)) = tx.send(result) {
                 tracing::warn!(error = %e, "purge in redis failed");
@@ -227,16 +256,27 @@ impl LayerState {
 
 /// Delete what `target` names from Redis, then tell every instance. The
 /// notice goes out even when the deletion failed: memory copies still go.
-async fn purge_remote(remote: &RedisStore, target: &PurgeTarget) -> Result<(), StoreError> {
+/// The error says whether nothing at all reached Redis.
+async fn purge_remote(remote: &RedisStore, target: &PurgeTarget) -> Result<(), (StoreError, bool)> {
     let result = match target {
         PurgeTarget::Key(k) => match remote.purge(k).await {
-            Ok(()) => remote.purge_group(&format!("url:{}", k.to_hex())).await,
-            Err(e) => Err(e),
+            Ok(()) => remote
+                .purge_group(&format!("url:{}", k.to_hex()))
+                .await
+                .map_err(|(e, _)| (e, false)),
+            Err(e) => {
+                let nothing = e.did_nothing();
+                Err((e, nothing))
+            }
         },
         PurgeTarget::Tag(tag) => remote.purge_group(&format!("tag:{tag}")).await,
     };
     let published = remote.publish_purge(&target.notice()).await;
-    result.and(published)
+    match (result, published) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Err(e)) => Err((e, false)),
+        (Ok(()), Ok(())) => Ok(()),
+    }
 }
 
 /// The invalidation a successful unsafe request causes, decided once its

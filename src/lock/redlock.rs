@@ -465,7 +465,7 @@ impl Redlock {
 }
 
 /// The resource side of fencing: a Redis that issues fence tokens per
-/// resource and accepts a write only if its token is not older than the
+/// resource and accepts a write only if its token is strictly newer than the
 /// newest accepted one. The fence lives here, with the data it protects, not
 /// on the lock nodes.
 ///
@@ -508,7 +508,7 @@ impl FencedStore {
             .map_err(|e| LockError::Store(e.to_string()))
     }
 
-    /// Write `value` for `resource` if `fence` is not older than the newest
+    /// Write `value` for `resource` if `fence` is newer than the newest
     /// accepted write. Returns whether it was accepted.
     ///
     /// # Errors

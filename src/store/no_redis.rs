@@ -44,6 +44,16 @@ impl RedisOptions {
     pub(crate) fn metrics_name(self, _name: &str) -> Self {
         self
     }
+
+    pub(crate) fn fills_last(self, _longest: std::time::Duration) -> Self {
+        self
+    }
+}
+
+impl StoreError {
+    pub(crate) fn did_nothing(&self) -> bool {
+        match *self {}
+    }
 }
 
 impl RedisStore {
@@ -67,7 +77,7 @@ impl RedisStore {
         match *self {}
     }
 
-    pub(crate) async fn purge_group(&self, _group: &str) -> Result<(), StoreError> {
+    pub(crate) async fn purge_group(&self, _group: &str) -> Result<(), (StoreError, bool)> {
         match *self {}
     }
 

@@ -157,6 +157,63 @@ impl RedisServer {
             .expect("connect to test redis")
     }
 
+    /// A replica of `master` (`--replicaof`), returned once its link is up.
+    pub async fn start_replica_of(master: &RedisServer) -> Self {
+        let port = master.port.to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut c = replica.connection().await;
+        let start = Instant::now();
+        while info_field(&mut c, "replication", "master_link_status").await != "up" {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "replica of {port} never linked up"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        replica
+    }
+
+    /// Wait (at most 5 s) until every write so far reached `replicas` replicas.
+    pub async fn wait_replicated(&self, replicas: i64) {
+        let mut c = self.connection().await;
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(5000)
+            .query_async(&mut c)
+            .await
+            .expect("WAIT");
+        assert!(acked >= replicas, "only {acked} replicas acknowledged");
+    }
+
+    /// Promote a replica to primary (`REPLICAOF NO ONE`): from now on it
+    /// misses whatever its old primary is still told.
+    pub async fn promote(&self) {
+        let mut c = self.connection().await;
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async(&mut c)
+            .await
+            .expect("REPLICAOF NO ONE");
+    }
+
+    /// Create an ACL user `name` (password `name`) with `rules`, and return
+    /// its URL.
+    pub async fn acl_user(&self, name: &str, rules: &[&str]) -> String {
+        let mut c = self.connection().await;
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER")
+            .arg(name)
+            .arg("reset")
+            .arg("on")
+            .arg(format!(">{name}"));
+        for r in rules {
+            cmd.arg(*r);
+        }
+        let _: () = cmd.query_async(&mut c).await.expect("ACL SETUSER");
+        format!("redis://{name}:{name}@127.0.0.1:{}", self.port)
+    }
+
     /// Wait (at most 10 s) until `n` clients are subscribed to `channel`,
     /// e.g. the purge listeners of `n` layers, which start when each layer
     /// is built: a test that publishes before then depends on start-up speed.

@@ -54,17 +54,19 @@ where
         fwd: Forward::Request,
         collapsed: false,
     };
+    let started = state.engine.outside_start();
     match state.engine.run_compute(call.start()).await {
         Ok(Fill::Store {
             value,
             fresh_for,
             stale_for,
+            copies,
         }) => {
             let freshness = Freshness::new(fresh_for).with_stale(stale_for);
             let value_copy = value.clone();
             match state
                 .engine
-                .store_outside_flight(target.key, value, freshness)
+                .store_outside_flight(target.key, value, freshness, copies, started)
             {
                 Some(entry) => {
                     counters.record(Source::Miss);

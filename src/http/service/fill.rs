@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 
-use crate::engine::{Fill, Freshness};
+use crate::engine::{Copy, Fill, Freshness};
 use crate::http::policy::{self, Forward, RequestDirectives, ResponseVerdict, Usable};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
@@ -43,11 +43,12 @@ impl LayerState {
                 self.vary.learn(target.base, &names);
                 // The next request with these values computes this key; file
                 // the response there too when it differs from the flight's.
+                // Copies are written by the engine after the fill's own
+                // fenced write, under its token and purge checks.
                 let key = variant_key(&target.base, &names, request_headers);
+                let mut copies = Vec::new();
                 if key != target.key {
-                    let freshness = Freshness::new(fresh_for).with_stale(stale_for);
-                    self.engine
-                        .store_outside_flight(key, value.clone(), freshness);
+                    copies.push(Copy { key, memory: true });
                 }
                 // Kept past its stale grace: to revalidate it (validators),
                 // for stale-if-error, and for clients that accept max-stale.
@@ -61,14 +62,16 @@ impl LayerState {
                 // the Vary names: an instance that has not learned them yet
                 // looks the base key up first and learns them there.
                 if !names.is_empty() && target.base != target.key && target.base != key {
-                    let freshness = Freshness::new(fresh_for).with_stale(stale_for);
-                    self.engine
-                        .store_remote_only(target.base, &value, freshness);
+                    copies.push(Copy {
+                        key: target.base,
+                        memory: false,
+                    });
                 }
                 Fill::Store {
                     value,
                     fresh_for,
                     stale_for,
+                    copies,
                 }
             }
             // An error page is about the request that got it as much as

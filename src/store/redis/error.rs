@@ -22,6 +22,20 @@ impl StoreError {
     pub(crate) fn is_oom(&self) -> bool {
         matches!(self, StoreError::Redis(e) if ErrorClass::of(e) == ErrorClass::Oom)
     }
+
+    /// The call surely did nothing in Redis: the breaker is open, the
+    /// connection failed, or the server is no writable master. A timeout
+    /// is not this: the command may have run.
+    pub(crate) fn did_nothing(&self) -> bool {
+        match self {
+            StoreError::Unavailable => true,
+            StoreError::Redis(e) => {
+                matches!(ErrorClass::of(e), ErrorClass::Connection | ErrorClass::Role)
+                    && !e.is_timeout()
+            }
+            StoreError::Timeout | StoreError::Protocol => false,
+        }
+    }
 }
 
 impl std::fmt::Display for StoreError {

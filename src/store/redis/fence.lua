@@ -12,17 +12,17 @@ local function fence_clock()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The next token: above the last issued and above `hw`, so a purge or a
--- late write never leaves new leases below the mark. A counter that vanished
--- (FLUSHALL, eviction, restart without persistence) starts again from the
--- clock, above every token issued before it: those came from a counter that
--- started earlier and grew by one per script call, far slower than 1 per us.
+-- The next token: above the last issued, above `hw` and above the server
+-- clock in microseconds. Tokens therefore never repeat, not even after a
+-- failover to a replica that missed the last ones (its counter lags, the
+-- clock does not), nor after the hash was lost (FLUSHALL, eviction, restart
+-- without persistence); and tokens of different keys on one server compare
+-- by when they were issued, so a copy filed under a second key is fenced by
+-- the token of the fill that made it.
 local function issue_fence(fk, retention_ms)
-  local issued = tonumber(redis.call('HGET', fk, 'next'))
+  local issued = tonumber(redis.call('HGET', fk, 'next')) or 0
   local hw = tonumber(redis.call('HGET', fk, 'hw')) or 0
-  local base
-  if issued then base = math.max(issued, hw) else base = math.max(fence_clock(), hw) end
-  local f = base + 1
+  local f = math.max(issued, hw, fence_clock()) + 1
   redis.call('HSET', fk, 'next', string.format('%.0f', f))
   if redis.call('PTTL', fk) < retention_ms then redis.call('PEXPIRE', fk, retention_ms) end
   return f

@@ -10,7 +10,8 @@
 -- Returns {accepted, released}: accepted is 1, 0 (fenced off) or 2 (a pass
 -- marker not set over a fresh entry); released is 0 or 1.
 local f = tonumber(ARGV[2])
--- The newest write (or purge) we know of: `hw`, or, when the fence hash is
+-- A write is accepted only with a token strictly newer than the newest
+-- write (or purge) we know of: `hw`, or, when the fence hash is
 -- gone, the fence the stored entry was written with (it is part of the
 -- encoding), so a leader from before the loss cannot replace a newer entry.
 local floor = tonumber(redis.call('HGET', KEYS[4], 'hw'))
@@ -43,7 +44,7 @@ local function fresh_entry_held()
 end
 local accepted = 0
 if ARGV[3] ~= 'release' then
-  if f >= floor then
+  if f > floor then
     if ARGV[3] == 'store' then
       redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
     elseif fresh_entry_held() then
@@ -56,7 +57,9 @@ if ARGV[3] ~= 'release' then
     end
     if accepted == 0 then
       redis.call('HSET', KEYS[4], 'hw', ARGV[2])
-      local keep = math.max(tonumber(ARGV[9]), tonumber(ARGV[6]))
+      -- Kept while the entry lives, and past that as long as a fill that
+      -- leased before its expiry may still write.
+      local keep = tonumber(ARGV[9]) + tonumber(ARGV[6])
       if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
       accepted = 1
     end

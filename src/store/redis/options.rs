@@ -92,6 +92,12 @@ pub struct RedisOptions {
     pub(crate) watchdog: bool,
     pub(crate) breaker_min_backoff: Duration,
     pub(crate) breaker_max_backoff: Duration,
+    /// How long a fence mark (a purge's, a lease's) must outlive its event:
+    /// as long as a fill that leased before it may still write, so the
+    /// origin timeout plus the lease. A written entry's fence is kept for its
+    /// hard expiry plus this. The engine sets it from its own origin
+    /// timeout; a lost mark restarts from the server clock, above every
+    /// token issued before.
     pub(crate) fence_retention: Duration,
     /// Entries up to this many encoded bytes ride in their fill notice.
     pub(crate) notice_entry_limit: usize,
@@ -169,10 +175,18 @@ impl RedisOptions {
             watchdog: true,
             breaker_min_backoff: Duration::from_millis(250),
             breaker_max_backoff: Duration::from_secs(5),
-            fence_retention: Duration::from_secs(24 * 3600),
+            // The engine's default origin timeout plus the default lease.
+            fence_retention: Duration::from_secs(65),
             notice_entry_limit: 64 * 1024,
             metrics_name: None,
         }
+    }
+
+    /// A fill writes at most `longest` after it leased: fence marks and
+    /// purge stamps are kept that long plus the lease.
+    pub(crate) fn fills_last(mut self, longest: Duration) -> Self {
+        self.fence_retention = longest.saturating_add(self.lease_ttl);
+        self
     }
 
     /// Label this store's metrics with the layer's name.

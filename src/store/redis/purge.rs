@@ -6,6 +6,13 @@
 //! set of entry keys scored by when each entry expires. Writes trim the
 //! expired members, so an index holds the group's live entries only, and the
 //! index key itself expires with its last entry. A purge walks it in batches.
+//!
+//! A purge stamps the group (`{ns}:g:{G}:p`, the server time) before it
+//! reads the index, and a fill records its keys in the index before its
+//! fenced write, reading the stamp in the same script: a fill either is in
+//! the index when the purge reads it (and the purge raises its fences) or
+//! sees the stamp (and stores nothing). So a purge holds against a first
+//! fill it could not yet find, without its notice.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,10 +20,11 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 use futures_util::future::join_all;
+use tokio::time::Instant;
 
 use super::error::StoreError;
 use super::purge_bus::{listen, PurgeHandler};
-use super::scripts::INDEX_GROUP;
+use super::scripts::{millis, INDEX_GROUP, PURGE_GROUP};
 use super::store::RedisStore;
 use crate::key::CacheKey;
 
@@ -43,41 +51,89 @@ impl RedisStore {
         format!("{}:purge", self.options.namespace)
     }
 
-    /// Record `key` as a member of each group, kept at least `ttl`.
-    pub(crate) async fn index_groups(&self, key: &CacheKey, groups: &[String], ttl: Duration) {
-        let member = key.to_hex();
+    /// The key a group's last purge is stamped in (same slot as its index).
+    fn group_stamp_key(&self, group: &str) -> String {
+        format!("{}:p", self.group_key(group))
+    }
+
+    /// Record `members` (one fill's keys) in each group, kept at least
+    /// `ttl`, before the fill is written; and say whether one of the groups
+    /// was purged after `asked` (the moment the fill's lease was asked
+    /// for). Then the fill must not be stored: the purge may have read the
+    /// index before these members were in it.
+    ///
+    /// The comparison is made on each group's own server clock: its time
+    /// now, less the time this process saw pass since `asked` (measured
+    /// after the reply, so it is never less than what passed there).
+    pub(crate) async fn index_before_write(
+        &self,
+        members: &[CacheKey],
+        groups: &[String],
+        ttl: Duration,
+        asked: Instant,
+    ) -> Result<bool, StoreError> {
         let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
-        join_all(groups.iter().map(|g| {
+        let replies = join_all(groups.iter().map(|g| {
             let mut inv = INDEX_GROUP.prepare_invoke();
             inv.key(self.group_key(g))
                 .key(self.legacy_group_key(g))
-                .arg(&member)
+                .key(self.group_stamp_key(g))
                 .arg(ttl_ms);
+            for m in members {
+                inv.arg(m.to_hex());
+            }
             async move {
-                let _: Result<i64, _> = self.invoke("index", &inv).await;
+                let reply: Result<(i64, i64), _> = self.invoke("index", &inv).await;
+                reply.map(|(stamp, now)| {
+                    let since = asked.elapsed().as_micros().min(i64::MAX as u128) as i64;
+                    stamp > 0 && stamp >= now.saturating_sub(since)
+                })
             }
         }))
         .await;
+        let mut purged = false;
+        for r in replies {
+            purged |= r?;
+        }
+        Ok(purged)
     }
 
     /// Delete every entry indexed under `group`, walking the index in
     /// batches of [`PURGE_BATCH`]: read a batch, purge its entries, then drop
     /// them from the index. A failed batch stops the walk with its members
-    /// still indexed, so a later purge finds them.
-    pub(crate) async fn purge_group(&self, group: &str) -> Result<(), StoreError> {
+    /// still indexed, so a later purge finds them. The group is stamped
+    /// purged first, so a fill not yet indexed stores nothing (see
+    /// [`index_before_write`](Self::index_before_write)).
+    ///
+    /// The error says whether nothing at all was done (the first call did
+    /// not reach Redis).
+    pub(crate) async fn purge_group(&self, group: &str) -> Result<(), (StoreError, bool)> {
+        let index = self.group_key(group);
+        let mut start = PURGE_GROUP.prepare_invoke();
+        start
+            .key(&index)
+            .key(self.group_stamp_key(group))
+            .arg(millis(self.options.fence_retention).max(1));
+        let (kind, count): (String, usize) = match self.invoke("purge_group", &start).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                let nothing = e.did_nothing();
+                return Err((e, nothing));
+            }
+        };
+        self.walk_group(group, &kind, count)
+            .await
+            .map_err(|e| (e, false))
+    }
+
+    async fn walk_group(&self, group: &str, kind: &str, count: usize) -> Result<(), StoreError> {
         let index = self.group_key(group);
         let legacy = self.legacy_group_key(group);
-        let kind: String = self
-            .query("purge_group", redis::cmd("TYPE").arg(&index))
-            .await?;
         if kind == "set" {
             // Not rewritten since an older version kept it.
             self.purge_set(&index).await?;
             return self.purge_set(&legacy).await;
         }
-        let count: usize = self
-            .query("purge_group", redis::cmd("ZCARD").arg(&index))
-            .await?;
         // Bounded by the size at the start: fills that land meanwhile do
         // not keep the walk going.
         for _ in 0..count.div_ceil(PURGE_BATCH) {

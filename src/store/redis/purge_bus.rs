@@ -3,11 +3,13 @@
 //! Deletes nothing in Redis; that is the purge's own work.
 //!
 //! A purge deletes the entries from Redis, then publishes a notice; every
-//! instance (the sender too) applies it to its own memory. If an instance
+//! instance (the sender too) applies it to its own memory. An instance that
 //! misses the notice (its listener was reconnecting) answers fresh from its
 //! copy for at most the L1 lifetime (1 s by default): that is the bound on
 //! the delay. A stale answer from the copy starts a refresh, which finds the
-//! entry gone in Redis and replaces the copy.
+//! entry gone in Redis and replaces the copy. A fill running there when the
+//! purge came does not need the notice: Redis refuses it (group stamp,
+//! raised fence; see `purge.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};

@@ -47,7 +47,7 @@ pub(crate) enum RemoteLookup {
 /// What a fenced write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WriteOutcome {
-    /// The entry (or pass marker) was stored: its fence was not older than
+    /// The entry (or pass marker) was stored: its fence was newer than
     /// the newest accepted write.
     pub(crate) accepted: bool,
     /// Our lease was still ours and is now released.
@@ -80,7 +80,7 @@ pub(super) static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// Store only if the fence is not older than the newest accepted write;
+/// Store only if the fence is newer than the newest accepted write;
 /// release the lease if still ours; announce the fill (the notice carries
 /// the stored entry when asked to).
 pub(super) static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -119,9 +119,14 @@ pub(super) static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// Records an entry in a group index (purge by URL or tag).
+/// Records an entry's keys in a group index (purge by URL or tag) and says
+/// when the group was last purged.
 pub(super) static INDEX_GROUP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("index_group.lua")));
+
+/// Stamps a group purged, then says how large its index is.
+pub(super) static PURGE_GROUP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("purge_group.lua")));
 
 pub(super) fn millis(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64

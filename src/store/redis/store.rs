@@ -124,7 +124,7 @@ impl RedisStore {
         parse_lookup(reply).ok_or(StoreError::Protocol)
     }
 
-    /// Store (or mark pass, or nothing) only if `fence` is not older than the
+    /// Store (or mark pass, or nothing) only if `fence` is newer than the
     /// newest accepted write; release the lease if it is still ours; wake waiters.
     pub(crate) async fn write_and_release(
         &self,
@@ -238,6 +238,7 @@ impl RedisStore {
             .key(&k.fresh)
             .key(&k.pass)
             .key(&k.fence)
+            .key(&k.lock)
             .arg(millis(self.options.fence_retention));
         let _: i64 = self.invoke("purge", &inv).await?;
         Ok(())

@@ -32,7 +32,11 @@
 //! - Purge is off unless a purge token is set. Then, with the token in
 //!   `X-Purge-Token`: `PURGE /path?query` (Host names the site) removes every
 //!   stored variant of that URL; `POST /.herdguard/purge/tag/{tag}` removes
-//!   every entry whose response carried `tag` in `Surrogate-Key`.
+//!   every entry whose response carried `tag` in `Surrogate-Key`. The
+//!   answer says what happened: 200 when the purge is done everywhere, 503
+//!   when it is done on this instance only because Redis was unreachable
+//!   (retry it), 500 when it failed part-way or its outcome in Redis is
+//!   unknown (a timeout; retry it too).
 
 pub(crate) mod access_log;
 pub(crate) mod body;
@@ -207,8 +211,13 @@ impl Proxy {
             Ok(req) => req,
             Err((code, why)) => return local(status(code, why)),
         };
-        if let Some(response) = self.purge(&req) {
-            return local(response);
+        let purge = self.purge(&req);
+        match purge {
+            None => {}
+            Some(PurgeAnswer::Now(response)) => return local(response),
+            Some(PurgeAnswer::Wait(handle, what)) => {
+                return local(purge_status(handle.await, &what))
+            }
         }
         let response = match self.cached.call(req).await {
             Ok(r) => r.map(|body| ClientBody::Cached { body }),
@@ -218,7 +227,7 @@ impl Proxy {
     }
 
     /// Answer a purge request, if this is one and purging is on.
-    fn purge(&self, req: &Request<ProxyBody>) -> Option<Response<ProxyBody>> {
+    fn purge(&self, req: &Request<ProxyBody>) -> Option<PurgeAnswer> {
         let is_purge = req.method().as_str() == "PURGE";
         let tag = (req.method() == Method::POST)
             .then(|| req.uri().path().strip_prefix(PURGE_TAG_PREFIX))
@@ -229,22 +238,30 @@ impl Proxy {
         let Some(token) = &self.purge_token else {
             // Off: PURGE is not a method this proxy knows; the tag route falls
             // through to the upstream like any other path.
-            return is_purge.then(|| status(StatusCode::METHOD_NOT_ALLOWED, "purge is disabled"));
+            return is_purge.then(|| {
+                PurgeAnswer::Now(status(StatusCode::METHOD_NOT_ALLOWED, "purge is disabled"))
+            });
         };
         let given = req
             .headers()
             .get("x-purge-token")
             .map(HeaderValue::as_bytes);
         if !given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
-            return Some(status(StatusCode::FORBIDDEN, "bad purge token"));
+            return Some(PurgeAnswer::Now(status(
+                StatusCode::FORBIDDEN,
+                "bad purge token",
+            )));
         }
         if let Some(tag) = tag {
             let tag = percent_decode(tag);
             if tag.is_empty() || tag.chars().any(char::is_whitespace) {
-                return Some(status(StatusCode::BAD_REQUEST, "one tag per request"));
+                return Some(PurgeAnswer::Now(status(
+                    StatusCode::BAD_REQUEST,
+                    "one tag per request",
+                )));
             }
-            self.cache.purge_tag(&tag);
-            return Some(status(StatusCode::OK, &format!("purged tag {tag}")));
+            let handle = self.cache.purge_tag(&tag);
+            return Some(PurgeAnswer::Wait(handle, format!("tag {tag}")));
         }
         let host = req
             .uri()
@@ -259,10 +276,13 @@ impl Proxy {
             });
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
         let Some(url) = host.and_then(|h| format!("http://{h}{path}").parse::<Uri>().ok()) else {
-            return Some(status(StatusCode::BAD_REQUEST, "purge needs a Host"));
+            return Some(PurgeAnswer::Now(status(
+                StatusCode::BAD_REQUEST,
+                "purge needs a Host",
+            )));
         };
-        self.cache.purge_url(&url);
-        Some(status(StatusCode::OK, &format!("purged {url}")))
+        let handle = self.cache.purge_url(&url);
+        Some(PurgeAnswer::Wait(handle, url.to_string()))
     }
 }
 
@@ -484,6 +504,32 @@ fn append_via(headers: &mut HeaderMap) {
         append_list(headers, "via", VIA);
     } else {
         headers.insert(header::VIA, HeaderValue::from_static(VIA));
+    }
+}
+
+/// A purge request's answer: now (refused, malformed), or once the purge
+/// says how far it reached.
+enum PurgeAnswer {
+    Now(Response<ProxyBody>),
+    Wait(herdguard::PurgeHandle, String),
+}
+
+/// The status of a purge that ran: 200 done everywhere, 503 done on this
+/// instance only (Redis unreachable), 500 failed part-way or unknown.
+fn purge_status(
+    outcome: Result<herdguard::Purged, herdguard::PurgeError>,
+    what: &str,
+) -> Response<ProxyBody> {
+    match outcome {
+        Ok(_) => status(StatusCode::OK, &format!("purged {what}")),
+        Err(e) if e.local_only() => status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("purged {what} on this instance only: {e}"),
+        ),
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("purge of {what} failed: {e}"),
+        ),
     }
 }
 
