@@ -435,3 +435,27 @@ async fn copies_made_while_redis_is_down_live_at_most_l1_ttl() {
     assert_eq!(call(&body), "call=2", "not kept past l1_ttl");
     assert_eq!(origin.calls(), 2);
 }
+
+/// A fence hash outlives its entry only by what a fill that leased before may still take (origin timeout + max wait + lease, 130 s by default), not by a day.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_hashes_outlive_their_entries_only_briefly() {
+    let server = RedisServer::start();
+    let origin = Gated::new(0, false);
+    let a = origin.app(layer(server.url()));
+    let (_, _, body) = send(&a, req(axum::http::Method::GET, "/f", &[])).await;
+    assert_eq!(call(&body), "call=1");
+    let mut c = server.connection().await;
+    let fences: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{NS}:{{*}}:fence"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(fences.len(), 1, "{fences:?}");
+    let left: i64 = redis::cmd("PTTL")
+        .arg(&fences[0])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // max-age=60 + 60 s origin timeout + 65 s max wait + 5 s lease.
+    assert!(left > 60_000 && left <= 190_000, "fence kept {left} ms");
+}
