@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 
-use crate::engine::{Copy, Fill, Freshness};
+use crate::engine::{Copy, Fill};
 use crate::http::policy::{self, Forward, RequestDirectives, ResponseVerdict, Usable};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
