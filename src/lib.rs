@@ -89,7 +89,8 @@
 //!   policy/          RFC 9111: directives, request, freshness, storability,
 //!                    targeted (RFC 9213)
 //!   vary.rs, conditional.rs, purge.rs, route.rs, stream.rs, body.rs,
-//!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs
+//!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs,
+//!   warnings.rs (the one WARN per route for answers without freshness)
 //! engine/          the HTTP-agnostic read-through state machine
 //!   cache.rs         the public Cache<V>
 //!   resolve.rs       Engine::resolve: the miss path in reading order
@@ -138,6 +139,11 @@
 //! - **Response without freshness information:** not stored and not handed
 //!   to waiters (unless you opt in); give it a
 //!   [`default_ttl`](CacheLayerBuilder::default_ttl) to store and share it.
+//!   Such answers say `Cache-Status: …; detail=no-freshness`, count in
+//!   `herdguard_not_stored_total{reason="no-freshness"}`, and the layer logs
+//!   one WARN per route (at most once per 10 minutes per route, once a
+//!   second per layer) naming the fix; see
+//!   [no default TTL](#no-default-ttl-for-answers-without-freshness).
 //! - **Body larger than the limit:** not stored, but still shared: one
 //!   origin call for the readers of each instance, see
 //!   [streamed fills](#streamed-fills).
@@ -227,6 +233,7 @@
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
+//!   no-freshness (no `max-age`, `s-maxage` or `Expires` and no TTL applies),
 //!   too-large, stale-if-error, only-if-cached, wait-timeout, overloaded,
 //!   origin-timeout and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
@@ -458,6 +465,33 @@
 //!     .layer(cache.clone());
 //! # let _ = app;
 //! ```
+//!
+//! ## No default TTL for answers without freshness
+//!
+//! A handler that sets no `Cache-Control` (as most do) is not cached by
+//! default: each request calls it, and the layer says why (the WARN,
+//! `detail=no-freshness`). One line turns caching on, for the layer or for
+//! one route:
+//!
+//! ```
+//! # use std::time::Duration;
+//! let cache = herdguard::CacheLayer::builder()
+//!     .default_ttl(Duration::from_secs(5)) // answers without Cache-Control live 5 s
+//!     .build()?;
+//! # let _ = cache; Ok::<(), herdguard::BuildError>(())
+//! ```
+//!
+//! The library chooses not to default to a short TTL (unlike
+//! http-cache-tower-server's 60 s) because an answer without freshness may
+//! be made for one user. The key holds the host, path, query, whether
+//! `Authorization` is present and the `Vary` values, but not cookies: a
+//! `/me` handler that reads a session cookie and sets no headers would,
+//! with a default TTL, hand one user's page to the next. An origin that
+//! sends `max-age` has said its answer may be shared; silence says nothing,
+//! so sharing it is a decision the person who knows the handlers makes,
+//! with [`default_ttl`](CacheLayerBuilder::default_ttl) on the layer or
+//! [`RoutePolicy::ttl`] on the routes whose answers are the same for
+//! everyone. (`herdguard proxy`'s `--default-ttl` is the same opt-in.)
 //!
 //! ## Per-route policy
 //!

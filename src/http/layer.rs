@@ -156,6 +156,7 @@ impl CacheLayer {
             // Flights are shared, so the streams they offer are too.
             streams: Arc::clone(&self.state.streams),
             root: Some(root),
+            warnings: Arc::clone(&self.state.warnings),
         };
         CacheLayer {
             state: Arc::new(state),
@@ -529,6 +530,7 @@ impl CacheLayerBuilder {
             http: self.http,
             streams: Arc::new(crate::http::stream::Streams::new()),
             root: None,
+            warnings: Arc::default(),
         });
         if let Some(remote) = &state.engine.remote {
             // Weak: the store lives inside the state, so a strong handle

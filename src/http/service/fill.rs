@@ -81,6 +81,7 @@ impl LayerState {
             ResponseVerdict::Share => {
                 tracing::debug!(reason = "no-freshness", "response is not cacheable");
                 self.retained.remove(&target.key);
+                value.not_stored = Some("no-freshness");
                 Fill::Pass(Some(value))
             }
             ResponseVerdict::Pass(reason) if self.http.share_uncacheable => {
