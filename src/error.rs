@@ -69,39 +69,111 @@ impl fmt::Display for DecodeError {
 impl std::error::Error for DecodeError {}
 
 /// The builder was given a configuration that cannot work.
+///
+/// Branch on the variant to tell a setting of yours from a Redis setup that
+/// cannot be used; every message names what to change.
+///
+/// ```
+/// use std::time::Duration;
+/// use herdguard::{BuildError, CacheLayer};
+///
+/// let err = CacheLayer::builder()
+///     .origin_timeout(Duration::from_secs(30))
+///     .max_wait(Duration::from_secs(10))
+///     .build()
+///     .unwrap_err();
+/// assert!(matches!(err, BuildError::InvalidSetting { setting: "max_wait", .. }));
+/// assert_eq!(err.setting(), Some("max_wait"));
+/// ```
 #[derive(Debug)]
-pub struct BuildError {
-    message: String,
-    source: Option<BoxError>,
+#[non_exhaustive]
+pub enum BuildError {
+    /// A setting is out of its range, or contradicts another setting.
+    #[non_exhaustive]
+    InvalidSetting {
+        /// The builder method that sets it, such as `"max_wait"` or
+        /// `"RedisOptions::namespace"`.
+        setting: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+    /// The Redis client could not be set up from the options (an invalid
+    /// URL, TLS material that does not load, a pool that cannot be built).
+    #[non_exhaustive]
+    Redis {
+        /// What could not be set up.
+        reason: String,
+        /// The underlying error, where there is one.
+        source: Option<BoxError>,
+    },
+    /// The configuration needs a cargo feature this build was made without.
+    #[non_exhaustive]
+    MissingFeature {
+        /// The feature to turn on, such as `"tls"`.
+        feature: &'static str,
+        /// What needed it.
+        reason: String,
+    },
 }
 
 impl BuildError {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            source: None,
+    pub(crate) fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidSetting {
+            setting,
+            reason: reason.into(),
         }
     }
 
-    #[allow(dead_code, reason = "used once the Redis store is configured")]
-    pub(crate) fn with_source(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Self {
-            message: message.into(),
+    pub(crate) fn redis(reason: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Redis {
+            reason: reason.into(),
             source: Some(source.into()),
+        }
+    }
+
+    /// A setting's error where no one setting is to blame (kept for
+    /// callers that have not named theirs yet; prefer [`Self::invalid`]).
+    #[allow(dead_code, reason = "for settings added without a name")]
+    pub(crate) fn new(reason: impl Into<String>) -> Self {
+        Self::invalid("settings", reason)
+    }
+
+    pub(crate) fn missing_feature(feature: &'static str, reason: impl Into<String>) -> Self {
+        Self::MissingFeature {
+            feature,
+            reason: reason.into(),
+        }
+    }
+
+    /// The setting to change, for [`InvalidSetting`](Self::InvalidSetting).
+    pub fn setting(&self) -> Option<&'static str> {
+        match self {
+            Self::InvalidSetting { setting, .. } => Some(setting),
+            _ => None,
         }
     }
 }
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        match self {
+            Self::InvalidSetting { setting, reason } => write!(f, "invalid {setting}: {reason}"),
+            Self::Redis { reason, .. } => f.write_str(reason),
+            Self::MissingFeature { feature, reason } => {
+                write!(f, "{reason} needs the `{feature}` feature of herdguard")
+            }
+        }
     }
 }
 
 impl std::error::Error for BuildError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        match self {
+            Self::Redis {
+                source: Some(source),
+                ..
+            } => Some(&**source as &(dyn std::error::Error + 'static)),
+            _ => None,
+        }
     }
 }

@@ -227,6 +227,8 @@ pub struct CacheLayerBuilder {
 impl CacheLayerBuilder {
     /// Largest response body that is buffered and stored (default 8 MiB).
     /// Larger responses stream through uncached and are never buffered whole.
+    /// At most [`fill_buffer_bytes`](Self::fill_buffer_bytes): `build()`
+    /// refuses more, since such bodies could never be buffered.
     #[must_use]
     pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.http.max_body_bytes = bytes;
@@ -395,6 +397,9 @@ impl CacheLayerBuilder {
     /// healthy origin never releases the waiters). After that it goes to the
     /// origin itself, uncached, under the fallback cap; with the cap full it
     /// keeps waiting on the flight, at most one more origin timeout.
+    ///
+    /// At least `origin_timeout`: `build()` refuses a shorter wait, which
+    /// would send waiters of a slow but healthy call to the origin too.
     #[must_use]
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.engine.max_wait = Some(wait);
@@ -414,6 +419,7 @@ impl CacheLayerBuilder {
     /// task runs on when its client goes away, so this bounds abandoned work
     /// too. Past it, a miss with no flight to join goes to the origin
     /// uncached, under the fallback cap (`Cache-Status: …; detail=overloaded`).
+    /// At least 1: `build()` refuses 0.
     #[must_use]
     pub fn leader_limit(mut self, limit: usize) -> Self {
         self.engine.max_leaders = limit;
@@ -449,7 +455,8 @@ impl CacheLayerBuilder {
 
     /// Most concurrent origin calls outside any flight (default 64): waiters
     /// whose wait ran out, waiters of an answer they may not share, misses
-    /// past the leader limit, and [`ReloadMode::Honor`] reloads.
+    /// past the leader limit, and [`ReloadMode::Honor`] reloads. At least 1:
+    /// `build()` refuses 0.
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.engine.fallback_limit = limit;
@@ -461,6 +468,7 @@ impl CacheLayerBuilder {
     /// a hot entry is replaced before it expires and no request waits for the
     /// origin. The lead is at least twice the origin time this instance last
     /// measured for the entry. See the crate docs, "Refresh-ahead".
+    /// `build()` refuses a fraction outside 0 ≤ f < 1, or NaN.
     #[must_use]
     pub fn refresh_ahead(mut self, fraction: f64) -> Self {
         self.engine.refresh_ahead = fraction;
@@ -503,9 +511,23 @@ impl CacheLayerBuilder {
     /// Build the layer.
     ///
     /// # Errors
-    /// [`BuildError`] when the cache name is not an RFC 9651 token, or the
-    /// Redis URL or namespace is invalid. Nothing connects here: an
-    /// unreachable Redis only makes the layer fall back to memory.
+    /// [`BuildError::InvalidSetting`], naming the setting, when:
+    /// - `max_wait` is below `origin_timeout` (`"max_wait"`);
+    /// - `refresh_ahead` is outside 0 ≤ f < 1 or NaN (`"refresh_ahead"`);
+    /// - `max_body_bytes` is above `fill_buffer_bytes` (`"max_body_bytes"`);
+    /// - `leader_limit` or `fallback_limit` is 0;
+    /// - the cache name is not an RFC 9651 token (`"cache_name"`), or a
+    ///   [`RedisOptions`] value is out of range (`"RedisOptions::namespace"` …).
+    ///
+    /// [`BuildError::Redis`] when the Redis URL cannot be used, and
+    /// [`BuildError::MissingFeature`] for `rediss://` without the `tls`
+    /// feature. Nothing connects here: an unreachable Redis only makes the
+    /// layer fall back to memory.
+    ///
+    /// ```
+    /// let err = herdguard::CacheLayer::builder().leader_limit(0).build().unwrap_err();
+    /// assert_eq!(err.setting(), Some("leader_limit"));
+    /// ```
     pub fn build(self) -> Result<CacheLayer, BuildError> {
         let name = &self.http.cache_name;
         let first_ok = name
@@ -516,10 +538,12 @@ impl CacheLayerBuilder {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
         if !first_ok || !rest_ok {
-            return Err(BuildError::new(format!(
-                "cache name {name:?} is not a token"
-            )));
+            return Err(BuildError::invalid(
+                "cache_name",
+                format!("cache name {name:?} is not a token"),
+            ));
         }
+        self.check_bounds()?;
         let budget = MemoryBudget::of(self.engine.capacity_bytes);
         let mut engine = self.engine;
         engine.capacity_bytes = budget.l1;
@@ -543,6 +567,35 @@ impl CacheLayerBuilder {
             }));
         }
         Ok(CacheLayer { state })
+    }
+}
+
+impl CacheLayerBuilder {
+    /// Bounds that contradict each other, which would otherwise quietly
+    /// change what the layer does (see *Bounds and timeouts* in the crate
+    /// docs). The engine checks its own settings as it is built.
+    fn check_bounds(&self) -> Result<(), BuildError> {
+        let origin = self.engine.origin_timeout;
+        if let Some(wait) = self.engine.max_wait.filter(|w| *w < origin) {
+            return Err(BuildError::invalid(
+                "max_wait",
+                format!(
+                    "{wait:?} is below origin_timeout ({origin:?}): waiters would leave a slow \
+                     but healthy origin call and each call the origin themselves"
+                ),
+            ));
+        }
+        let (body, fill) = (self.http.max_body_bytes, self.engine.max_fill_bytes);
+        if body > fill {
+            return Err(BuildError::invalid(
+                "max_body_bytes",
+                format!(
+                    "{body} is above fill_buffer_bytes ({fill}): bodies between the two could \
+                     never be buffered, so they would silently stop being shared"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -146,12 +146,16 @@ impl RedlockBuilder {
     pub fn build(self) -> Result<Redlock, BuildError> {
         let n = self.urls.len();
         if n == 0 || n.is_multiple_of(2) {
-            return Err(BuildError::new(format!(
-                "redlock needs an odd number of independent masters, got {n}"
-            )));
+            return Err(BuildError::invalid(
+                "Redlock::builder",
+                format!("redlock needs an odd number of independent masters, got {n}"),
+            ));
         }
         if !(0.0..0.5).contains(&self.drift) {
-            return Err(BuildError::new("redlock drift must be in 0..0.5"));
+            return Err(BuildError::invalid(
+                "RedlockBuilder::drift",
+                "must be in 0..0.5",
+            ));
         }
         let node_timeout = self.node_timeout.unwrap_or_else(|| {
             (self.ttl / 100).clamp(Duration::from_millis(5), Duration::from_millis(50))

@@ -48,7 +48,7 @@ impl RedisOptions {
 
 impl RedisStore {
     pub(crate) fn new(_options: RedisOptions) -> Result<Self, BuildError> {
-        Err(BuildError::new("built without the `redis` feature"))
+        Err(BuildError::missing_feature("redis", "a redis store"))
     }
 
     pub(crate) fn set_lease_elsewhere(&mut self) {
