@@ -26,6 +26,49 @@ pub enum Error {
     Overloaded,
 }
 
+impl Error {
+    /// The computation's own error as the type it returned, for
+    /// [`Error::Compute`]; `None` for the other variants or another type.
+    /// Every waiter of the flight can read it, as with moka's `Arc<E>`.
+    ///
+    /// The type is the one converted into [`BoxError`]: an error type of
+    /// your own (or `std::io::Error`) comes back as itself, while a `String`
+    /// or `&str` becomes a private type, readable only as text.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use herdguard::{Cache, CacheKey, Freshness};
+    /// use std::time::Duration;
+    ///
+    /// #[derive(Debug)]
+    /// struct NotFound(u32);
+    /// impl std::fmt::Display for NotFound {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         write!(f, "no user {}", self.0)
+    ///     }
+    /// }
+    /// impl std::error::Error for NotFound {}
+    ///
+    /// let cache: Cache<String> = Cache::builder().build().unwrap();
+    /// let err = cache
+    ///     .get_or_compute(&CacheKey::new("user:7"), Freshness::new(Duration::from_secs(5)), || async {
+    ///         Err::<String, _>(NotFound(7))
+    ///     })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert_eq!(err.compute_error::<NotFound>().map(|e| e.0), Some(7));
+    /// assert!(err.compute_error::<std::io::Error>().is_none());
+    /// # }
+    /// ```
+    pub fn compute_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Compute(e) => e.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -177,3 +220,56 @@ impl std::error::Error for BuildError {
         }
     }
 }
+
+/// A Redis call that produced no answer: what [`LockError::Store`] and
+/// [`PurgeError`](crate::PurgeError) carry, so a caller can branch on
+/// [`kind`](Self::kind). Its text has credentials removed.
+///
+/// [`LockError::Store`]: crate::LockError::Store
+#[derive(Debug, Clone)]
+pub struct StoreFailure {
+    kind: StoreFailureKind,
+    message: String,
+}
+
+/// What kind of Redis failure a [`StoreFailure`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreFailureKind {
+    /// Redis failed recently and is not asked again until its back-off
+    /// ends (the circuit breaker is open).
+    Unavailable,
+    /// No reply within the configured timeout.
+    Timeout,
+    /// The connection could not be made or broke (refused, reset, TLS,
+    /// authentication).
+    Connection,
+    /// The server answered with an error: a read-only replica, out of
+    /// memory, a value of another type at the key, or a command it refused.
+    Server,
+    /// The reply did not have the shape the script returns.
+    Protocol,
+}
+
+impl StoreFailure {
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "made by the Redis store")
+    )]
+    pub(crate) fn new(kind: StoreFailureKind, message: String) -> Self {
+        Self { kind, message }
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> StoreFailureKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreFailure {}

@@ -554,7 +554,7 @@ mod metrics;
 mod store;
 
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
-pub use error::{BoxError, BuildError, DecodeError, Error};
+pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};

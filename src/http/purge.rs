@@ -16,6 +16,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::Uri;
 use tokio::sync::oneshot;
 
+use crate::error::StoreFailure;
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::key::CacheKey;
@@ -86,18 +87,40 @@ pub enum Purged {
 
 /// A purge that did not fully reach Redis. Memory copies were still dropped,
 /// and the notice was still published when only the deletion failed.
+///
+/// Where a Redis call failed, [`store_failure`](Self::store_failure) (also
+/// its `source()`) says how, to branch on.
 #[derive(Debug, Clone)]
 pub struct PurgeError {
     reason: String,
+    failure: Option<StoreFailure>,
+}
+
+impl PurgeError {
+    /// The Redis call that failed, when one did (not when the purge could
+    /// not start, such as outside a tokio runtime).
+    pub fn store_failure(&self) -> Option<&StoreFailure> {
+        self.failure.as_ref()
+    }
 }
 
 impl fmt::Display for PurgeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "purge did not reach redis: {}", self.reason)
+        match self.failure {
+            // The failure itself is the source, not repeated here.
+            Some(_) => f.write_str("purge did not reach redis"),
+            None => write!(f, "purge did not reach redis: {}", self.reason),
+        }
     }
 }
 
-impl std::error::Error for PurgeError {}
+impl std::error::Error for PurgeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.failure
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// A purge in progress, returned by [`CacheLayer::purge_url`](crate::CacheLayer::purge_url),
 /// [`purge_key`](crate::CacheLayer::purge_key) and
@@ -152,6 +175,7 @@ impl Future for PurgeHandle {
                 Ok(result) => result.map(|()| Purged::Redis),
                 Err(_) => Err(PurgeError {
                     reason: "the purge task ended early (runtime shut down)".to_owned(),
+                    failure: None,
                 }),
             }),
         }
@@ -172,6 +196,7 @@ impl LayerState {
             self.purge_local(target);
             return PurgeHandle::ready(Err(PurgeError {
                 reason: "no tokio runtime to run it on".to_owned(),
+                failure: None,
             }));
         };
         let remote = Arc::clone(remote);
@@ -180,10 +205,11 @@ impl LayerState {
         runtime.spawn(async move {
             let result = purge_remote(&remote, &t).await.map_err(|e| PurgeError {
                 reason: redact_error(&e),
+                failure: Some(StoreFailure::from(&e)),
             });
             // Nobody awaits the handle: the log is the only place left to say it.
             if let Err(Err(e)) = tx.send(result) {
-                tracing::warn!(error = %e, "purge in redis failed");
+                tracing::warn!(error = %e.reason, "purge in redis failed");
             }
         });
         self.purge_local(target);

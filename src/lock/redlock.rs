@@ -16,7 +16,7 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::{BoxError, BuildError};
+use crate::error::{BoxError, BuildError, StoreFailure};
 use crate::key::CacheKey;
 use crate::lock::{self, LeaseToken};
 use crate::store::redis::{RedisOptions, RedisStore, WriteMode};
@@ -31,8 +31,9 @@ pub enum LockError {
     Lost,
     /// The work ran past the lease's validity and was abandoned.
     Expired,
-    /// The resource store could not issue a fence or take the write.
-    Store(String),
+    /// The resource store could not issue a fence, take the write or read:
+    /// branch on its [`kind`](StoreFailure::kind).
+    Store(StoreFailure),
     /// The work itself failed.
     Work(BoxError),
 }
@@ -45,7 +46,7 @@ impl std::fmt::Display for LockError {
             LockError::Expired => {
                 f.write_str("work ran past the lock's validity and was abandoned")
             }
-            LockError::Store(e) => write!(f, "resource store failed: {e}"),
+            LockError::Store(_) => f.write_str("resource store failed"),
             LockError::Work(_) => f.write_str("guarded work failed"),
         }
     }
@@ -55,6 +56,7 @@ impl std::error::Error for LockError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             LockError::Work(e) => Some(&**e),
+            LockError::Store(e) => Some(e),
             _ => None,
         }
     }
@@ -426,7 +428,7 @@ impl Redlock {
             Ok(f) => f.0,
             Err(e) => {
                 self.release(lease).await;
-                return Err(LockError::Store(e.to_string()));
+                return Err(LockError::Store(StoreFailure::from(&e)));
             }
         };
         let (deadline_tx, deadline_rx) = watch::channel(lease.deadline());
@@ -509,7 +511,7 @@ impl FencedStore {
             .next_fence(&CacheKey::new(resource))
             .await
             .map(|f| f.0)
-            .map_err(|e| LockError::Store(e.to_string()))
+            .map_err(|e| LockError::Store(StoreFailure::from(&e)))
     }
 
     /// Write `value` for `resource` if `fence` is not older than the newest
@@ -530,7 +532,7 @@ impl FencedStore {
             .store
             .write_and_release(&key, &nobody, lock::FenceToken(fence), mode)
             .await
-            .map_err(|e| LockError::Store(e.to_string()))?;
+            .map_err(|e| LockError::Store(StoreFailure::from(&e)))?;
         if !outcome.accepted {
             metrics::counter!(crate::metrics::names::FENCED_REJECTED).increment(1);
         }
@@ -546,6 +548,6 @@ impl FencedStore {
             .read_value(&CacheKey::new(resource))
             .await
             .map(|v| v.map(Bytes::from))
-            .map_err(|e| LockError::Store(e.to_string()))
+            .map_err(|e| LockError::Store(StoreFailure::from(&e)))
     }
 }

@@ -75,3 +75,9 @@ impl RedisStore {
         match *self {}
     }
 }
+
+impl From<&StoreError> for crate::error::StoreFailure {
+    fn from(e: &StoreError) -> Self {
+        match *e {}
+    }
+}
