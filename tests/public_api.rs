@@ -138,7 +138,9 @@ async fn purge_error_carries_the_redis_failure() {
     assert!(
         matches!(
             failure.kind(),
-            StoreFailureKind::Connection | StoreFailureKind::Timeout | StoreFailureKind::Unavailable
+            StoreFailureKind::Connection
+                | StoreFailureKind::Timeout
+                | StoreFailureKind::Unavailable
         ),
         "{failure:?}"
     );
@@ -162,7 +164,9 @@ async fn lock_store_error_carries_the_redis_failure() {
     assert!(
         matches!(
             failure.kind(),
-            StoreFailureKind::Connection | StoreFailureKind::Timeout | StoreFailureKind::Unavailable
+            StoreFailureKind::Connection
+                | StoreFailureKind::Timeout
+                | StoreFailureKind::Unavailable
         ),
         "{failure:?}"
     );

@@ -1,6 +1,7 @@
 //! Settings that cannot be wrong silently: `build()` refuses contradictory
 //! or meaningless values with a `BuildError` that names the setting, instead
-//! of quietly changing what the layer does.
+//! of quietly changing what the layer does. And the layer-wide forms of the
+//! route settings (`max_ttl`, `ignore_origin_cache_control`).
 
 use std::time::Duration;
 
@@ -129,4 +130,69 @@ fn bad_redis_url_is_a_redis_error_with_its_source() {
     assert!(err.source().is_some(), "{err:?}");
     assert!(!err.to_string().contains("secret"), "{err}");
     assert_eq!(err.setting(), None);
+}
+
+// ------------------------------------------------ layer-wide freshness rules
+
+/// A layer whose handler answers with `cache_control`; `/n` counts calls.
+fn origin_app(
+    layer: CacheLayer,
+    cache_control: &'static str,
+) -> (axum::Router, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&calls);
+    let app = axum::Router::new()
+        .route(
+            "/n",
+            axum::routing::get(move || {
+                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { ([("cache-control", cache_control)], format!("call {n}")) }
+            }),
+        )
+        .layer(layer);
+    (app, calls)
+}
+
+async fn cache_status_of(app: &axum::Router) -> String {
+    use tower::ServiceExt;
+    let req = axum::http::Request::get("/n")
+        .header("host", "example.test")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    res.headers()["cache-status"].to_str().unwrap().to_owned()
+}
+
+/// The layer-wide `max_ttl` caps the origin's `max-age`: past the cap the entry is no longer a hit.
+#[tokio::test(start_paused = true)]
+async fn layer_max_ttl_caps_the_origin_freshness() {
+    let layer = CacheLayer::builder()
+        .max_ttl(Duration::from_secs(10))
+        .refresh_ahead(0.0) // no refresh before the cap ends
+        .build()
+        .unwrap();
+    let (app, calls) = origin_app(layer, "max-age=3600");
+    cache_status_of(&app).await;
+    tokio::time::advance(Duration::from_secs(9)).await;
+    assert!(cache_status_of(&app).await.contains("hit"));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let status = cache_status_of(&app).await;
+    assert!(!status.contains("hit"), "{status}");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// The layer-wide `ignore_origin_cache_control` stores an answer the origin marked `max-age=0` for `default_ttl`.
+#[tokio::test(start_paused = true)]
+async fn layer_can_ignore_the_origin_cache_control() {
+    let layer = CacheLayer::builder()
+        .ignore_origin_cache_control()
+        .default_ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (app, calls) = origin_app(layer, "max-age=0");
+    cache_status_of(&app).await;
+    let status = cache_status_of(&app).await;
+    assert!(status.contains("hit"), "{status}");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

@@ -344,6 +344,23 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// The `cache` label on every metric this cache records (default
+    /// `herdguard`), as [`CacheLayerBuilder::cache_name`] does for a layer:
+    /// give each cache its own name to read its hit ratio apart.
+    ///
+    /// [`CacheLayerBuilder::cache_name`]: crate::CacheLayerBuilder::cache_name
+    ///
+    /// ```
+    /// let tokens: herdguard::Cache<String> =
+    ///     herdguard::Cache::builder().name("tokens").build()?;
+    /// # let _ = tokens; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.config.metrics_name = name.into();
+        self
+    }
+
     /// Build the cache.
     ///
     /// # Errors

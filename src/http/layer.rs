@@ -244,6 +244,47 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// The longest any response is kept fresh, whatever its `max-age`,
+    /// `s-maxage`, `Expires` or [`default_ttl`](Self::default_ttl) say
+    /// (default: no cap; the stale grace is not shortened). The layer-wide form of [`RoutePolicy::max_ttl`];
+    /// a route's own cap replaces it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .max_ttl(Duration::from_secs(60))
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn max_ttl(mut self, max: Duration) -> Self {
+        self.http.rules.max_ttl = Some(max);
+        self
+    }
+
+    /// Ignore the origin's freshness directives (`Cache-Control`, targeted
+    /// fields, `Expires`, heuristics) and store every storable answer for
+    /// [`default_ttl`](Self::default_ttl) (without one nothing is stored):
+    /// the layer-wide form of
+    /// [`RoutePolicy::ignore_origin_cache_control`], with the same
+    /// protections (`no-store`, `private`, `Set-Cookie` and `Vary` obeyed,
+    /// answers to requests with `Authorization` not stored, only statuses
+    /// cacheable by default). Off by default.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .ignore_origin_cache_control()
+    ///     .default_ttl(Duration::from_secs(30))
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn ignore_origin_cache_control(mut self) -> Self {
+        self.http.rules.ignore_cache_control = true;
+        self
+    }
+
     /// Turn on heuristic freshness (RFC 9111 §4.2.2) for responses without
     /// explicit freshness that carry `Last-Modified`: 10 % of the time since
     /// it, at most `max`. Off by default. Takes precedence over

@@ -143,6 +143,7 @@ impl std::error::Error for PurgeError {
 /// # }
 /// ```
 #[derive(Debug)]
+#[must_use = "dropping a PurgeHandle purges in the background; await it to learn whether Redis was reached"]
 pub struct PurgeHandle {
     state: HandleState,
 }
@@ -292,12 +293,14 @@ impl Invalidation {
         let authority = self.authority.as_deref().map(str::as_bytes);
         let (path, query) = split_query(&self.path);
         // Handles dropped: the response does not wait for Redis.
-        self.state
-            .purge(PurgeTarget::Key(url_key(authority, path.as_bytes(), query)));
+        drop(
+            self.state
+                .purge(PurgeTarget::Key(url_key(authority, path.as_bytes(), query))),
+        );
         for name in [header::LOCATION, header::CONTENT_LOCATION] {
             for value in headers.get_all(&name) {
                 if let Some(key) = self.same_origin_key(value) {
-                    self.state.purge(PurgeTarget::Key(key));
+                    drop(self.state.purge(PurgeTarget::Key(key)));
                 }
             }
         }

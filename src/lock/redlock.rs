@@ -109,7 +109,8 @@ impl RedlockBuilder {
         self
     }
 
-    /// Lease lifetime (default 10 s).
+    /// Lease lifetime (default 5 s, as
+    /// [`RedisOptions::lease_ttl`](crate::RedisOptions::lease_ttl)).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -271,7 +272,8 @@ impl Redlock {
         RedlockBuilder {
             urls: urls.into_iter().map(Into::into).collect(),
             namespace: "herdguard".to_owned(),
-            ttl: Duration::from_secs(10),
+            // The same default as `RedisOptions::lease_ttl`.
+            ttl: Duration::from_secs(5),
             node_timeout: None,
             drift: 0.01,
             retries: 3,

@@ -218,7 +218,7 @@ impl Proxy {
             if tag.is_empty() || tag.chars().any(char::is_whitespace) {
                 return Some(status(StatusCode::BAD_REQUEST, "one tag per request"));
             }
-            self.cache.purge_tag(&tag);
+            drop(self.cache.purge_tag(&tag));
             return Some(status(StatusCode::OK, &format!("purged tag {tag}")));
         }
         let host = req
@@ -236,7 +236,7 @@ impl Proxy {
         let Some(url) = host.and_then(|h| format!("http://{h}{path}").parse::<Uri>().ok()) else {
             return Some(status(StatusCode::BAD_REQUEST, "purge needs a Host"));
         };
-        self.cache.purge_url(&url);
+        drop(self.cache.purge_url(&url));
         Some(status(StatusCode::OK, &format!("purged {url}")))
     }
 }
