@@ -167,7 +167,10 @@ impl BuildError {
         }
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code, reason = "made by the Redis store"))]
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "made by the Redis store")
+    )]
     pub(crate) fn redis(reason: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Self::Redis {
             reason: reason.into(),

@@ -193,7 +193,7 @@
 //! - **Targeted cache control** (RFC 9213): a valid `CDN-Cache-Control`
 //!   (a Structured Fields Dictionary) replaces `Cache-Control` and
 //!   `Expires` for this cache, and a header of your own
-//!   ([`cache_control_header`](CacheLayerBuilder::cache_control_header))
+//!   ([`targeted_cache_control`](CacheLayerBuilder::targeted_cache_control))
 //!   goes above it; an invalid or empty one is ignored whole. Yours is
 //!   removed from responses by default; `CDN-Cache-Control` is passed on.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
@@ -223,7 +223,7 @@
 //!   purge returns a [`PurgeHandle`]: drop it to purge in the background, or
 //!   await it to learn whether Redis was reached. `Surrogate-Key` is read
 //!   when a response is stored and stripped from every response to a client
-//!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
+//!   (unless [`forward_surrogate_key`](CacheLayerBuilder::forward_surrogate_key)).
 //!   A purge beats a fill already running: that fill's answer still goes to
 //!   the requests waiting on it, but it is not stored (in memory, every
 //!   instance that heard the purge refuses it; in Redis, the purge raises the

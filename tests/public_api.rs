@@ -51,11 +51,11 @@ async fn stripped_tags_still_purge() {
     assert_eq!(origin.calls(), 2);
 }
 
-/// `strip_surrogate_key(false)` hands the header on, from the cache too.
+/// `forward_surrogate_key(true)` hands the header on, from the cache too.
 #[tokio::test]
 async fn surrogate_key_kept_when_asked() {
     let cache = CacheLayer::builder()
-        .strip_surrogate_key(false)
+        .forward_surrogate_key(true)
         .build()
         .unwrap();
     let app = Origin::new(TAGGED).app(cache);

@@ -352,27 +352,51 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// A response header of your own (for example `herdguard-cache-control`)
-    /// that this cache obeys above `CDN-Cache-Control` and `Cache-Control`
-    /// (an RFC 9213 targeted field: a Structured Fields Dictionary of cache
-    /// directives). Off by default; `CDN-Cache-Control` is always obeyed.
-    /// It is removed from responses unless
-    /// [`strip_cache_control_header`](Self::strip_cache_control_header)
-    /// says otherwise.
+    /// A targeted cache-control field of your own (RFC 9213), for example
+    /// `herdguard-cache-control`: a response header, a Structured Fields
+    /// Dictionary of cache directives, that this cache obeys above
+    /// `CDN-Cache-Control` and `Cache-Control`. Off by default;
+    /// `CDN-Cache-Control` is always obeyed. It is removed from responses
+    /// unless [`forward_targeted_cache_control`](Self::forward_targeted_cache_control)
+    /// turns that on.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .targeted_cache_control(HeaderName::from_static("herdguard-cache-control"))
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
     #[must_use]
-    pub fn cache_control_header(mut self, name: HeaderName) -> Self {
+    pub fn targeted_cache_control(mut self, name: HeaderName) -> Self {
         self.http.rules.own_cache_control = Some(name);
         self
     }
 
-    /// Whether the [`cache_control_header`](Self::cache_control_header) is
-    /// removed from every response this layer sends on (default `true`: it
-    /// is meant for this cache alone). `CDN-Cache-Control` is always passed
+    /// The former name of [`targeted_cache_control`](Self::targeted_cache_control).
+    #[deprecated(since = "0.1.0", note = "renamed to `targeted_cache_control`")]
+    #[must_use]
+    pub fn cache_control_header(self, name: HeaderName) -> Self {
+        self.targeted_cache_control(name)
+    }
+
+    /// Whether the [`targeted_cache_control`](Self::targeted_cache_control)
+    /// field is passed on in responses this layer sends (default off: it is
+    /// meant for this cache alone). `CDN-Cache-Control` is always passed
     /// on, for caches further down.
     #[must_use]
-    pub fn strip_cache_control_header(mut self, strip: bool) -> Self {
-        self.http.strip_own_cache_control = strip;
+    pub fn forward_targeted_cache_control(mut self, on: bool) -> Self {
+        self.http.strip_own_cache_control = !on;
         self
+    }
+
+    /// The former, inverted form of
+    /// [`forward_targeted_cache_control`](Self::forward_targeted_cache_control):
+    /// `strip_cache_control_header(x)` is `forward_targeted_cache_control(!x)`.
+    #[deprecated(since = "0.1.0", note = "use `forward_targeted_cache_control(!strip)`")]
+    #[must_use]
+    pub fn strip_cache_control_header(self, strip: bool) -> Self {
+        self.forward_targeted_cache_control(!strip)
     }
 
     /// The cache's name in `Cache-Status` (default `herdguard`), and the
@@ -538,15 +562,31 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Whether `Surrogate-Key` is removed from responses to clients (default
-    /// `true`). Either way the layer reads the tags of every response it
-    /// stores, for [`CacheLayer::purge_tag`]: the header is addressed to the
-    /// cache, and tags often name internal things (tables, tenants). Turn it
-    /// off when a cache downstream purges by the same tags.
+    /// Whether `Surrogate-Key` is passed on in responses to clients
+    /// (default off). Either way the layer reads the tags of every response
+    /// it stores, for [`CacheLayer::purge_tag`]: the header is addressed to
+    /// the cache, and tags often name internal things (tables, tenants).
+    /// Turn it on when a cache downstream purges by the same tags.
+    ///
+    /// ```
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .forward_surrogate_key(true)
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
     #[must_use]
-    pub fn strip_surrogate_key(mut self, strip: bool) -> Self {
-        self.http.strip_surrogate_key = strip;
+    pub fn forward_surrogate_key(mut self, on: bool) -> Self {
+        self.http.strip_surrogate_key = !on;
         self
+    }
+
+    /// The former, inverted form of
+    /// [`forward_surrogate_key`](Self::forward_surrogate_key):
+    /// `strip_surrogate_key(x)` is `forward_surrogate_key(!x)`.
+    #[deprecated(since = "0.1.0", note = "use `forward_surrogate_key(!strip)`")]
+    #[must_use]
+    pub fn strip_surrogate_key(self, strip: bool) -> Self {
+        self.forward_surrogate_key(!strip)
     }
 
     /// Build the layer.
