@@ -93,6 +93,8 @@ impl RedlockLease {
 #[derive(Debug, Clone)]
 pub struct RedlockBuilder {
     urls: Vec<String>,
+    /// Connection settings every node takes (TLS root, connect timeout …).
+    node_options: Option<RedisOptions>,
     namespace: String,
     ttl: Duration,
     node_timeout: Option<Duration>,
@@ -106,6 +108,32 @@ impl RedlockBuilder {
     #[must_use]
     pub fn namespace(mut self, ns: impl Into<String>) -> Self {
         self.namespace = ns.into();
+        self
+    }
+
+    /// Connection settings for every node, as for the main Redis: the TLS
+    /// root certificate of a private CA
+    /// ([`RedisOptions::tls_root_cert_pem`], for `rediss://` nodes), the
+    /// connect timeout, and the rest of [`RedisOptions`]. The URL of each
+    /// node is its own; the namespace is [`namespace`](Self::namespace)'s;
+    /// the per-call timeouts are [`node_timeout`](Self::node_timeout)'s, one
+    /// connection per node, and the breaker back-off (100 ms to 2 s) stays
+    /// short, since a quorum needs its nodes back soon. The template's own
+    /// URL is ignored.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use herdguard::{RedisOptions, Redlock};
+    ///
+    /// let template = RedisOptions::new("redis://ignored").connect_timeout(Duration::from_millis(300));
+    /// let lock = Redlock::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
+    ///     .node_options(template)
+    ///     .build()?;
+    /// # let _ = lock; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn node_options(mut self, template: RedisOptions) -> Self {
+        self.node_options = Some(template);
         self
     }
 
@@ -167,7 +195,11 @@ impl RedlockBuilder {
             .urls
             .iter()
             .map(|url| {
-                let opts = RedisOptions::new(url.as_str())
+                let opts = match &self.node_options {
+                    Some(template) => template.clone().for_node(url),
+                    None => RedisOptions::new(url.as_str()),
+                };
+                let opts = opts
                     .namespace(self.namespace.clone())
                     .connections(1)
                     .response_timeout(node_timeout)
@@ -271,6 +303,7 @@ impl Redlock {
     {
         RedlockBuilder {
             urls: urls.into_iter().map(Into::into).collect(),
+            node_options: None,
             namespace: "herdguard".to_owned(),
             // The same default as `RedisOptions::lease_ttl`.
             ttl: Duration::from_secs(5),

@@ -172,6 +172,13 @@ impl RedisOptions {
         }
     }
 
+    /// These options for one standalone node at `url` (a Redlock node).
+    pub(crate) fn for_node(mut self, url: &str) -> Self {
+        self.urls = vec![url.to_owned()];
+        self.cluster = false;
+        self
+    }
+
     /// Label this store's metrics with the layer's name.
     pub(crate) fn metrics_name(mut self, name: &str) -> Self {
         self.metrics_name = Some(name.to_owned());
