@@ -26,6 +26,49 @@ pub enum Error {
     Overloaded,
 }
 
+impl Error {
+    /// The computation's own error as the type it returned, for
+    /// [`Error::Compute`]; `None` for the other variants or another type.
+    /// Every waiter of the flight can read it, as with moka's `Arc<E>`.
+    ///
+    /// The type is the one converted into [`BoxError`]: an error type of
+    /// your own (or `std::io::Error`) comes back as itself, while a `String`
+    /// or `&str` becomes a private type, readable only as text.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use herdguard::{Cache, CacheKey, Freshness};
+    /// use std::time::Duration;
+    ///
+    /// #[derive(Debug)]
+    /// struct NotFound(u32);
+    /// impl std::fmt::Display for NotFound {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         write!(f, "no user {}", self.0)
+    ///     }
+    /// }
+    /// impl std::error::Error for NotFound {}
+    ///
+    /// let cache: Cache<String> = Cache::builder().build().unwrap();
+    /// let err = cache
+    ///     .get_or_compute(&CacheKey::new("user:7"), Freshness::new(Duration::from_secs(5)), || async {
+    ///         Err::<String, _>(NotFound(7))
+    ///     })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert_eq!(err.compute_error::<NotFound>().map(|e| e.0), Some(7));
+    /// assert!(err.compute_error::<std::io::Error>().is_none());
+    /// # }
+    /// ```
+    pub fn compute_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Compute(e) => e.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -69,39 +112,168 @@ impl fmt::Display for DecodeError {
 impl std::error::Error for DecodeError {}
 
 /// The builder was given a configuration that cannot work.
+///
+/// Branch on the variant to tell a setting of yours from a Redis setup that
+/// cannot be used; every message names what to change.
+///
+/// ```
+/// use std::time::Duration;
+/// use herdguard::{BuildError, CacheLayer};
+///
+/// let err = CacheLayer::builder()
+///     .origin_timeout(Duration::from_secs(30))
+///     .max_wait(Duration::from_secs(10))
+///     .build()
+///     .unwrap_err();
+/// assert!(matches!(err, BuildError::InvalidSetting { setting: "max_wait", .. }));
+/// assert_eq!(err.setting(), Some("max_wait"));
+/// ```
 #[derive(Debug)]
-pub struct BuildError {
-    message: String,
-    source: Option<BoxError>,
+#[non_exhaustive]
+pub enum BuildError {
+    /// A setting is out of its range, or contradicts another setting.
+    #[non_exhaustive]
+    InvalidSetting {
+        /// The builder method that sets it, such as `"max_wait"` or
+        /// `"RedisOptions::namespace"`.
+        setting: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+    /// The Redis client could not be set up from the options (an invalid
+    /// URL, TLS material that does not load, a pool that cannot be built).
+    #[non_exhaustive]
+    Redis {
+        /// What could not be set up.
+        reason: String,
+        /// The underlying error, where there is one.
+        source: Option<BoxError>,
+    },
+    /// The configuration needs a cargo feature this build was made without.
+    #[non_exhaustive]
+    MissingFeature {
+        /// The feature to turn on, such as `"tls"`.
+        feature: &'static str,
+        /// What needed it.
+        reason: String,
+    },
 }
 
 impl BuildError {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            source: None,
+    pub(crate) fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidSetting {
+            setting,
+            reason: reason.into(),
         }
     }
 
-    #[allow(dead_code, reason = "used once the Redis store is configured")]
-    pub(crate) fn with_source(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Self {
-            message: message.into(),
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "made by the Redis store")
+    )]
+    pub(crate) fn redis(reason: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Redis {
+            reason: reason.into(),
             source: Some(source.into()),
+        }
+    }
+
+    /// A setting's error where no one setting is to blame (kept for
+    /// callers that have not named theirs yet; prefer [`Self::invalid`]).
+    #[allow(dead_code, reason = "for settings added without a name")]
+    pub(crate) fn new(reason: impl Into<String>) -> Self {
+        Self::invalid("settings", reason)
+    }
+
+    pub(crate) fn missing_feature(feature: &'static str, reason: impl Into<String>) -> Self {
+        Self::MissingFeature {
+            feature,
+            reason: reason.into(),
+        }
+    }
+
+    /// The setting to change, for [`InvalidSetting`](Self::InvalidSetting).
+    pub fn setting(&self) -> Option<&'static str> {
+        match self {
+            Self::InvalidSetting { setting, .. } => Some(setting),
+            _ => None,
         }
     }
 }
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        match self {
+            Self::InvalidSetting { setting, reason } => write!(f, "invalid {setting}: {reason}"),
+            Self::Redis { reason, .. } => f.write_str(reason),
+            Self::MissingFeature { feature, reason } => {
+                write!(f, "{reason} needs the `{feature}` feature of herdguard")
+            }
+        }
     }
 }
 
 impl std::error::Error for BuildError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        match self {
+            Self::Redis {
+                source: Some(source),
+                ..
+            } => Some(&**source as &(dyn std::error::Error + 'static)),
+            _ => None,
+        }
     }
 }
+
+/// A Redis call that produced no answer: what [`LockError::Store`] and
+/// [`PurgeError`](crate::PurgeError) carry, so a caller can branch on
+/// [`kind`](Self::kind). Its text has credentials removed.
+///
+/// [`LockError::Store`]: crate::LockError::Store
+#[derive(Debug, Clone)]
+pub struct StoreFailure {
+    kind: StoreFailureKind,
+    message: String,
+}
+
+/// What kind of Redis failure a [`StoreFailure`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreFailureKind {
+    /// Redis failed recently and is not asked again until its back-off
+    /// ends (the circuit breaker is open).
+    Unavailable,
+    /// No reply within the configured timeout.
+    Timeout,
+    /// The connection could not be made or broke (refused, reset, TLS,
+    /// authentication).
+    Connection,
+    /// The server answered with an error: a read-only replica, out of
+    /// memory, a value of another type at the key, or a command it refused.
+    Server,
+    /// The reply did not have the shape the script returns.
+    Protocol,
+}
+
+impl StoreFailure {
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "made by the Redis store")
+    )]
+    pub(crate) fn new(kind: StoreFailureKind, message: String) -> Self {
+        Self { kind, message }
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> StoreFailureKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreFailure {}

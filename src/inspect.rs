@@ -206,6 +206,7 @@ mod tests {
             url: CacheKey::new("u"),
             rules: Default::default(),
             revalidated: false,
+            not_stored: None,
         };
         let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_secs(30), 7);
         let env = decode_envelope(&encode_entry(&meta, &response)).unwrap();

@@ -95,7 +95,8 @@
 //!   policy/          RFC 9111: directives, request, freshness, storability,
 //!                    targeted (RFC 9213)
 //!   vary.rs, conditional.rs, purge.rs, route.rs, stream.rs, body.rs,
-//!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs
+//!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs,
+//!   warnings.rs (the one WARN per route for answers without freshness)
 //! engine/          the HTTP-agnostic read-through state machine
 //!   cache.rs         the public Cache<V>
 //!   resolve.rs       Engine::resolve: the miss path in reading order
@@ -159,6 +160,11 @@
 //! - **Response without freshness information:** not stored and not handed
 //!   to waiters (unless you opt in); give it a
 //!   [`default_ttl`](CacheLayerBuilder::default_ttl) to store and share it.
+//!   Such answers say `Cache-Status: …; detail=no-freshness`, count in
+//!   `herdguard_not_stored_total{reason="no-freshness"}`, and the layer logs
+//!   one WARN per route (at most once per 10 minutes per route, once a
+//!   second per layer) naming the fix; see
+//!   [no default TTL](#no-default-ttl-for-answers-without-freshness).
 //! - **Body larger than the limit:** not stored, but still shared: one
 //!   origin call for the readers of each instance, see
 //!   [streamed fills](#streamed-fills).
@@ -244,7 +250,7 @@
 //! - **Targeted cache control** (RFC 9213): a valid `CDN-Cache-Control`
 //!   (a Structured Fields Dictionary) replaces `Cache-Control` and
 //!   `Expires` for this cache, and a header of your own
-//!   ([`cache_control_header`](CacheLayerBuilder::cache_control_header))
+//!   ([`targeted_cache_control`](CacheLayerBuilder::targeted_cache_control))
 //!   goes above it; an invalid or empty one is ignored whole. Yours is
 //!   removed from responses by default; `CDN-Cache-Control` is passed on.
 //! - **Vary:** the names a URL varies on are learned from its responses, and
@@ -276,7 +282,7 @@
 //!   purge returns a [`PurgeHandle`]: drop it to purge in the background, or
 //!   await it to learn whether Redis was reached. `Surrogate-Key` is read
 //!   when a response is stored and stripped from every response to a client
-//!   ([`strip_surrogate_key`](CacheLayerBuilder::strip_surrogate_key)).
+//!   (unless [`forward_surrogate_key`](CacheLayerBuilder::forward_surrogate_key)).
 //!   A purge beats a fill already running: that fill's answer still goes to
 //!   the requests waiting on it, but it is stored nowhere, on any instance,
 //!   whether the notice reached it or not. The purge stamps its URL or tag
@@ -293,7 +299,8 @@
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
-//!   error-not-shared, too-large, stale-if-error, only-if-cached,
+//!   error-not-shared, no-freshness (no `max-age`, `s-maxage` or `Expires`
+//!   and no TTL applies), too-large, stale-if-error, only-if-cached,
 //!   wait-timeout, overloaded, origin-timeout and errors.
 //! - HEAD is answered from the GET entry; a HEAD miss fills it with a GET.
 //!
@@ -547,6 +554,33 @@
 //! # let _ = app;
 //! ```
 //!
+//! ## No default TTL for answers without freshness
+//!
+//! A handler that sets no `Cache-Control` (as most do) is not cached by
+//! default: each request calls it, and the layer says why (the WARN,
+//! `detail=no-freshness`). One line turns caching on, for the layer or for
+//! one route:
+//!
+//! ```
+//! # use std::time::Duration;
+//! let cache = herdguard::CacheLayer::builder()
+//!     .default_ttl(Duration::from_secs(5)) // answers without Cache-Control live 5 s
+//!     .build()?;
+//! # let _ = cache; Ok::<(), herdguard::BuildError>(())
+//! ```
+//!
+//! The library chooses not to default to a short TTL (unlike
+//! http-cache-tower-server's 60 s) because an answer without freshness may
+//! be made for one user. The key holds the host, path, query, whether
+//! `Authorization` is present and the `Vary` values, but not cookies: a
+//! `/me` handler that reads a session cookie and sets no headers would,
+//! with a default TTL, hand one user's page to the next. An origin that
+//! sends `max-age` has said its answer may be shared; silence says nothing,
+//! so sharing it is a decision the person who knows the handlers makes,
+//! with [`default_ttl`](CacheLayerBuilder::default_ttl) on the layer or
+//! [`RoutePolicy::ttl`] on the routes whose answers are the same for
+//! everyone. (`herdguard proxy`'s `--default-ttl` is the same opt-in.)
+//!
 //! ## Per-route policy
 //!
 //! [`CacheLayer::with_policy`] makes a layer for one route with its own
@@ -608,7 +642,7 @@ mod metrics;
 mod store;
 
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
-pub use error::{BoxError, BuildError, DecodeError, Error};
+pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};

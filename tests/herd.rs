@@ -310,6 +310,7 @@ async fn fill_buffer_budget_streams_past_it_and_stores_nothing() {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = CacheLayer::builder()
         .fill_buffer_bytes(700)
+        .max_body_bytes(700)
         .build()
         .unwrap();
     let app = chunked_origin(Arc::clone(&calls)).layer(layer);
@@ -332,12 +333,12 @@ async fn fill_buffer_budget_streams_past_it_and_stores_nothing() {
     assert_eq!(calls.load(Ordering::SeqCst), 7);
 }
 
-/// A call outside any flight (a waiter whose wait ran out) is bounded by the origin timeout: a hung origin yields a 504, not a hung request.
+/// A call outside any flight (a miss past the leader cap) is bounded by the origin timeout: a hung origin yields a 504, not a hung request.
 #[tokio::test(start_paused = true)]
 async fn direct_call_is_bounded_by_origin_timeout() {
     let origin = Origin::new(HOT).delay(Duration::from_secs(1000));
     let layer = CacheLayer::builder()
-        .max_wait(Duration::from_secs(1))
+        .leader_limit(1)
         .origin_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -345,10 +346,10 @@ async fn direct_call_is_bounded_by_origin_timeout() {
     let leader = burst(&app, "/hung", 1, |_| vec![]);
     tokio::task::yield_now().await;
     let started = tokio::time::Instant::now();
-    let waiter = burst(&app, "/hung", 1, |_| vec![]);
-    let replies = tokio::time::timeout(Duration::from_secs(60), all(waiter))
+    let outside = burst(&app, "/elsewhere", 1, |_| vec![]);
+    let replies = tokio::time::timeout(Duration::from_secs(60), all(outside))
         .await
-        .expect("the waiter's own call is bounded");
+        .expect("the call outside the flight is bounded");
     let (code, h, _) = &replies[0];
     assert_eq!(*code, 504);
     assert!(
@@ -356,7 +357,7 @@ async fn direct_call_is_bounded_by_origin_timeout() {
         "{}",
         cache_status(h)
     );
-    assert_eq!(started.elapsed(), Duration::from_secs(1 + 5));
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
     assert_eq!(all(leader).await[0].0, 504);
 }
 
@@ -370,21 +371,31 @@ async fn slow_healthy_origin_never_releases_the_waiters() {
     assert!(replies.iter().all(|(c, _, _)| *c == 200));
 }
 
-/// Waiters whose wait ran out beyond the fallback cap keep waiting on the flight and get its answer, never a made-up error.
-#[tokio::test(start_paused = true)]
+/// Waiters whose wait ran out beyond the fallback cap keep waiting on the flight and get its answer, never a made-up error: instance B waits on a fill instance A leads, which takes longer than B's `max_wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_past_the_fallback_cap_keep_waiting_on_the_flight() {
-    let origin = Origin::new(HOT).delay(Duration::from_secs(10));
-    let layer = CacheLayer::builder()
-        .max_wait(Duration::from_secs(1))
+    let server = RedisServer::start();
+    let slow = Origin::new(HOT).delay(Duration::from_secs(4));
+    let a = slow.app(redis_layer(&server).build().unwrap());
+    let fast = Origin::new(HOT).delay(Duration::from_millis(500));
+    let patient = redis_layer(&server)
+        .origin_timeout(Duration::from_secs(3))
+        .max_wait(Duration::from_secs(3))
         .fallback_limit(2)
         .build()
         .unwrap();
-    let app = origin.app(layer);
-    let replies = all(burst(&app, "/patient", 10, |_| vec![])).await;
-    assert_eq!(origin.calls(), 1 + 2, "the leader and two capped calls");
+    let b = fast.app(patient);
+    let leader = burst(&a, "/patient", 1, |_| vec![]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // B's flight waits for A's fill; after 3 s its leader calls B's origin,
+    // two waiters hold the fallback permits, and the rest wait on the flight.
+    let replies = all(burst(&b, "/patient", 10, |_| vec![])).await;
+    assert_eq!(fast.calls(), 1 + 2, "B's flight and two capped calls");
     for (code, h, _) in &replies {
         assert_eq!(*code, 200, "{}", cache_status(h));
     }
+    assert_eq!(all(leader).await[0].0, 200);
+    assert_eq!(slow.calls(), 1);
 }
 
 /// An origin that never answers `/gone` and answers every other path at once.

@@ -919,7 +919,7 @@ async fn purge_url_removes_all_variants() {
         send(&svc, req(Method::GET, "/a", v)).await;
     }
     send(&svc, req(Method::GET, "/b", &[])).await;
-    layer.purge_url(&"http://example.test/a".parse().unwrap());
+    drop(layer.purge_url(&"http://example.test/a".parse().unwrap()));
     for v in variants {
         assert!(!hit(&svc, "/a", v).await);
     }
@@ -934,7 +934,7 @@ async fn purge_key_removes_the_url() {
     let layer = CacheLayer::new();
     let svc = origin.service(&layer);
     send(&svc, req(Method::GET, "/a", &[])).await;
-    layer.purge_key(&layer.url_key(&"http://example.test/a".parse().unwrap()));
+    drop(layer.purge_key(&layer.url_key(&"http://example.test/a".parse().unwrap())));
     assert!(!hit(&svc, "/a", &[]).await);
     assert_eq!(origin.calls(), 2);
 }
@@ -948,7 +948,7 @@ async fn purge_tag_removes_tagged_entries_only() {
     for uri in ["/a", "/b", "/c"] {
         send(&svc, req(Method::GET, uri, &[])).await;
     }
-    layer.purge_tag("product-1");
+    drop(layer.purge_tag("product-1"));
     assert_eq!(
         [
             hit(&svc, "/a", &[]).await,
@@ -957,7 +957,7 @@ async fn purge_tag_removes_tagged_entries_only() {
         ],
         [false, true, true]
     );
-    layer.purge_tag("list");
+    drop(layer.purge_tag("list"));
     assert_eq!(
         [
             hit(&svc, "/a", &[]).await,
@@ -987,7 +987,7 @@ async fn purge_also_drops_retained_copies() {
     let svc = origin.service(&layer);
     send(&svc, get(&[])).await;
     advance(2).await;
-    layer.purge_tag("t");
+    drop(layer.purge_tag("t"));
     let a = send(&svc, get(&[])).await;
     assert!(
         a.cache_status().contains("fwd=uri-miss"),

@@ -51,11 +51,11 @@ async fn stripped_tags_still_purge() {
     assert_eq!(origin.calls(), 2);
 }
 
-/// `strip_surrogate_key(false)` hands the header on, from the cache too.
+/// `forward_surrogate_key(true)` hands the header on, from the cache too.
 #[tokio::test]
 async fn surrogate_key_kept_when_asked() {
     let cache = CacheLayer::builder()
-        .strip_surrogate_key(false)
+        .forward_surrogate_key(true)
         .build()
         .unwrap();
     let app = Origin::new(TAGGED).app(cache);
@@ -120,6 +120,56 @@ async fn awaited_purge_reports_redis_down() {
         .expect("bounded by the redis timeouts");
     let err = outcome.expect_err("redis is down");
     assert!(err.to_string().contains("redis"), "{err}");
+}
+
+/// A purge that could not reach Redis carries the failure, so a caller can branch on its kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_error_carries_the_redis_failure() {
+    use herdguard::StoreFailureKind;
+    use std::error::Error as _;
+    let mut server = RedisServer::start();
+    let cache = redis_layer(&server);
+    server.stop();
+    let err = tokio::time::timeout(Duration::from_secs(5), cache.purge_tag("list"))
+        .await
+        .expect("bounded by the redis timeouts")
+        .expect_err("redis is down");
+    let failure = err.store_failure().expect("a redis call failed");
+    assert!(
+        matches!(
+            failure.kind(),
+            StoreFailureKind::Connection
+                | StoreFailureKind::Timeout
+                | StoreFailureKind::Unavailable
+        ),
+        "{failure:?}"
+    );
+    assert!(err.source().is_some());
+}
+
+/// A fenced store whose Redis is gone fails with `LockError::Store`, whose failure says how.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_store_error_carries_the_redis_failure() {
+    use herdguard::{FencedStore, LockError, StoreFailureKind};
+    let mut server = RedisServer::start();
+    let store = FencedStore::new(RedisOptions::new(server.url()).namespace("fs")).unwrap();
+    server.stop();
+    let err = tokio::time::timeout(Duration::from_secs(5), store.next_fence("job"))
+        .await
+        .expect("bounded by the redis timeouts")
+        .expect_err("redis is down");
+    let LockError::Store(failure) = &err else {
+        panic!("not a store error: {err:?}");
+    };
+    assert!(
+        matches!(
+            failure.kind(),
+            StoreFailureKind::Connection
+                | StoreFailureKind::Timeout
+                | StoreFailureKind::Unavailable
+        ),
+        "{failure:?}"
+    );
 }
 
 // ---------------------------------------------------------------- handles

@@ -58,7 +58,7 @@ async fn purge_by_url_reaches_every_instance() {
     assert!(is_hit(&b, "/item/1").await, "and keeps it in its L1");
     assert_eq!(origin.calls(), 1);
 
-    la.purge_url(&"http://example.test/item/1".parse().unwrap());
+    drop(la.purge_url(&"http://example.test/item/1".parse().unwrap()));
     let delay = until_not_hit(&b, "/item/1").await;
     assert!(delay < Duration::from_secs(2));
     assert_eq!(origin.calls(), 2, "B went back to the origin");
@@ -92,7 +92,7 @@ async fn purge_by_tag_reaches_every_instance() {
     send(&pb, get_req("/c")).await;
     assert!(is_hit(&pb, "/c").await);
 
-    la.purge_tag("product-7");
+    drop(la.purge_tag("product-7"));
     until_not_hit(&tb, "/a").await;
     until_not_hit(&tb, "/b").await;
     assert!(is_hit(&pb, "/c").await, "untagged entries stay");
@@ -128,8 +128,8 @@ async fn purge_outside_a_runtime_does_not_panic() {
     let app = origin.app(l.clone());
     send(&app, get_req("/plain")).await;
     let joined = std::thread::spawn(move || {
-        l.purge_url(&"http://example.test/plain".parse().unwrap());
-        l.purge_tag("anything");
+        drop(l.purge_url(&"http://example.test/plain".parse().unwrap()));
+        drop(l.purge_tag("anything"));
     })
     .join();
     assert!(joined.is_ok(), "purging outside a runtime panicked");

@@ -204,3 +204,27 @@ async fn tls_cluster_with_acl_user_calls_origin_once_per_key() {
         "entries on every master: {sizes:?}"
     );
 }
+
+/// Redlock nodes take the main Redis's connection options: with the private CA in `node_options`, a lease is taken on a `rediss://` node; without it, none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_nodes_use_the_private_ca_from_node_options() {
+    use herdguard::Redlock;
+    let server = TlsRedisServer::start(PASSWORD);
+    let url = server.url(PASSWORD);
+    // Generous per-node bound: a TLS handshake on a loaded machine.
+    let builder = || {
+        Redlock::builder([url.clone()])
+            .node_timeout(Duration::from_millis(500))
+            .ttl(Duration::from_secs(10))
+    };
+
+    let untrusted = builder().build().unwrap();
+    assert!(untrusted.acquire("job").await.is_err(), "the CA is unknown");
+
+    let trusted = builder()
+        .node_options(RedisOptions::new("rediss://template").tls_root_cert_pem(server.ca_pem()))
+        .build()
+        .unwrap();
+    let lease = trusted.acquire("job").await.expect("the CA is trusted");
+    trusted.release(lease).await;
+}

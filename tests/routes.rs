@@ -327,7 +327,7 @@ async fn own_cache_control_header_wins_and_is_stripped() {
     let origin = Origin::default();
     let own = HeaderName::from_static("herdguard-cache-control");
     let cache = CacheLayer::builder()
-        .cache_control_header(own.clone())
+        .targeted_cache_control(own.clone())
         .build()
         .unwrap();
     let app = origin.route("/{id}", cache);
@@ -338,8 +338,8 @@ async fn own_cache_control_header_wins_and_is_stripped() {
     assert!(!h1.contains_key(&own) && !h2.contains_key(&own));
     // Kept when asked to, and a no-store of our own beats everything else.
     let cache = CacheLayer::builder()
-        .cache_control_header(own.clone())
-        .strip_cache_control_header(false)
+        .targeted_cache_control(own.clone())
+        .forward_targeted_cache_control(true)
         .build()
         .unwrap();
     let app = origin.route("/{id}", cache);

@@ -271,7 +271,9 @@ impl<V: Value> CacheBuilder<V> {
     /// origin timeout plus 5 s, so a slow but healthy computation never
     /// releases its waiters). After that it computes on its own, uncached,
     /// under the fallback cap; with the cap full it keeps waiting on the
-    /// flight, at most one more origin timeout.
+    /// flight, at most one more origin timeout. Unlike the HTTP layer's,
+    /// this may be shorter than the origin timeout: waiters then compute on
+    /// their own past it, which suits computations that are cheap to repeat.
     #[must_use]
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.config.max_wait = Some(wait);
@@ -287,7 +289,8 @@ impl<V: Value> CacheBuilder<V> {
 
     /// Most computations (flights) running at once (default 1024). Past it a
     /// caller with no flight to join computes on its own, uncached, under
-    /// the fallback cap; a background refresh is skipped.
+    /// the fallback cap; a background refresh is skipped. At least 1:
+    /// `build()` refuses 0.
     #[must_use]
     pub fn leader_limit(mut self, limit: usize) -> Self {
         self.config.max_leaders = limit;
@@ -302,7 +305,8 @@ impl<V: Value> CacheBuilder<V> {
     }
 
     /// Most concurrent computations outside any flight: callers whose wait
-    /// ran out, or past the leader limit (default 64).
+    /// ran out, or past the leader limit (default 64). At least 1: `build()`
+    /// refuses 0.
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.config.fallback_limit = limit;
@@ -313,6 +317,7 @@ impl<V: Value> CacheBuilder<V> {
     /// `fraction` of a value's freshness starts one background computation,
     /// so a hot value is replaced before it expires. See
     /// [`CacheLayerBuilder::refresh_ahead`](crate::CacheLayerBuilder::refresh_ahead).
+    /// `build()` refuses a fraction outside 0 ≤ f < 1, or NaN.
     #[must_use]
     pub fn refresh_ahead(mut self, fraction: f64) -> Self {
         self.config.refresh_ahead = fraction;
@@ -340,11 +345,32 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// The `cache` label on every metric this cache records (default
+    /// `herdguard`), as [`CacheLayerBuilder::cache_name`] does for a layer:
+    /// give each cache its own name to read its hit ratio apart.
+    ///
+    /// [`CacheLayerBuilder::cache_name`]: crate::CacheLayerBuilder::cache_name
+    ///
+    /// ```
+    /// let tokens: herdguard::Cache<String> =
+    ///     herdguard::Cache::builder().name("tokens").build()?;
+    /// # let _ = tokens; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.config.metrics_name = name.into();
+        self
+    }
+
     /// Build the cache.
     ///
     /// # Errors
-    /// [`BuildError`] for an invalid Redis URL or namespace. Nothing connects
-    /// here: an unreachable Redis only makes the cache fall back to memory.
+    /// [`BuildError::InvalidSetting`] naming the setting for a
+    /// `refresh_ahead` outside 0 ≤ f < 1 (or NaN), a `leader_limit` or
+    /// `fallback_limit` of 0, or an invalid Redis namespace;
+    /// [`BuildError::Redis`] for a Redis URL that cannot be used. Nothing
+    /// connects here: an unreachable Redis only makes the cache fall back
+    /// to memory.
     pub fn build(self) -> Result<Cache<V>, BuildError> {
         Ok(Cache {
             engine: Arc::new(Engine::new(self.config)?),

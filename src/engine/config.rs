@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::BuildError;
 use crate::lock::redlock::Redlock;
 use crate::store::redis::RedisOptions;
 
@@ -50,6 +51,30 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// Refuse settings that would otherwise be changed or ignored silently.
+    pub(crate) fn validate(&self) -> Result<(), BuildError> {
+        let fraction = self.refresh_ahead;
+        if !(0.0..1.0).contains(&fraction) {
+            return Err(BuildError::invalid(
+                "refresh_ahead",
+                format!("{fraction} is not a fraction in 0 ≤ f < 1 (0 turns it off)"),
+            ));
+        }
+        if self.max_leaders == 0 {
+            return Err(BuildError::invalid(
+                "leader_limit",
+                "0 would run no flight at all: at least 1",
+            ));
+        }
+        if self.fallback_limit == 0 {
+            return Err(BuildError::invalid(
+                "fallback_limit",
+                "0 would allow no call outside a flight: at least 1",
+            ));
+        }
+        Ok(())
+    }
+
     /// A waiter's longest wait: as set, else the origin timeout plus
     /// [`WAIT_MARGIN`], so it outlasts the call it waits for.
     pub(crate) fn max_wait(&self) -> Duration {

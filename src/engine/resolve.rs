@@ -72,6 +72,7 @@ pub(crate) struct Engine<V: Value> {
 
 impl<V: Value> Engine<V> {
     pub(crate) fn new(config: EngineConfig) -> Result<Self, BuildError> {
+        config.validate()?;
         let remote = match &config.redis {
             Some(opts) => {
                 // Fence marks and purge stamps outlive any fill that leased
@@ -86,7 +87,8 @@ impl<V: Value> Engine<V> {
                 }
                 Some(Arc::new(store))
             }
-            None if config.redlock.is_some() => return Err(BuildError::new(
+            None if config.redlock.is_some() => return Err(BuildError::invalid(
+                "redlock",
                 "a redlock lease needs the redis main store too: values and the fence live there",
             )),
             None => None,

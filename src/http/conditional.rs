@@ -193,6 +193,7 @@ mod tests {
             url: crate::key::CacheKey::new("u"),
             rules: Default::default(),
             revalidated: false,
+            not_stored: None,
         };
         let mut nm = HeaderMap::new();
         nm.insert(header::ETAG, hv("\"v2\""));

@@ -157,6 +157,7 @@ impl CacheLayer {
             streams: Arc::clone(&self.state.streams),
             too_large: self.state.too_large.clone(),
             root: Some(root),
+            warnings: Arc::clone(&self.state.warnings),
         };
         CacheLayer {
             state: Arc::new(state),
@@ -227,6 +228,8 @@ pub struct CacheLayerBuilder {
 impl CacheLayerBuilder {
     /// Largest response body that is buffered and stored (default 8 MiB).
     /// Larger responses stream through uncached and are never buffered whole.
+    /// At most [`fill_buffer_bytes`](Self::fill_buffer_bytes): `build()`
+    /// refuses more, since such bodies could never be buffered.
     #[must_use]
     pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.http.max_body_bytes = bytes;
@@ -239,6 +242,47 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.http.rules.default_ttl = Some(ttl);
+        self
+    }
+
+    /// The longest any response is kept fresh, whatever its `max-age`,
+    /// `s-maxage`, `Expires` or [`default_ttl`](Self::default_ttl) say
+    /// (default: no cap; the stale grace is not shortened). The layer-wide form of [`RoutePolicy::max_ttl`];
+    /// a route's own cap replaces it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .max_ttl(Duration::from_secs(60))
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn max_ttl(mut self, max: Duration) -> Self {
+        self.http.rules.max_ttl = Some(max);
+        self
+    }
+
+    /// Ignore the origin's freshness directives (`Cache-Control`, targeted
+    /// fields, `Expires`, heuristics) and store every storable answer for
+    /// [`default_ttl`](Self::default_ttl) (without one nothing is stored):
+    /// the layer-wide form of
+    /// [`RoutePolicy::ignore_origin_cache_control`], with the same
+    /// protections (`no-store`, `private`, `Set-Cookie` and `Vary` obeyed,
+    /// answers to requests with `Authorization` not stored, only statuses
+    /// cacheable by default). Off by default.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .ignore_origin_cache_control()
+    ///     .default_ttl(Duration::from_secs(30))
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn ignore_origin_cache_control(mut self) -> Self {
+        self.http.rules.ignore_cache_control = true;
         self
     }
 
@@ -311,27 +355,51 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// A response header of your own (for example `herdguard-cache-control`)
-    /// that this cache obeys above `CDN-Cache-Control` and `Cache-Control`
-    /// (an RFC 9213 targeted field: a Structured Fields Dictionary of cache
-    /// directives). Off by default; `CDN-Cache-Control` is always obeyed.
-    /// It is removed from responses unless
-    /// [`strip_cache_control_header`](Self::strip_cache_control_header)
-    /// says otherwise.
+    /// A targeted cache-control field of your own (RFC 9213), for example
+    /// `herdguard-cache-control`: a response header, a Structured Fields
+    /// Dictionary of cache directives, that this cache obeys above
+    /// `CDN-Cache-Control` and `Cache-Control`. Off by default;
+    /// `CDN-Cache-Control` is always obeyed. It is removed from responses
+    /// unless [`forward_targeted_cache_control`](Self::forward_targeted_cache_control)
+    /// turns that on.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .targeted_cache_control(HeaderName::from_static("herdguard-cache-control"))
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
     #[must_use]
-    pub fn cache_control_header(mut self, name: HeaderName) -> Self {
+    pub fn targeted_cache_control(mut self, name: HeaderName) -> Self {
         self.http.rules.own_cache_control = Some(name);
         self
     }
 
-    /// Whether the [`cache_control_header`](Self::cache_control_header) is
-    /// removed from every response this layer sends on (default `true`: it
-    /// is meant for this cache alone). `CDN-Cache-Control` is always passed
+    /// The former name of [`targeted_cache_control`](Self::targeted_cache_control).
+    #[deprecated(since = "0.1.0", note = "renamed to `targeted_cache_control`")]
+    #[must_use]
+    pub fn cache_control_header(self, name: HeaderName) -> Self {
+        self.targeted_cache_control(name)
+    }
+
+    /// Whether the [`targeted_cache_control`](Self::targeted_cache_control)
+    /// field is passed on in responses this layer sends (default off: it is
+    /// meant for this cache alone). `CDN-Cache-Control` is always passed
     /// on, for caches further down.
     #[must_use]
-    pub fn strip_cache_control_header(mut self, strip: bool) -> Self {
-        self.http.strip_own_cache_control = strip;
+    pub fn forward_targeted_cache_control(mut self, on: bool) -> Self {
+        self.http.strip_own_cache_control = !on;
         self
+    }
+
+    /// The former, inverted form of
+    /// [`forward_targeted_cache_control`](Self::forward_targeted_cache_control):
+    /// `strip_cache_control_header(x)` is `forward_targeted_cache_control(!x)`.
+    #[deprecated(since = "0.1.0", note = "use `forward_targeted_cache_control(!strip)`")]
+    #[must_use]
+    pub fn strip_cache_control_header(self, strip: bool) -> Self {
+        self.forward_targeted_cache_control(!strip)
     }
 
     /// The cache's name in `Cache-Status` (default `herdguard`), and the
@@ -413,6 +481,9 @@ impl CacheLayerBuilder {
     /// healthy origin never releases the waiters). After that it goes to the
     /// origin itself, uncached, under the fallback cap; with the cap full it
     /// keeps waiting on the flight, at most one more origin timeout.
+    ///
+    /// At least `origin_timeout`: `build()` refuses a shorter wait, which
+    /// would send waiters of a slow but healthy call to the origin too.
     #[must_use]
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.engine.max_wait = Some(wait);
@@ -432,6 +503,7 @@ impl CacheLayerBuilder {
     /// task runs on when its client goes away, so this bounds abandoned work
     /// too. Past it, a miss with no flight to join goes to the origin
     /// uncached, under the fallback cap (`Cache-Status: …; detail=overloaded`).
+    /// At least 1: `build()` refuses 0.
     #[must_use]
     pub fn leader_limit(mut self, limit: usize) -> Self {
         self.engine.max_leaders = limit;
@@ -470,7 +542,8 @@ impl CacheLayerBuilder {
 
     /// Most concurrent origin calls outside any flight (default 64): waiters
     /// whose wait ran out, waiters of an answer they may not share, misses
-    /// past the leader limit, and [`ReloadMode::Honor`] reloads.
+    /// past the leader limit, and [`ReloadMode::Honor`] reloads. At least 1:
+    /// `build()` refuses 0.
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.engine.fallback_limit = limit;
@@ -482,6 +555,7 @@ impl CacheLayerBuilder {
     /// a hot entry is replaced before it expires and no request waits for the
     /// origin. The lead is at least twice the origin time this instance last
     /// measured for the entry. See the crate docs, "Refresh-ahead".
+    /// `build()` refuses a fraction outside 0 ≤ f < 1, or NaN.
     #[must_use]
     pub fn refresh_ahead(mut self, fraction: f64) -> Self {
         self.engine.refresh_ahead = fraction;
@@ -510,23 +584,53 @@ impl CacheLayerBuilder {
         self
     }
 
-    /// Whether `Surrogate-Key` is removed from responses to clients (default
-    /// `true`). Either way the layer reads the tags of every response it
-    /// stores, for [`CacheLayer::purge_tag`]: the header is addressed to the
-    /// cache, and tags often name internal things (tables, tenants). Turn it
-    /// off when a cache downstream purges by the same tags.
+    /// Whether `Surrogate-Key` is passed on in responses to clients
+    /// (default off). Either way the layer reads the tags of every response
+    /// it stores, for [`CacheLayer::purge_tag`]: the header is addressed to
+    /// the cache, and tags often name internal things (tables, tenants).
+    /// Turn it on when a cache downstream purges by the same tags.
+    ///
+    /// ```
+    /// let cache = herdguard::CacheLayer::builder()
+    ///     .forward_surrogate_key(true)
+    ///     .build()?;
+    /// # let _ = cache; Ok::<(), herdguard::BuildError>(())
+    /// ```
     #[must_use]
-    pub fn strip_surrogate_key(mut self, strip: bool) -> Self {
-        self.http.strip_surrogate_key = strip;
+    pub fn forward_surrogate_key(mut self, on: bool) -> Self {
+        self.http.strip_surrogate_key = !on;
         self
+    }
+
+    /// The former, inverted form of
+    /// [`forward_surrogate_key`](Self::forward_surrogate_key):
+    /// `strip_surrogate_key(x)` is `forward_surrogate_key(!x)`.
+    #[deprecated(since = "0.1.0", note = "use `forward_surrogate_key(!strip)`")]
+    #[must_use]
+    pub fn strip_surrogate_key(self, strip: bool) -> Self {
+        self.forward_surrogate_key(!strip)
     }
 
     /// Build the layer.
     ///
     /// # Errors
-    /// [`BuildError`] when the cache name is not an RFC 9651 token, or the
-    /// Redis URL or namespace is invalid. Nothing connects here: an
-    /// unreachable Redis only makes the layer fall back to memory.
+    /// [`BuildError::InvalidSetting`], naming the setting, when:
+    /// - `max_wait` is below `origin_timeout` (`"max_wait"`);
+    /// - `refresh_ahead` is outside 0 ≤ f < 1 or NaN (`"refresh_ahead"`);
+    /// - `max_body_bytes` is above `fill_buffer_bytes` (`"max_body_bytes"`);
+    /// - `leader_limit` or `fallback_limit` is 0;
+    /// - the cache name is not an RFC 9651 token (`"cache_name"`), or a
+    ///   [`RedisOptions`] value is out of range (`"RedisOptions::namespace"` …).
+    ///
+    /// [`BuildError::Redis`] when the Redis URL cannot be used, and
+    /// [`BuildError::MissingFeature`] for `rediss://` without the `tls`
+    /// feature. Nothing connects here: an unreachable Redis only makes the
+    /// layer fall back to memory.
+    ///
+    /// ```
+    /// let err = herdguard::CacheLayer::builder().leader_limit(0).build().unwrap_err();
+    /// assert_eq!(err.setting(), Some("leader_limit"));
+    /// ```
     pub fn build(self) -> Result<CacheLayer, BuildError> {
         let name = &self.http.cache_name;
         let first_ok = name
@@ -537,10 +641,12 @@ impl CacheLayerBuilder {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
         if !first_ok || !rest_ok {
-            return Err(BuildError::new(format!(
-                "cache name {name:?} is not a token"
-            )));
+            return Err(BuildError::invalid(
+                "cache_name",
+                format!("cache name {name:?} is not a token"),
+            ));
         }
+        self.check_bounds()?;
         let budget = MemoryBudget::of(self.engine.capacity_bytes);
         let mut engine = self.engine;
         engine.capacity_bytes = budget.l1;
@@ -556,6 +662,7 @@ impl CacheLayerBuilder {
             streams: Arc::new(crate::http::stream::Streams::new()),
             too_large: crate::http::range::TooLarge::new(),
             root: None,
+            warnings: Arc::default(),
         });
         if let Some(remote) = &state.engine.remote {
             // Weak: the store lives inside the state, so a strong handle
@@ -568,6 +675,35 @@ impl CacheLayerBuilder {
             }));
         }
         Ok(CacheLayer { state })
+    }
+}
+
+impl CacheLayerBuilder {
+    /// Bounds that contradict each other, which would otherwise quietly
+    /// change what the layer does (see *Bounds and timeouts* in the crate
+    /// docs). The engine checks its own settings as it is built.
+    fn check_bounds(&self) -> Result<(), BuildError> {
+        let origin = self.engine.origin_timeout;
+        if let Some(wait) = self.engine.max_wait.filter(|w| *w < origin) {
+            return Err(BuildError::invalid(
+                "max_wait",
+                format!(
+                    "{wait:?} is below origin_timeout ({origin:?}): waiters would leave a slow \
+                     but healthy origin call and each call the origin themselves"
+                ),
+            ));
+        }
+        let (body, fill) = (self.http.max_body_bytes, self.engine.max_fill_bytes);
+        if body > fill {
+            return Err(BuildError::invalid(
+                "max_body_bytes",
+                format!(
+                    "{body} is above fill_buffer_bytes ({fill}): bodies between the two could \
+                     never be buffered, so they would silently stop being shared"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

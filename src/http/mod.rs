@@ -17,3 +17,4 @@ pub(crate) mod service;
 pub(crate) mod state;
 pub(crate) mod stream;
 pub(crate) mod vary;
+pub(crate) mod warnings;

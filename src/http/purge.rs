@@ -16,6 +16,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::Uri;
 use tokio::sync::oneshot;
 
+use crate::error::StoreFailure;
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::key::CacheKey;
@@ -91,10 +92,14 @@ pub enum Purged {
 /// apart: Redis was not reached at all (nothing there changed, other
 /// instances still serve their copies: retry), or it failed part-way or
 /// with an unknown result (a timeout).
+///
+/// Where a Redis call failed, [`store_failure`](Self::store_failure) (also
+/// its `source()`) says how, to branch on.
 #[derive(Debug, Clone)]
 pub struct PurgeError {
     reason: String,
     local_only: bool,
+    failure: Option<StoreFailure>,
 }
 
 impl PurgeError {
@@ -105,23 +110,36 @@ impl PurgeError {
     pub fn local_only(&self) -> bool {
         self.local_only
     }
+
+    /// The Redis call that failed, when one did (not when the purge could
+    /// not start, such as outside a tokio runtime).
+    pub fn store_failure(&self) -> Option<&StoreFailure> {
+        self.failure.as_ref()
+    }
 }
 
 impl fmt::Display for PurgeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.local_only {
-            write!(
-                f,
-                "purged in this process only, redis unreachable: {}",
-                self.reason
-            )
+        let what = if self.local_only {
+            "purged in this process only, redis unreachable"
         } else {
-            write!(f, "purge did not complete in redis: {}", self.reason)
+            "purge did not complete in redis"
+        };
+        match self.failure {
+            // The failure itself is the source, not repeated here.
+            Some(_) => f.write_str(what),
+            None => write!(f, "{what}: {}", self.reason),
         }
     }
 }
 
-impl std::error::Error for PurgeError {}
+impl std::error::Error for PurgeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.failure
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// A purge in progress, returned by [`CacheLayer::purge_url`](crate::CacheLayer::purge_url),
 /// [`purge_key`](crate::CacheLayer::purge_key) and
@@ -144,6 +162,7 @@ impl std::error::Error for PurgeError {}
 /// # }
 /// ```
 #[derive(Debug)]
+#[must_use = "dropping a PurgeHandle purges in the background; await it to learn whether Redis was reached"]
 pub struct PurgeHandle {
     state: HandleState,
 }
@@ -177,6 +196,7 @@ impl Future for PurgeHandle {
                 Err(_) => Err(PurgeError {
                     reason: "the purge task ended early (runtime shut down)".to_owned(),
                     local_only: false,
+                    failure: None,
                 }),
             }),
         }
@@ -198,6 +218,7 @@ impl LayerState {
             return PurgeHandle::ready(Err(PurgeError {
                 reason: "no tokio runtime to run it on".to_owned(),
                 local_only: true,
+                failure: None,
             }));
         };
         let remote = Arc::clone(remote);
@@ -209,10 +230,11 @@ impl LayerState {
                 .map_err(|(e, did_nothing)| PurgeError {
                     reason: redact_error(&e),
                     local_only: did_nothing,
+                    failure: Some(StoreFailure::from(&e)),
                 });
             // Nobody awaits the handle: the log is the only place left to say it.
             if let Err(Err(e)) = tx.send(result) {
-                tracing::warn!(error = %e, "purge in redis failed");
+                tracing::warn!(error = %e.reason, "purge in redis failed");
             }
         });
         self.purge_local(target);
@@ -306,12 +328,14 @@ impl Invalidation {
         let authority = self.authority.as_deref().map(str::as_bytes);
         let (path, query) = split_query(&self.path);
         // Handles dropped: the response does not wait for Redis.
-        self.state
-            .purge(PurgeTarget::Key(url_key(authority, path.as_bytes(), query)));
+        drop(
+            self.state
+                .purge(PurgeTarget::Key(url_key(authority, path.as_bytes(), query))),
+        );
         for name in [header::LOCATION, header::CONTENT_LOCATION] {
             for value in headers.get_all(&name) {
                 if let Some(key) = self.same_origin_key(value) {
-                    self.state.purge(PurgeTarget::Key(key));
+                    drop(self.state.purge(PurgeTarget::Key(key)));
                 }
             }
         }

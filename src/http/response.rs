@@ -36,6 +36,10 @@ pub struct CachedResponse {
     /// This value is a stored response refreshed by an origin 304. Not
     /// encoded: it only tells the request that revalidated what happened.
     pub(crate) revalidated: bool,
+    /// Why this answer was not stored, when `Cache-Status` can say it more
+    /// precisely than `uncacheable` (`no-freshness`). Not encoded: it only
+    /// tells the request that led the flight.
+    pub(crate) not_stored: Option<&'static str>,
 }
 
 impl CachedResponse {
@@ -181,6 +185,7 @@ impl Value for CachedResponse {
             url: CacheKey::from_bytes(url),
             rules,
             revalidated: false,
+            not_stored: None,
         })
     }
 
@@ -273,6 +278,7 @@ mod tests {
                 flags: StoredRules::VALIDATORS,
             },
             revalidated: false,
+            not_stored: None,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::http::response::CachedResponse;
 use crate::http::route::{RouteKey, RoutePredicate};
 use crate::http::stream::Streams;
 use crate::http::vary::VaryIndex;
+use crate::http::warnings::RouteWarnings;
 use crate::key::CacheKey;
 
 /// HTTP-side settings.
@@ -136,6 +137,8 @@ pub(crate) struct LayerState {
     /// The layer a route layer was made from: kept alive while any route is,
     /// because the Redis purge handler reaches memory through it.
     pub(crate) root: Option<Arc<LayerState>>,
+    /// When each route was last warned that its answers lack freshness.
+    pub(crate) warnings: Arc<RouteWarnings>,
 }
 
 impl LayerState {

@@ -993,6 +993,7 @@ mod tests {
             url: key,
             rules: crate::http::policy::StoredRules::default(),
             revalidated: false,
+            not_stored: None,
         };
         let head = Arc::new(Stored::new(
             value,

@@ -16,7 +16,7 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::{BoxError, BuildError};
+use crate::error::{BoxError, BuildError, StoreFailure};
 use crate::key::CacheKey;
 use crate::lock::{self, LeaseToken};
 use crate::store::redis::{RedisOptions, RedisStore, WriteMode};
@@ -31,8 +31,9 @@ pub enum LockError {
     Lost,
     /// The work ran past the lease's validity and was abandoned.
     Expired,
-    /// The resource store could not issue a fence or take the write.
-    Store(String),
+    /// The resource store could not issue a fence, take the write or read:
+    /// branch on its [`kind`](StoreFailure::kind).
+    Store(StoreFailure),
     /// The work itself failed.
     Work(BoxError),
 }
@@ -45,7 +46,7 @@ impl std::fmt::Display for LockError {
             LockError::Expired => {
                 f.write_str("work ran past the lock's validity and was abandoned")
             }
-            LockError::Store(e) => write!(f, "resource store failed: {e}"),
+            LockError::Store(_) => f.write_str("resource store failed"),
             LockError::Work(_) => f.write_str("guarded work failed"),
         }
     }
@@ -55,6 +56,7 @@ impl std::error::Error for LockError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             LockError::Work(e) => Some(&**e),
+            LockError::Store(e) => Some(e),
             _ => None,
         }
     }
@@ -91,6 +93,8 @@ impl RedlockLease {
 #[derive(Debug, Clone)]
 pub struct RedlockBuilder {
     urls: Vec<String>,
+    /// Connection settings every node takes (TLS root, connect timeout …).
+    node_options: Option<RedisOptions>,
     namespace: String,
     ttl: Duration,
     node_timeout: Option<Duration>,
@@ -107,7 +111,34 @@ impl RedlockBuilder {
         self
     }
 
-    /// Lease lifetime (default 10 s).
+    /// Connection settings for every node, as for the main Redis: the TLS
+    /// root certificate of a private CA
+    /// ([`RedisOptions::tls_root_cert_pem`], for `rediss://` nodes), the
+    /// connect timeout, and the rest of [`RedisOptions`]. The URL of each
+    /// node is its own; the namespace is [`namespace`](Self::namespace)'s;
+    /// the per-call timeouts are [`node_timeout`](Self::node_timeout)'s, one
+    /// connection per node, and the breaker back-off (100 ms to 2 s) stays
+    /// short, since a quorum needs its nodes back soon. The template's own
+    /// URL is ignored.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use herdguard::{RedisOptions, Redlock};
+    ///
+    /// let template = RedisOptions::new("redis://ignored").connect_timeout(Duration::from_millis(300));
+    /// let lock = Redlock::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
+    ///     .node_options(template)
+    ///     .build()?;
+    /// # let _ = lock; Ok::<(), herdguard::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn node_options(mut self, template: RedisOptions) -> Self {
+        self.node_options = Some(template);
+        self
+    }
+
+    /// Lease lifetime (default 5 s, as
+    /// [`RedisOptions::lease_ttl`](crate::RedisOptions::lease_ttl)).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -146,12 +177,16 @@ impl RedlockBuilder {
     pub fn build(self) -> Result<Redlock, BuildError> {
         let n = self.urls.len();
         if n == 0 || n.is_multiple_of(2) {
-            return Err(BuildError::new(format!(
-                "redlock needs an odd number of independent masters, got {n}"
-            )));
+            return Err(BuildError::invalid(
+                "Redlock::builder",
+                format!("redlock needs an odd number of independent masters, got {n}"),
+            ));
         }
         if !(0.0..0.5).contains(&self.drift) {
-            return Err(BuildError::new("redlock drift must be in 0..0.5"));
+            return Err(BuildError::invalid(
+                "RedlockBuilder::drift",
+                "must be in 0..0.5",
+            ));
         }
         let node_timeout = self.node_timeout.unwrap_or_else(|| {
             (self.ttl / 100).clamp(Duration::from_millis(5), Duration::from_millis(50))
@@ -160,7 +195,11 @@ impl RedlockBuilder {
             .urls
             .iter()
             .map(|url| {
-                let opts = RedisOptions::new(url.as_str())
+                let opts = match &self.node_options {
+                    Some(template) => template.clone().for_node(url),
+                    None => RedisOptions::new(url.as_str()),
+                };
+                let opts = opts
                     .namespace(self.namespace.clone())
                     .connections(1)
                     .response_timeout(node_timeout)
@@ -264,8 +303,10 @@ impl Redlock {
     {
         RedlockBuilder {
             urls: urls.into_iter().map(Into::into).collect(),
+            node_options: None,
             namespace: "herdguard".to_owned(),
-            ttl: Duration::from_secs(10),
+            // The same default as `RedisOptions::lease_ttl`.
+            ttl: Duration::from_secs(5),
             node_timeout: None,
             drift: 0.01,
             retries: 3,
@@ -422,7 +463,7 @@ impl Redlock {
             Ok(f) => f.0,
             Err(e) => {
                 self.release(lease).await;
-                return Err(LockError::Store(e.to_string()));
+                return Err(LockError::Store(StoreFailure::from(&e)));
             }
         };
         let (deadline_tx, deadline_rx) = watch::channel(lease.deadline());
@@ -505,7 +546,7 @@ impl FencedStore {
             .next_fence(&CacheKey::new(resource))
             .await
             .map(|f| f.0)
-            .map_err(|e| LockError::Store(e.to_string()))
+            .map_err(|e| LockError::Store(StoreFailure::from(&e)))
     }
 
     /// Write `value` for `resource` if `fence` is newer than the newest
@@ -526,7 +567,7 @@ impl FencedStore {
             .store
             .write_and_release(&key, &nobody, lock::FenceToken(fence), mode)
             .await
-            .map_err(|e| LockError::Store(e.to_string()))?;
+            .map_err(|e| LockError::Store(StoreFailure::from(&e)))?;
         if !outcome.accepted {
             metrics::counter!(crate::metrics::names::FENCED_REJECTED).increment(1);
         }
@@ -542,6 +583,6 @@ impl FencedStore {
             .read_value(&CacheKey::new(resource))
             .await
             .map(|v| v.map(Bytes::from))
-            .map_err(|e| LockError::Store(e.to_string()))
+            .map_err(|e| LockError::Store(StoreFailure::from(&e)))
     }
 }

@@ -58,7 +58,7 @@ impl StoreError {
 
 impl RedisStore {
     pub(crate) fn new(_options: RedisOptions) -> Result<Self, BuildError> {
-        Err(BuildError::new("built without the `redis` feature"))
+        Err(BuildError::missing_feature("redis", "a redis store"))
     }
 
     pub(crate) fn set_lease_elsewhere(&mut self) {
@@ -83,5 +83,11 @@ impl RedisStore {
 
     pub(crate) async fn publish_purge(&self, _payload: &[u8]) -> Result<(), StoreError> {
         match *self {}
+    }
+}
+
+impl From<&StoreError> for crate::error::StoreFailure {
+    fn from(e: &StoreError) -> Self {
+        match *e {}
     }
 }

@@ -12,6 +12,7 @@ pub(crate) use freshness::{stale_if_error_allows, usability, StoredRules, Usable
 pub(crate) use request::{
     classify_request, invalidates, Forward, RequestDirectives, RequestVerdict,
 };
+pub(crate) use storability::lacks_freshness;
 pub(crate) use storability::{
     classify_response, request_specific, shared_across_credentials, vary_names, ResponseRules,
     ResponseVerdict,

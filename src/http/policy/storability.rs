@@ -194,6 +194,33 @@ pub(crate) fn classify_response(
     }
 }
 
+/// Whether a response the verdict hands out unstored
+/// ([`ResponseVerdict::Share`]) is so because it carries no freshness at
+/// all (no `s-maxage`, `max-age` or `Expires`, and no heuristic or TTL
+/// applies), rather than a zero one (`max-age=0`, an `Expires` in the past):
+/// the case a TTL on the layer or the route would fix. Never for a server
+/// error, which is handed to its waiters anyway.
+pub(crate) fn lacks_freshness(
+    rules: &ResponseRules,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> bool {
+    if !heuristically_cacheable(status) || status.is_server_error() {
+        return false;
+    }
+    let (cc, expires_counts) = response_directives(rules, headers);
+    let explicit = if rules.ignore_cache_control {
+        None
+    } else {
+        freshness_lifetime(&cc, expires_counts.then_some(headers))
+    };
+    let validators =
+        headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
+    explicit.is_none()
+        && !(cc.no_cache && validators)
+        && heuristic_lifetime(rules, status, headers, SystemTime::now()).is_none()
+}
+
 /// Whether a response to an authorized request may be reused for other
 /// credentials: only when the origin says so with `public` or `s-maxage`.
 /// `must-revalidate` alone (§3.5 allows it) still lets it be stored, but

@@ -448,6 +448,7 @@ mod tests {
                 flags: 0,
             },
             revalidated: false,
+            not_stored: None,
         };
         let fresh = Duration::from_secs(u64::from(lifetime));
         let meta = EntryMeta::now(fresh, Duration::ZERO, 1);

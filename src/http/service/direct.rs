@@ -6,6 +6,7 @@ use std::future::poll_fn;
 use std::sync::{Arc, PoisonError};
 
 use http::header::HeaderValue;
+use http::response::Parts;
 use http::{Method, Request, Response, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tower_service::Service;
@@ -13,7 +14,7 @@ use tower_service::Service;
 use crate::engine::{Compute, Fill, Freshness};
 use crate::error::Error;
 use crate::http::body::CacheBody;
-use crate::http::policy::Forward;
+use crate::http::policy::{self, Forward};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::metrics::Source;
@@ -154,6 +155,7 @@ where
     };
     counters.record(Source::Bypass);
     counters.origin_call();
+    let authorized = req.headers().contains_key(http::header::AUTHORIZATION);
     let call = async {
         poll_fn(|cx| inner.poll_ready(cx)).await?;
         inner.call(req).await
@@ -163,8 +165,39 @@ where
         return Ok(state.own_answer(StatusCode::GATEWAY_TIMEOUT, &status, "origin-timeout"));
     };
     let (mut parts, body) = response?.into_parts();
+    let status = precise_detail(state, status, &parts, authorized);
     parts.headers.insert(CACHE_STATUS, status);
     Ok(Response::from_parts(parts, CacheBody::inner(body)))
+}
+
+/// A request released because its flight's answer was uncacheable says why
+/// its own answer is not stored either, where that is the missing freshness
+/// (what a TTL would fix): `detail=no-freshness` for `detail=uncacheable`.
+fn precise_detail(
+    state: &LayerState,
+    status: HeaderValue,
+    parts: &Parts,
+    authorized: bool,
+) -> HeaderValue {
+    const GENERIC: &[u8] = b"; detail=uncacheable";
+    let bytes = status.as_bytes();
+    if !bytes.ends_with(GENERIC) {
+        return status;
+    }
+    let rules = &state.http.rules;
+    let now = std::time::SystemTime::now();
+    let verdict =
+        policy::classify_response(rules, authorized, parts.status, &parts.headers, now, now);
+    if !matches!(verdict, policy::ResponseVerdict::Share)
+        || !policy::lacks_freshness(rules, parts.status, &parts.headers)
+    {
+        return status;
+    }
+    let kept = &bytes[..bytes.len() - GENERIC.len()];
+    let mut precise = Vec::with_capacity(kept.len() + 24);
+    precise.extend_from_slice(kept);
+    precise.extend_from_slice(b"; detail=no-freshness");
+    HeaderValue::from_bytes(&precise).unwrap_or(status)
 }
 
 /// A GET for a background refresh, rebuilt from the request that found the

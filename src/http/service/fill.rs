@@ -103,6 +103,9 @@ impl LayerState {
             // request's answer never evicts or marks it.
             ResponseVerdict::Share | ResponseVerdict::Pass(_) if self.usable_entry(&target) => {
                 tracing::debug!("uncacheable answer; the usable stored entry stays");
+                if matches!(verdict, ResponseVerdict::Share) {
+                    value.not_stored = Some("no-freshness");
+                }
                 Fill::Private(value)
             }
             // No freshness information, `no-store`, `private`, `Vary: *`:
@@ -110,6 +113,9 @@ impl LayerState {
             ResponseVerdict::Share | ResponseVerdict::Pass(_) => {
                 tracing::debug!("response is not cacheable");
                 self.retained.remove(&target.key);
+                if matches!(verdict, ResponseVerdict::Share) {
+                    value.not_stored = Some("no-freshness");
+                }
                 Fill::Pass(Some(value))
             }
         }

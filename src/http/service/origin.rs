@@ -223,6 +223,11 @@ where
             response_time,
         );
         let verdict = state.route_verdict(&template, &parts, verdict);
+        if matches!(verdict, policy::ResponseVerdict::Share)
+            && policy::lacks_freshness(&state.http.rules, parts.status, &parts.headers)
+        {
+            state.warn_no_freshness(&template, parts.status);
+        }
 
         let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
         // Credentials vary the answer unless the origin says it is the same
@@ -393,6 +398,7 @@ where
             url,
             rules: StoredRules::default(),
             revalidated: false,
+            not_stored: None,
         };
         // While revalidating, an origin error never replaces the stored
         // response: stale-if-error may still need it. Nor does any error

@@ -164,9 +164,10 @@ impl LayerState {
         fwd: Forward,
     ) -> Response<CacheBody<B>> {
         let status = self.status(format_args!(
-            "fwd={}; fwd-status={}; detail=uncacheable",
+            "fwd={}; fwd-status={}; detail={}",
             fwd.as_str(),
-            value.status.as_u16()
+            value.status.as_u16(),
+            value.not_stored.unwrap_or("uncacheable")
         ));
         self.build(&value, view, status, None)
     }

@@ -59,6 +59,7 @@ pub(super) fn stream_head(
         url,
         rules: *rules,
         revalidated: false,
+        not_stored: None,
     };
     let meta = crate::engine::envelope::EntryMeta::now(*fresh_for, *stale_for, 0);
     let usable = fresh_for.saturating_add(*stale_for);

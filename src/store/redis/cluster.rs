@@ -53,7 +53,7 @@ pub(crate) fn client(
             .push_sender(tx);
     }
     builder.build().map_err(|e| {
-        BuildError::with_source(
+        BuildError::redis(
             "invalid redis cluster configuration".to_owned(),
             redact_error(&e),
         )

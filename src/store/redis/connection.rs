@@ -207,7 +207,7 @@ impl Connection {
     fn standalone(options: &RedisOptions) -> Result<(Link, FillSource), BuildError> {
         let url = options.urls.first().map(String::as_str).unwrap_or_default();
         let invalid = |e: redis::RedisError| {
-            BuildError::with_source(
+            BuildError::redis(
                 format!("invalid redis url {}", redact(url)),
                 redact_error(&e),
             )
@@ -235,7 +235,7 @@ impl Connection {
             .recycle_timeout(Some(options.response_timeout))
             .runtime(Runtime::Tokio1)
             .build()
-            .map_err(|e| BuildError::with_source("cannot build the redis pool", e.to_string()))?;
+            .map_err(|e| BuildError::redis("cannot build the redis pool", e.to_string()))?;
         // Pushes (sharded messages) need RESP3 on the subscriber connection.
         let resp3 = info
             .redis_settings()

@@ -49,6 +49,25 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+impl From<&StoreError> for crate::error::StoreFailure {
+    fn from(e: &StoreError) -> Self {
+        use crate::error::StoreFailureKind as Kind;
+        let kind = match e {
+            StoreError::Unavailable => Kind::Unavailable,
+            StoreError::Timeout => Kind::Timeout,
+            StoreError::Protocol => Kind::Protocol,
+            StoreError::Redis(e) => match ErrorClass::of(e) {
+                ErrorClass::Connection => Kind::Connection,
+                ErrorClass::Timeout => Kind::Timeout,
+                ErrorClass::Role | ErrorClass::Oom | ErrorClass::Foreign | ErrorClass::Other => {
+                    Kind::Server
+                }
+            },
+        };
+        Self::new(kind, redact_error(e))
+    }
+}
+
 /// What a failed call says about Redis; it decides what the store does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ErrorClass {

@@ -189,6 +189,13 @@ impl RedisOptions {
         self
     }
 
+    /// These options for one standalone node at `url` (a Redlock node).
+    pub(crate) fn for_node(mut self, url: &str) -> Self {
+        self.urls = vec![url.to_owned()];
+        self.cluster = false;
+        self
+    }
+
     /// Label this store's metrics with the layer's name.
     pub(crate) fn metrics_name(mut self, name: &str) -> Self {
         self.metrics_name = Some(name.to_owned());
@@ -329,10 +336,14 @@ impl RedisOptions {
 
     pub(super) fn validate(&self) -> Result<(), BuildError> {
         if self.urls.is_empty() || self.urls.iter().any(|u| u.trim().is_empty()) {
-            return Err(BuildError::new("redis needs at least one non-empty url"));
+            return Err(BuildError::invalid(
+                "RedisOptions::new",
+                "redis needs at least one non-empty url",
+            ));
         }
         if !self.cluster && self.urls.len() > 1 {
-            return Err(BuildError::new(
+            return Err(BuildError::invalid(
+                "RedisOptions::cluster",
                 "several redis urls need RedisOptions::cluster",
             ));
         }
@@ -344,22 +355,31 @@ impl RedisOptions {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
         if !ok {
-            return Err(BuildError::new(format!(
-                "redis namespace {ns:?} must be 1-64 characters of letters, digits, '_', '-', '.', ':'"
-            )));
+            return Err(BuildError::invalid(
+                "RedisOptions::namespace",
+                format!(
+                    "redis namespace {ns:?} must be 1-64 characters of letters, digits, '_', '-', '.', ':'"
+                ),
+            ));
         }
         if self.lease_ttl < Duration::from_millis(30) {
-            return Err(BuildError::new("lease ttl must be at least 30 ms"));
+            return Err(BuildError::invalid(
+                "RedisOptions::lease_ttl",
+                "lease ttl must be at least 30 ms",
+            ));
         }
         for (name, d) in [
-            ("connect timeout", self.connect_timeout),
-            ("response timeout", self.response_timeout),
-            ("pool wait timeout", self.pool_wait_timeout),
-            ("poll interval", self.poll_interval),
-            ("fallback poll interval", self.fallback_poll_interval),
+            ("RedisOptions::connect_timeout", self.connect_timeout),
+            ("RedisOptions::response_timeout", self.response_timeout),
+            ("RedisOptions::pool_wait_timeout", self.pool_wait_timeout),
+            ("RedisOptions::poll_interval", self.poll_interval),
+            (
+                "RedisOptions::fallback_poll_interval",
+                self.fallback_poll_interval,
+            ),
         ] {
             if d.is_zero() {
-                return Err(BuildError::new(format!("{name} must be above zero")));
+                return Err(BuildError::invalid(name, "must be above zero"));
             }
         }
         Ok(())

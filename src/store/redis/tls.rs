@@ -34,9 +34,7 @@ pub(crate) fn check_available(urls: &[String]) -> Result<(), BuildError> {
     if cfg!(feature = "tls") || !urls.iter().any(|u| wants_tls(u)) {
         return Ok(());
     }
-    Err(BuildError::new(
-        "rediss:// needs TLS support: enable the `tls` feature of herdguard",
-    ))
+    Err(BuildError::missing_feature("tls", "a rediss:// url"))
 }
 
 /// A client for one standalone Redis, with the private CA if there is one.
