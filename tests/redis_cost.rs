@@ -69,6 +69,8 @@ struct Gated {
     calls: Arc<AtomicUsize>,
     gate: Arc<Semaphore>,
     body: Arc<Vec<u8>>,
+    /// How much longer the gate stays shut once every waiter waits.
+    hold: Duration,
 }
 
 impl Gated {
@@ -77,6 +79,7 @@ impl Gated {
             calls: Arc::default(),
             gate: Arc::new(Semaphore::new(0)),
             body: Arc::new(vec![b'x'; body_len]),
+            hold: Duration::ZERO,
         }
     }
 
@@ -179,6 +182,7 @@ async fn cold_burst(
         }
     }
     wait_for_waiters(c, apps.len() as i64 - 1).await;
+    tokio::time::sleep(origin.hold).await;
     origin.gate.add_permits(1000);
     for t in tasks {
         let (code, _, body) = t.await.expect("request task");
@@ -248,6 +252,35 @@ async fn an_entry_over_the_notice_bound_is_read_once_per_waiting_instance() {
         .collect();
     let (_, waiter) = leader_and_waiter_costs(&server, &origin, &apps).await;
     assert_eq!(waiter, 9, "6 to wait, 3 to read the entry once");
+}
+
+/// While a slow origin runs, a waiting instance's polls (for a lost notice) are one GET of the lease each: every waiter runs the lookup script once, however many polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polls_while_the_lease_runs_are_one_get_each() {
+    let server = RedisServer::start();
+    let mut origin = Gated::new(512);
+    let apps: Vec<Router> = (0..4)
+        .map(|_| {
+            origin.app(layer(&server, |o| {
+                o.poll_interval(Duration::from_millis(50))
+            }))
+        })
+        .collect();
+    let mut c = server.connection().await;
+    cold_burst(&mut c, &origin, &apps, "/warm", 5).await;
+    origin.hold = Duration::from_millis(500);
+    let b = cold_burst(&mut c, &origin, &apps, "/slow", 5).await;
+    assert_eq!(b.origin_calls, 1);
+    // GETs less the leader's 3 (lookup, write, lease release) and each
+    // waiter's 2 (lookup, first check of the lease): the polls.
+    let polls = b.all["get"] - 3 - 3 * 2;
+    assert_eq!(
+        b.all["evalsha"],
+        3 + 3,
+        "the leader's 3 scripts and one lookup per waiter: {:?}",
+        b.all
+    );
+    assert!(polls >= 3 * 5, "the waiters polled: {:?}", b.all);
 }
 
 /// A fill notice carrying an older write than the copy an instance holds is ignored: the instance keeps its newer copy instead of taking the notice's.

@@ -326,7 +326,8 @@ impl<V: Value> Engine<V> {
     /// in place, check that the same lease still runs (one GET): a fill that
     /// landed between the lookup and the subscription is then not missed.
     /// Without a known holder, look again instead. A notice that carries the
-    /// entry answers at once (see [`take_notice`](Self::take_notice)).
+    /// entry answers at once (see [`take_notice`](Self::take_notice)). Each
+    /// poll (a lost notice) is the same one GET while the lease runs.
     /// `newer_than`: a forced refresh takes only a fill newer than that fence.
     async fn wait_for_fill(
         &self,
@@ -369,13 +370,25 @@ impl<V: Value> Engine<V> {
                 sub
             }
         };
-        let now = Instant::now();
-        if now >= deadline {
-            return Waited::Over;
-        }
-        match sub.wait(bound(now)).await {
-            Woken::Fill(notice) => self.take_notice(key, &notice, newer_than),
-            Woken::Changed | Woken::TimedOut => Waited::Look,
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Waited::Over;
+            }
+            match sub.wait(bound(now)).await {
+                Woken::Fill(notice) => return self.take_notice(key, &notice, newer_than),
+                Woken::Changed => return Waited::Look,
+                // The poll, in case a notice was lost: while the same lease
+                // runs, no fill has landed; one GET says so, where a lookup
+                // would cost the script and its reads.
+                Woken::TimedOut => {
+                    if holder.is_empty()
+                        || !matches!(remote.lease_held_by(&key, holder).await, Ok(true))
+                    {
+                        return Waited::Look;
+                    }
+                }
+            }
         }
     }
 
