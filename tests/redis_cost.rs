@@ -234,7 +234,10 @@ async fn a_waiting_instance_costs_redis_six_commands() {
         .collect();
     let (leader, waiter) = leader_and_waiter_costs(&server, &origin, &apps).await;
     assert_eq!(waiter, 6, "per waiting instance (leader {leader})");
-    assert!(leader <= 26, "the leader's whole fill: {leader}");
+    // The lookup with a new fence, the fenced write and the URL's purge
+    // index with its purge-stamp check (BENCHMARKS.md); the goal of
+    // 15 is not met yet, this only keeps it from growing.
+    assert!(leader <= 27, "the leader's whole fill: {leader}");
 }
 
 /// An entry over `notice_entry_limit` is not in the notice: each waiting instance reads it once (one lookup script: EVALSHA, GET, PTTL), 9 commands in all.
