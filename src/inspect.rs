@@ -18,7 +18,7 @@ use crate::key::CacheKey;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryKeyNames {
     /// `{ns}:{H}:v`: the encoded entry, its PTTL the hard expiry (the
-    /// freshness left is that PTTL past the entry's stale window); or the
+    /// freshness left is that PTTL past [`Envelope::kept_ms`]); or the
     /// hit-for-pass marker (see [`is_pass_marker`]), its PTTL what is left of it.
     pub value: String,
     /// `{ns}:{H}:lock`: the lease token.

@@ -54,7 +54,8 @@
 //!
 //! Each entry's keys share one hash tag made from the hex of the key's hash
 //! (`{ns}:{H}:v`, the entry or the pass marker, whose PTTL past the entry's
-//! stale window is its freshness; `:lock`; `:fence`), so no request text
+//! keep time (its stale window, or its stale-if-error window when longer) is
+//! its freshness; `:lock`; `:fence`), so no request text
 //! reaches a key name and every script touches one slot. Every lease comes
 //! with a fence token; the write script stores an entry only if its token is
 //! strictly newer than the newest accepted one, so a leader whose lease

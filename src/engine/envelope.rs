@@ -22,8 +22,8 @@ pub(crate) const MAGIC: &[u8; 2] = b"HG";
 /// 3: a checksum and the payload length in the envelope, the body length in
 ///    a response.
 /// 4: the Redis layout is one key per entry: no `:fresh` key (the lookup
-///    takes the stale window, read at [`STALE_OFFSET`], off the entry's
-///    PTTL) and no `:pass` key (the pass marker is `MAGIC VERSION "pass"`
+///    takes the keep time past freshness, read at [`KEPT_OFFSET`], off the
+///    entry's PTTL) and no `:pass` key (the pass marker is `MAGIC VERSION "pass"`
 ///    in the entry's own key). Older versions decode as a miss and are
 ///    overwritten.
 pub(crate) const VERSION: u8 = 4;

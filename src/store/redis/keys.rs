@@ -7,7 +7,7 @@ use crate::key::CacheKey;
 #[derive(Debug)]
 pub(crate) struct EntryKeys {
     /// The entry (or the pass marker); freshness is its PTTL past the
-    /// entry's stale window.
+    /// entry's keep time.
     pub(crate) value: String,
     /// The older layout's (entry version 3) freshness key: never written
     /// now; a purge still deletes it, with whatever an older version left.

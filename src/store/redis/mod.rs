@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! {ns}:{H}:v      entry (versioned encoding), PX = hard expiry; fresh while
-//!                 PTTL > the stale window in the encoding (u64 LE at byte 20);
+//!                 PTTL > the keep time past freshness in the encoding (u64 LE
+//!                 at byte 36: the stale window, or stale-if-error when longer);
 //!                 or the pass marker `HG\x04pass`, PX = pass TTL
 //! {ns}:{H}:lock   lease token, SET NX PX GET
 //! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
