@@ -43,7 +43,7 @@ impl<V: Value> Engine<V> {
         &self,
         remote: &Arc<RedisStore>,
         handle: &FlightHandle<V>,
-        fut: ComputeFuture<V>,
+        mut fut: ComputeFuture<V>,
         ahead: Option<&Arc<Stored<V>>>,
     ) -> Outcome<V> {
         let key = handle.key();
@@ -206,24 +206,10 @@ impl<V: Value> Engine<V> {
                                     refresh.then_some(refused).flatten(),
                                 )
                                 .await;
-                            match waited {
-                                Waited::Over => match entry {
-                                    Some(entry) if !refresh => {
-                                        return Outcome::Value {
-                                            entry,
-                                            source: Source::Stale,
-                                        }
-                                    }
-                                    // Waited as long as allowed for a fill.
-                                    _ => return self.compute_unshared(fut).await,
-                                },
-                                Waited::Filled(entry) => {
-                                    return Outcome::Value {
-                                        entry,
-                                        source: filled_source(refresh),
-                                    }
-                                }
-                                Waited::Look => {}
+                            let stale = entry.filter(|_| !refresh);
+                            match self.after_wait(waited, refresh, stale, fut).await {
+                                Ok(outcome) => return outcome,
+                                Err(back) => fut = back,
                             }
                             read_entry = true;
                         }
@@ -271,17 +257,9 @@ impl<V: Value> Engine<V> {
                             newer_than,
                         )
                         .await;
-                    match waited {
-                        // Waited as long as allowed: one uncached call for this
-                        // whole process, shared with its waiters.
-                        Waited::Over => return self.compute_unshared(fut).await,
-                        Waited::Filled(entry) => {
-                            return Outcome::Value {
-                                entry,
-                                source: filled_source(refresh),
-                            }
-                        }
-                        Waited::Look => {}
+                    match self.after_wait(waited, refresh, None, fut).await {
+                        Ok(outcome) => return outcome,
+                        Err(back) => fut = back,
                     }
                 }
                 RemoteLookup::Pass { left } => {
@@ -302,17 +280,9 @@ impl<V: Value> Engine<V> {
                             newer_than,
                         )
                         .await;
-                    match waited {
-                        // Waited as long as allowed: one uncached call for this
-                        // whole process, shared with its waiters.
-                        Waited::Over => return self.compute_unshared(fut).await,
-                        Waited::Filled(entry) => {
-                            return Outcome::Value {
-                                entry,
-                                source: filled_source(refresh),
-                            }
-                        }
-                        Waited::Look => {}
+                    match self.after_wait(waited, refresh, None, fut).await {
+                        Ok(outcome) => return outcome,
+                        Err(back) => fut = back,
                     }
                 }
             }
@@ -389,6 +359,33 @@ impl<V: Value> Engine<V> {
                     }
                 }
             }
+        }
+    }
+
+    /// What a wait for another instance's fill leaves this request with:
+    /// its outcome, or its computation back to look in Redis again. Past the
+    /// overall wait it is the stale copy it holds, else one uncached call for
+    /// this whole process, shared with its waiters.
+    async fn after_wait(
+        &self,
+        waited: Waited<V>,
+        refresh: bool,
+        stale: Option<Arc<Stored<V>>>,
+        fut: ComputeFuture<V>,
+    ) -> Result<Outcome<V>, ComputeFuture<V>> {
+        match waited {
+            Waited::Over => Ok(match stale {
+                Some(entry) => Outcome::Value {
+                    entry,
+                    source: Source::Stale,
+                },
+                None => self.compute_unshared(fut).await,
+            }),
+            Waited::Filled(entry) => Ok(Outcome::Value {
+                entry,
+                source: filled_source(refresh),
+            }),
+            Waited::Look => Err(fut),
         }
     }
 
