@@ -207,6 +207,7 @@ mod tests {
             rules: Default::default(),
             revalidated: false,
             not_stored: None,
+            served_head: Default::default(),
         };
         let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_secs(30), 7);
         let env = decode_envelope(&encode_entry(&meta, &response)).unwrap();

@@ -83,6 +83,30 @@ impl CacheKey {
     }
 }
 
+/// [`CacheKey::short`] as a `Display` that builds no string: for span
+/// fields, which are formatted only when a subscriber records them.
+pub(crate) struct ShortKey([u8; 4]);
+
+impl CacheKey {
+    pub(crate) fn short_display(&self) -> ShortKey {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&self.0[..4]);
+        ShortKey(b)
+    }
+}
+
+impl fmt::Display for ShortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = [0u8; 8];
+        for (i, b) in self.0.iter().enumerate() {
+            out[2 * i] = HEX[(b >> 4) as usize];
+            out[2 * i + 1] = HEX[(b & 0xf) as usize];
+        }
+        // Hex digits only: always UTF-8.
+        f.write_str(std::str::from_utf8(&out).unwrap_or(""))
+    }
+}
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl fmt::Debug for CacheKey {
@@ -98,54 +122,99 @@ impl fmt::Display for CacheKey {
 }
 
 /// Incremental, allocation-free key builder. Every part is length-prefixed.
-#[derive(Debug)]
-pub(crate) struct KeyHasher(blake3::Hasher);
+///
+/// The parts are gathered on the stack and hashed by one `blake3::hash`
+/// call at the end: for the few dozen bytes of a request's key that is one
+/// or two compressions, where an update per part cost more than the hash
+/// itself. Material past the buffer spills into an incremental hasher;
+/// either way the digest is BLAKE3 of the same byte stream.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyHasher {
+    buf: [u8; KEY_BUF],
+    len: usize,
+    spill: Option<blake3::Hasher>,
+}
+
+/// Bytes of key material hashed in one call (a URL key is usually < 128).
+const KEY_BUF: usize = 256;
 
 impl KeyHasher {
     pub(crate) fn new() -> Self {
-        Self(blake3::Hasher::new())
+        Self {
+            buf: [0; KEY_BUF],
+            len: 0,
+            spill: None,
+        }
+    }
+
+    /// Room for `n` more bytes in the buffer, spilling what it holds first
+    /// when they would not fit.
+    fn room(&mut self, n: usize) -> bool {
+        if self.len + n <= KEY_BUF {
+            return true;
+        }
+        let h = self.spill.get_or_insert_with(blake3::Hasher::new);
+        h.update(&self.buf[..self.len]);
+        self.len = 0;
+        n <= KEY_BUF
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        if self.room(bytes.len()) {
+            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+        } else if let Some(h) = self.spill.as_mut() {
+            h.update(bytes);
+        }
     }
 
     pub(crate) fn part(&mut self, bytes: &[u8]) -> &mut Self {
-        self.0.update(&(bytes.len() as u64).to_le_bytes());
-        self.0.update(bytes);
+        self.write(&(bytes.len() as u64).to_le_bytes());
+        self.write(bytes);
         self
     }
 
-    /// A part that may be absent; absence is distinct from an empty part.
     pub(crate) fn opt_part(&mut self, bytes: Option<&[u8]>) -> &mut Self {
         match bytes {
             Some(b) => {
-                self.0.update(&[1]);
+                self.write(&[1]);
                 self.part(b)
             }
             None => {
-                self.0.update(&[0]);
+                self.write(&[0]);
                 self
             }
         }
     }
 
-    /// Like [`opt_part`](Self::opt_part), ASCII-lowercased, without allocating.
+    /// `opt_part` of the ASCII-lowercased bytes, without a copy on the heap.
     pub(crate) fn opt_part_lowercase(&mut self, bytes: Option<&[u8]>) -> &mut Self {
         let Some(bytes) = bytes else {
             return self.opt_part(None);
         };
-        self.0.update(&[1]);
-        self.0.update(&(bytes.len() as u64).to_le_bytes());
-        let mut buf = [0u8; 64];
+        self.write(&[1]);
+        self.write(&(bytes.len() as u64).to_le_bytes());
         for chunk in bytes.chunks(64) {
-            let out = &mut buf[..chunk.len()];
+            // 64 <= KEY_BUF, so after `room` the chunk always fits.
+            self.room(chunk.len());
+            let out = &mut self.buf[self.len..self.len + chunk.len()];
             out.copy_from_slice(chunk);
             out.make_ascii_lowercase();
-            self.0.update(out);
+            self.len += chunk.len();
         }
         self
     }
 
     pub(crate) fn finish(&self) -> CacheKey {
+        let digest = match &self.spill {
+            None => blake3::hash(&self.buf[..self.len]),
+            Some(h) => {
+                let mut h = h.clone();
+                h.update(&self.buf[..self.len]);
+                h.finalize()
+            }
+        };
         let mut out = [0u8; 16];
-        let digest = self.0.finalize();
         out.copy_from_slice(&digest.as_bytes()[..16]);
         CacheKey(out)
     }
@@ -174,6 +243,55 @@ mod tests {
         let mut b = KeyHasher::new();
         b.opt_part(Some(long.to_lowercase().as_bytes()));
         assert_eq!(a.finish(), b.finish());
+    }
+
+    /// The digest is BLAKE3 of the length-prefixed parts whatever their
+    /// size: below the stack buffer, across its end and past it, so keys
+    /// stored by earlier versions (one update per part) still match.
+    #[test]
+    fn buffered_parts_hash_as_one_stream() {
+        for sizes in [
+            &[3, 9][..],
+            &[200, 60],
+            &[250, 1],
+            &[1000, 7, 300],
+            &[256],
+            &[0, 255],
+        ] {
+            let parts: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+                .collect();
+            let mut reference = blake3::Hasher::new();
+            let mut h = KeyHasher::new();
+            for p in &parts {
+                reference.update(&(p.len() as u64).to_le_bytes());
+                reference.update(p);
+                h.part(p);
+            }
+            let long = "Ab".repeat(150);
+            reference.update(&[1]);
+            reference.update(&(long.len() as u64).to_le_bytes());
+            reference.update(long.to_lowercase().as_bytes());
+            h.opt_part_lowercase(Some(long.as_bytes()));
+            reference.update(&[0]);
+            h.opt_part(None);
+            let digest = reference.finalize();
+            assert_eq!(
+                h.finish().as_bytes()[..],
+                digest.as_bytes()[..16],
+                "sizes {sizes:?}"
+            );
+        }
+    }
+
+    /// The span's short form is the first 8 hex digits, as `short()`.
+    #[test]
+    fn short_display_is_short() {
+        let k = CacheKey::new("y");
+        assert_eq!(k.short_display().to_string(), k.short());
+        assert_eq!(k.short().len(), 8);
     }
 
     /// Hex round-trips, and malformed hex is refused.

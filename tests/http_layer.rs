@@ -429,6 +429,38 @@ async fn hit_has_age_and_cache_status() {
     assert_eq!(h2.get("age").unwrap(), "3");
 }
 
+/// Two layers with different names hit on one thread at the same moment:
+/// each answer carries its own layer's name (hit wordings are reused per
+/// thread, never across names), and Age and ttl follow the clock.
+#[tokio::test(start_paused = true)]
+async fn hit_wording_is_per_layer_name() {
+    let origin = Origin::new(CACHEABLE);
+    let names = ["edge", "edge2", "e"];
+    let apps: Vec<Router> = names
+        .iter()
+        .map(|n| {
+            app(
+                &origin,
+                CacheLayer::builder().cache_name(*n).build().unwrap(),
+            )
+        })
+        .collect();
+    for app in &apps {
+        send(app, req(Method::GET, "/r", &[])).await;
+    }
+    for secs in [0u64, 1, 1, 33] {
+        tokio::time::advance(Duration::from_secs(secs)).await;
+        for (app, name) in apps.iter().zip(names) {
+            let (_, h, _) = send(app, req(Method::GET, "/r", &[])).await;
+            let age: u64 = h.get("age").unwrap().to_str().unwrap().parse().unwrap();
+            assert_eq!(status(&h), format!("{name}; hit; ttl={}", 60 - age));
+        }
+    }
+    let (_, h, _) = send(&apps[0], req(Method::GET, "/r", &[])).await;
+    assert_eq!(h.get("age").unwrap(), "35");
+    assert_eq!(origin.calls(), 3);
+}
+
 /// HEAD is answered from the GET entry, without a body.
 #[tokio::test]
 async fn head_is_served_from_get() {

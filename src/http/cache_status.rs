@@ -1,6 +1,8 @@
 //! The `Cache-Status` header (RFC 9211): its name and the wording of every
 //! value the layer writes, `<cache name>; <params>`. Formatting only.
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 
@@ -25,6 +27,86 @@ impl LayerState {
         match detail {
             Some(d) => self.status(format_args!("fwd={}; detail={d}", fwd.as_str())),
             None => self.status(format_args!("fwd={}", fwd.as_str())),
+        }
+    }
+
+    /// `<name>; hit; ttl=N[; detail=D]`, made once per thread for each
+    /// value: a hit's wording changes at most once a second, and building it
+    /// per request was a format and an allocation on every hit.
+    pub(crate) fn hit_status(&self, ttl: i64, detail: Option<&'static str>) -> HeaderValue {
+        let name = self.http.cache_name.as_bytes();
+        let slot = ttl.rem_euclid(WORDINGS as i64) as usize;
+        WORDINGS_BUILT.with(|cell| {
+            let mut built = cell.borrow_mut();
+            if let Some(w) = &built[slot] {
+                // The name is checked too: layers with other names share the thread.
+                let v = w.value.as_bytes();
+                if w.ttl == ttl
+                    && w.detail == detail
+                    && v.len() > name.len()
+                    && v.starts_with(name)
+                    && v[name.len()] == b';'
+                {
+                    return w.value.clone();
+                }
+            }
+            let value = match detail {
+                Some(d) => self.status(format_args!("hit; ttl={ttl}; detail={d}")),
+                None => self.status(format_args!("hit; ttl={ttl}")),
+            };
+            built[slot] = Some(Wording {
+                ttl,
+                detail,
+                value: value.clone(),
+            });
+            value
+        })
+    }
+}
+
+/// Slots of the per-thread wording and `Age` tables.
+const WORDINGS: usize = 32;
+
+struct Wording {
+    ttl: i64,
+    detail: Option<&'static str>,
+    value: HeaderValue,
+}
+
+thread_local! {
+    static WORDINGS_BUILT: RefCell<[Option<Wording>; WORDINGS]> =
+        const { RefCell::new([const { None }; WORDINGS]) };
+    static AGES_BUILT: RefCell<[Option<(u64, HeaderValue)>; WORDINGS]> =
+        const { RefCell::new([const { None }; WORDINGS]) };
+}
+
+/// An `Age` value, made once per thread for each number (`HeaderValue::from`
+/// allocates).
+pub(crate) fn age_value(age: u64) -> HeaderValue {
+    let slot = (age % WORDINGS as u64) as usize;
+    AGES_BUILT.with(|cell| {
+        let mut built = cell.borrow_mut();
+        match &built[slot] {
+            Some((a, v)) if *a == age => v.clone(),
+            _ => {
+                let v = HeaderValue::from(age);
+                built[slot] = Some((age, v.clone()));
+                v
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::age_value;
+
+    /// A remembered Age is only reused for the same number.
+    #[test]
+    fn age_values_are_per_number() {
+        for age in [0, 1, 31, 32, 33, 64, 1_000_000] {
+            assert_eq!(age_value(age), age.to_string().as_str(), "first {age}");
+            assert_eq!(age_value(age), age.to_string().as_str(), "again {age}");
         }
     }
 }

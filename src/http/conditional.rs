@@ -194,6 +194,7 @@ mod tests {
             rules: Default::default(),
             revalidated: false,
             not_stored: None,
+            served_head: Default::default(),
         };
         let mut nm = HeaderMap::new();
         nm.insert(header::ETAG, hv("\"v2\""));

@@ -40,6 +40,21 @@ pub struct CachedResponse {
     /// precisely than `uncacheable` (`no-freshness`). Not encoded: it only
     /// tells the request that led the flight.
     pub(crate) not_stored: Option<&'static str>,
+    /// The headers as a response served from storage carries them, with
+    /// room for `Age` and `Cache-Status` already made, built on the first
+    /// hit and cloned on every later one. Not encoded, and not cloned with
+    /// the value: a clone may be changed, so it builds its own.
+    pub(crate) served_head: ServedHead,
+}
+
+/// See [`CachedResponse::served_head`].
+#[derive(Debug, Default)]
+pub(crate) struct ServedHead(std::sync::OnceLock<HeaderMap>);
+
+impl Clone for ServedHead {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
 }
 
 impl CachedResponse {
@@ -59,6 +74,23 @@ impl CachedResponse {
     /// Seconds of age now, given the time it has been resident.
     pub(crate) fn current_age(&self, resident: Duration) -> Duration {
         Duration::from_secs(u64::from(self.initial_age)).saturating_add(resident)
+    }
+
+    /// The stored headers with `Age` and `Cache-Status` slots (placeholders
+    /// the caller overwrites), so a hit's clone never grows.
+    pub(crate) fn served_headers(&self) -> &HeaderMap {
+        self.served_head.0.get_or_init(|| {
+            let mut h = HeaderMap::with_capacity(self.headers.len() + 2);
+            for (name, value) in &self.headers {
+                h.append(name.clone(), value.clone());
+            }
+            h.insert(http::header::AGE, HeaderValue::from_static("0"));
+            h.insert(
+                crate::http::cache_status::CACHE_STATUS,
+                HeaderValue::from_static("-"),
+            );
+            h
+        })
     }
 
     /// The `Surrogate-Key` tags (space separated) this response carries.
@@ -186,6 +218,7 @@ impl Value for CachedResponse {
             rules,
             revalidated: false,
             not_stored: None,
+            served_head: ServedHead::default(),
         })
     }
 
@@ -195,7 +228,8 @@ impl Value for CachedResponse {
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 32)
             .sum();
-        self.body.len() + headers + 64
+        // Twice: the served head is a second copy of them.
+        self.body.len() + 2 * headers + 64
     }
 }
 
@@ -279,6 +313,7 @@ mod tests {
             },
             revalidated: false,
             not_stored: None,
+            served_head: ServedHead::default(),
         }
     }
 

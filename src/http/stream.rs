@@ -994,6 +994,7 @@ mod tests {
             rules: crate::http::policy::StoredRules::default(),
             revalidated: false,
             not_stored: None,
+            served_head: Default::default(),
         };
         let head = Arc::new(Stored::new(
             value,

@@ -449,6 +449,7 @@ mod tests {
             },
             revalidated: false,
             not_stored: None,
+            served_head: Default::default(),
         };
         let fresh = Duration::from_secs(u64::from(lifetime));
         let meta = EntryMeta::now(fresh, Duration::ZERO, 1);

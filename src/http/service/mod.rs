@@ -211,7 +211,7 @@ impl<S> CacheService<S> {
         // (lease and fence by the leader's task, which carries this span).
         let span = tracing::debug_span!(
             "herdguard",
-            key = %target.key.short(),
+            key = %target.key.short_display(),
             outcome = tracing::field::Empty,
             lease = tracing::field::Empty,
             fence = tracing::field::Empty,

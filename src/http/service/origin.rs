@@ -399,6 +399,7 @@ where
             rules: StoredRules::default(),
             revalidated: false,
             not_stored: None,
+            served_head: Default::default(),
         };
         // While revalidating, an origin error never replaces the stored
         // response: stale-if-error may still need it. Nor does any error

@@ -17,7 +17,7 @@ use crate::metrics::Source;
 use crate::store::memory::Stored;
 
 use super::streamed::Handoff;
-use crate::http::cache_status::CACHE_STATUS;
+use crate::http::cache_status::{age_value, CACHE_STATUS};
 
 /// What a response is built for: HEAD or not, and the request's headers for
 /// its own validators.
@@ -80,8 +80,8 @@ impl LayerState {
             value.status.as_u16()
         };
         let status = match served {
-            Served::Hit => self.status(format_args!("hit; ttl={ttl}")),
-            Served::Stale(detail) => self.status(format_args!("hit; ttl={ttl}; detail={detail}")),
+            Served::Hit => self.hit_status(ttl, None),
+            Served::Stale(detail) => self.hit_status(ttl, Some(detail)),
             Served::Forwarded { fwd, collapsed } => {
                 let fwd = fwd.as_str();
                 let stored = !entry.meta.fresh_for.is_zero() || !entry.meta.stale_for.is_zero();
@@ -192,12 +192,18 @@ impl LayerState {
             };
             let mut r = Response::new(body);
             *r.status_mut() = value.status;
-            *r.headers_mut() = value.headers.clone();
+            // Served from storage: the prebuilt head, whose Age and
+            // Cache-Status are overwritten below in place. A fetched
+            // response keeps the origin's Age, so it takes the plain copy.
+            *r.headers_mut() = match age {
+                Some(_) => value.served_headers().clone(),
+                None => value.headers.clone(),
+            };
             r
         };
         let headers = response.headers_mut();
         if let Some(age) = age {
-            headers.insert(header::AGE, HeaderValue::from(age));
+            headers.insert(header::AGE, age_value(age));
         }
         headers.insert(CACHE_STATUS, status);
         response

@@ -1,0 +1,165 @@
+//! Instructions per L1 hit, next to the bare inner service: a count, not a
+//! time, so it holds on a loaded machine and two runs agree.
+//!
+//! ```text
+//! bash benches/hit_cost.sh            # builds, runs each path under callgrind, prints the table
+//! ```
+//! The binary alone runs one path N times (`hit_cost <path> <N>`); the script
+//! runs each path twice (N and 2N requests) under
+//! `valgrind --tool=callgrind --toggle-collect=*hit_cost*measure*` and divides
+//! the difference by N, so set-up and the warm-up fill cancel out. Paths:
+//! `bare` (the inner `service_fn`), `hit` (an L1 hit through `CacheService`),
+//! `bare-axum` and `hit-axum` (the same as an axum `Router`). Every request
+//! reads its whole body, as `hot_path`'s `tower` group does.
+#![allow(missing_docs, reason = "a bench binary")]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use axum::body::Body;
+use axum::http::{header, Request, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use herdguard::{CacheLayer, RequestBody};
+use http_body_util::{BodyExt, Full};
+use tower::{Layer, Service, ServiceExt};
+
+const BODY_BYTES: usize = 512;
+const USAGE: &str = "hit_cost <bare|hit|bare-axum|hit-axum> <requests>";
+
+fn request() -> Request<Body> {
+    Request::builder()
+        .uri("/k/42?a=1&b=2")
+        .header(header::HOST, "bench.local")
+        .header(header::ACCEPT, "*/*")
+        .body(Body::empty())
+        .unwrap_or_else(|e| panic!("request: {e}"))
+}
+
+fn origin_response(body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
+    let h = r.headers_mut();
+    h.insert(
+        header::CACHE_CONTROL,
+        "max-age=3600".parse().unwrap_or_else(|_| unreachable!()),
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        "application/octet-stream"
+            .parse()
+            .unwrap_or_else(|_| unreachable!()),
+    );
+    r
+}
+
+/// Poll once; a hit must be ready at once, so a `Pending` is a finding.
+fn ready<F: Future>(fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("a hit answered Pending: it waited on something"),
+    }
+}
+
+async fn body_len<B: http_body::Body>(r: Response<B>) -> usize
+where
+    B::Error: std::fmt::Debug,
+{
+    let collected = r
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    collected.to_bytes().len()
+}
+
+/// The measured loop: callgrind collects only inside this function.
+#[inline(never)]
+fn measure<S, Req>(service: &S, make: impl Fn() -> Req, n: u64) -> usize
+where
+    S: Service<Req, Error = Infallible> + Clone,
+    S::Response: IntoBody,
+{
+    let mut total = 0;
+    for _ in 0..n {
+        let r = ready(service.clone().oneshot(make())).unwrap_or_else(|e| match e {});
+        total += ready(r.body_len());
+    }
+    black_box(total)
+}
+
+trait IntoBody {
+    fn body_len(self) -> impl Future<Output = usize>;
+}
+
+impl<B: http_body::Body> IntoBody for Response<B>
+where
+    B::Error: std::fmt::Debug,
+{
+    fn body_len(self) -> impl Future<Output = usize> {
+        body_len(self)
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (Some(path), Some(n)) = (args.next(), args.next().and_then(|n| n.parse::<u64>().ok()))
+    else {
+        eprintln!("usage: {USAGE}");
+        std::process::exit(2);
+    };
+    // The runtime is for the warm-up fill only; measured hits never await.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let body = Bytes::from(vec![b'x'; BODY_BYTES]);
+    let inner = tower::service_fn(move |_req: Request<RequestBody<Body>>| {
+        let body = body.clone();
+        async move { Ok::<_, Infallible>(origin_response(body)) }
+    });
+    let bytes = Bytes::from(vec![b'x'; BODY_BYTES]);
+    let handler = move || {
+        let bytes = bytes.clone();
+        async move { ([(header::CACHE_CONTROL, "max-age=3600")], bytes) }
+    };
+    let total = match path.as_str() {
+        "bare" => measure(&inner, || request().map(RequestBody::new), n),
+        "hit" => {
+            let cached = CacheLayer::new().layer(inner);
+            let _guard = rt.enter();
+            let warm = rt.block_on(cached.clone().oneshot(request()));
+            let warm = warm.unwrap_or_else(|e| match e {});
+            assert!(
+                warm.headers().contains_key("cache-status"),
+                "the layer answered"
+            );
+            measure(&cached, request, n)
+        }
+        "bare-axum" => {
+            let router: Router = Router::new().route("/k/{key}", get(handler));
+            measure(&router, request, n)
+        }
+        "hit-axum" => {
+            let router: Router = Router::new()
+                .route("/k/{key}", get(handler))
+                .layer(CacheLayer::new());
+            let _guard = rt.enter();
+            let _ = rt.block_on(router.clone().oneshot(request()));
+            measure(&router, request, n)
+        }
+        other => {
+            eprintln!("unknown path {other:?}; usage: {USAGE}");
+            std::process::exit(2);
+        }
+    };
+    assert_eq!(
+        total as u64,
+        n * BODY_BYTES as u64,
+        "every request read its whole body"
+    );
+}
