@@ -88,9 +88,9 @@ async fn insert_beats_a_computation_already_running() {
 
 #[cfg(all(feature = "redis", feature = "serde"))]
 mod shared {
+    use super::support::RedisServer;
     use super::*;
     use herdguard::{Json, RedisOptions};
-    use super::support::RedisServer;
 
     #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
     struct Profile {
