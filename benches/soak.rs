@@ -276,7 +276,10 @@ async fn large(args: &Args) {
         )
         .copying_bodies(),
     );
-    let layer = match CacheLayer::builder().capacity_bytes(capacity).build() {
+    let layer = match CacheLayer::builder()
+        .capacity_bytes(usize::try_from(capacity).unwrap_or(usize::MAX))
+        .build()
+    {
         Ok(l) => l,
         Err(e) => {
             eprintln!("layer: {e}");
@@ -326,7 +329,7 @@ async fn large(args: &Args) {
             started.elapsed().as_secs_f64(),
             mib(rss),
             origin.calls(),
-            mib(Some(layer.memory_bytes()))
+            mib(Some(layer.memory_bytes() as u64))
         );
     }
     let report = match run.await {
@@ -350,7 +353,7 @@ async fn large(args: &Args) {
         "fed             {} through a capacity of {}; layer holds {} ({} entries)",
         mib(Some(fed)),
         mib(Some(capacity)),
-        mib(Some(layer.memory_bytes())),
+        mib(Some(layer.memory_bytes() as u64)),
         layer.entry_count()
     );
     println!(

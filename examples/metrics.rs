@@ -42,7 +42,10 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
     ];
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS)?
-        .set_buckets_for_metric(Matcher::Full("herdguard_entry_bytes".to_owned()), BYTES)?
+        .set_buckets_for_metric(
+            Matcher::Full(herdguard::metric_names::ENTRY_BYTES.to_owned()),
+            BYTES,
+        )?
         .install_recorder()?;
     // Help lines for every herdguard metric.
     herdguard::describe_metrics();

@@ -98,7 +98,9 @@ pub struct DecodeError {
 }
 
 impl DecodeError {
-    pub(crate) const fn new(reason: &'static str) -> Self {
+    /// The error a [`Value::decode`](crate::Value::decode) returns for bytes
+    /// it cannot read; `reason` says why, in a few lowercase words.
+    pub const fn new(reason: &'static str) -> Self {
         Self { reason }
     }
 }

@@ -451,6 +451,11 @@
 //!   origin themselves, under the fallback cap. A body over `max_body_bytes`
 //!   that gets its window is shared as a [streamed fill](#streamed-fills).
 //!
+//! Every size the API takes or returns is a `usize` count of bytes
+//! (`max_body_bytes`, `fill_buffer_bytes`, `capacity_bytes`,
+//! `memory_bytes`, `RedisOptions::notice_entry_limit`), as for `Vec::len`:
+//! they all bound memory in this process.
+//!
 //! ## Streamed fills
 //!
 //! A response body that arrives in more than one frame is read once, by the
@@ -528,7 +533,10 @@
 //! `redis_lock_acquire_total{result}`, `redis_lock_held_seconds`), each
 //! labelled `cache` with the layer's
 //! [`cache_name`](CacheLayerBuilder::cache_name); install any
-//! recorder (the `metrics` example serves Prometheus).
+//! recorder (the `metrics` example serves Prometheus). The names are
+//! constants in [`metric_names`], and every metric of a layer is registered
+//! at 0 when the layer is built (install the recorder first), so
+//! dashboards read 0 rather than "no data" before the first request.
 //! [`cache_status_header(false)`](CacheLayerBuilder::cache_status_header)
 //! logs `Cache-Status` instead of sending it. Each request the layer
 //! handles has a `herdguard` span (debug level) with `key`, `outcome`,
@@ -579,7 +587,7 @@
 //! sends `max-age` has said its answer may be shared; silence says nothing,
 //! so sharing it is a decision the person who knows the handlers makes,
 //! with [`default_ttl`](CacheLayerBuilder::default_ttl) on the layer or
-//! [`RoutePolicy::ttl`] on the routes whose answers are the same for
+//! [`RoutePolicy::default_ttl`] on the routes whose answers are the same for
 //! everyone. (`herdguard proxy`'s `--default-ttl` is the same opt-in.)
 //!
 //! ## Per-route policy
@@ -614,6 +622,8 @@
 //! - `tls` (implies `redis`): `rediss://` through rustls, and
 //!   `RedisOptions::tls_root_cert_pem`.
 //! - `cli` (implies `redis`): the `herdguard` diagnostics binary.
+//! - `serde`: [`Json<T>`](Json), any serde type as a [`Cache`] value with
+//!   no hand-written encoding.
 //!
 //! ## Without HTTP
 //!
@@ -642,6 +652,9 @@ mod lock;
 mod metrics;
 mod store;
 
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub use engine::Json;
 pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
 pub use http::body::CacheBody;
@@ -659,6 +672,7 @@ pub use key::CacheKey;
 pub use lock::redlock::{
     FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
 };
+pub use metrics::names as metric_names;
 pub use metrics::{describe_metrics, Source, Stats};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -6,6 +6,7 @@
 #![cfg_attr(not(feature = "redis"), allow(dead_code))]
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use metrics::{Key, Label, Level, Metadata};
 
@@ -40,26 +41,77 @@ impl Source {
     }
 }
 
-/// Metric names, kept stable: dashboards depend on them.
-pub(crate) mod names {
-    pub(crate) const REQUESTS: &str = "herdguard_requests_total";
-    pub(crate) const ORIGIN_CALLS: &str = "herdguard_origin_calls_total";
-    pub(crate) const WAIT_SECONDS: &str = "herdguard_wait_seconds";
-    pub(crate) const ENTRY_BYTES: &str = "herdguard_entry_bytes";
-    pub(crate) const FENCED_REJECTED: &str = "herdguard_fenced_writes_rejected_total";
-    pub(crate) const LEASE_REMAINING: &str = "herdguard_lease_remaining_at_release_seconds";
-    pub(crate) const NOT_STORED: &str = "herdguard_not_stored_total";
-    pub(crate) const REDIS_ERRORS: &str = "herdguard_redis_errors_total";
-    pub(crate) const REDIS_AVAILABLE: &str = "herdguard_redis_available";
-    pub(crate) const CORRUPT_ENTRIES: &str = "herdguard_corrupt_entries_total";
+/// The name of every metric herdguard records, kept stable: dashboards
+/// depend on them. The recording code uses these constants, and every
+/// metric of a layer or [`Cache`](crate::Cache) is registered at 0 when it
+/// is built (see [`describe_metrics`] for the help texts), so `/metrics`
+/// shows each name before the first request.
+///
+/// Every metric of a layer carries the label `cache` (its
+/// [`cache_name`](crate::CacheLayerBuilder::cache_name)).
+///
+/// ```
+/// use herdguard::metric_names;
+/// assert_eq!(metric_names::REQUESTS, "herdguard_requests_total");
+/// ```
+pub mod names {
+    /// Answers, by `outcome`: hit, stale, miss, coalesced, bypass, error.
+    pub const REQUESTS: &str = "herdguard_requests_total";
+    /// Origin calls (computations) made by the cache.
+    pub const ORIGIN_CALLS: &str = "herdguard_origin_calls_total";
+    /// Histogram: how long a waiter waited for another request's origin call.
+    pub const WAIT_SECONDS: &str = "herdguard_wait_seconds";
+    /// Histogram: size of the entries stored, in bytes.
+    pub const ENTRY_BYTES: &str = "herdguard_entry_bytes";
+    /// Writes refused by the fence (Redis only).
+    pub const FENCED_REJECTED: &str = "herdguard_fenced_writes_rejected_total";
+    /// Histogram: lease time left when the leader released it (Redis only).
+    pub const LEASE_REMAINING: &str = "herdguard_lease_remaining_at_release_seconds";
+    /// Origin answers not stored, by `reason`: set-cookie, private,
+    /// no-store, no-freshness, too-large, vary-star, authorization, status,
+    /// other.
+    pub const NOT_STORED: &str = "herdguard_not_stored_total";
+    /// Failed Redis calls, by `op` and `class` (Redis only). The zero series
+    /// registered at start carries only `cache`.
+    pub const REDIS_ERRORS: &str = "herdguard_redis_errors_total";
+    /// Gauge: 1 while Redis is used, 0 while its circuit is open (Redis only).
+    pub const REDIS_AVAILABLE: &str = "herdguard_redis_available";
+    /// Entries in Redis that failed their checksum or did not decode (Redis only).
+    pub const CORRUPT_ENTRIES: &str = "herdguard_corrupt_entries_total";
+    /// Lease elections, by `result`: acquired, contended, expired_mid_work
+    /// (Redis only; also recorded by [`Redlock`](crate::Redlock), without `cache`).
+    pub const LOCK_ACQUIRE: &str = "redis_lock_acquire_total";
+    /// Histogram: how long a lease was held before release (Redis only).
+    pub const LOCK_HELD_SECONDS: &str = "redis_lock_held_seconds";
+    /// Histogram: a coalesced waiter's time to its first streamed body byte.
+    pub const STREAM_WAITER_TTFB: &str = "herdguard_stream_waiter_ttfb_seconds";
+    /// Readers of a body too large to store cut off for holding its fill back.
+    pub const STREAM_READERS_CUT_OFF: &str = "herdguard_stream_readers_cut_off_total";
+    /// Access-log lines dropped because the destination was slow
+    /// (`herdguard proxy` only; no `cache` label).
+    pub const ACCESS_LOG_DROPPED: &str = "herdguard_access_log_dropped_lines_total";
 }
 
 /// The label every metric of a layer carries: its `cache_name`.
 pub(crate) const CACHE_LABEL: &str = "cache";
 
-/// The stable `reason` labels of [`names::NOT_STORED`], from the policy's
-/// own reasons. Anything the policy may add later is `other` until it is
-/// given a name here, so dashboards never see an unplanned label value.
+/// The stable `reason` labels of [`names::NOT_STORED`], in the order of
+/// [`Keys::not_stored`].
+const NOT_STORED_REASONS: [&str; 9] = [
+    "set-cookie",
+    "private",
+    "no-store",
+    "no-freshness",
+    "too-large",
+    "vary-star",
+    "authorization",
+    "status",
+    "other",
+];
+
+/// The stable `reason` label of a policy reason. Anything the policy may
+/// add later is `other` until it is given a name here, so dashboards never
+/// see an unplanned label value.
 fn not_stored_reason(policy_reason: &str) -> &'static str {
     match policy_reason {
         "set-cookie" => "set-cookie",
@@ -119,14 +171,12 @@ pub fn describe_metrics() {
         names::REDIS_AVAILABLE,
         "1 while Redis is used, 0 while the circuit is open."
     );
-    #[cfg(feature = "redis")]
     describe_counter!(
-        crate::lock::names::ACQUIRE,
+        names::LOCK_ACQUIRE,
         "Lease acquisitions by result: acquired, contended, expired_mid_work."
     );
-    #[cfg(feature = "redis")]
     describe_histogram!(
-        crate::lock::names::HELD_SECONDS,
+        names::LOCK_HELD_SECONDS,
         Unit::Seconds,
         "How long a lease was held before release."
     );
@@ -136,12 +186,12 @@ pub fn describe_metrics() {
 fn describe_stream_metrics() {
     use metrics::{describe_counter, describe_histogram, Unit};
     describe_histogram!(
-        stream_names::WAITER_TTFB,
+        names::STREAM_WAITER_TTFB,
         Unit::Seconds,
         "Time from a coalesced waiter's request to its first streamed body byte."
     );
     describe_counter!(
-        stream_names::CUT_OFF,
+        names::STREAM_READERS_CUT_OFF,
         "Readers of a body too large to store cut off for holding its fill back."
     );
 }
@@ -168,7 +218,17 @@ pub struct Stats {
     pub fenced_rejections: u64,
 }
 
+/// One cache's counters and metric keys. Route layers with their own label
+/// ([`relabel`](Self::relabel)) share the tally, so [`Stats`] still counts
+/// every route.
 pub(crate) struct Counters {
+    tally: Arc<Tally>,
+    keys: Keys,
+}
+
+/// The numbers behind [`Stats`].
+#[derive(Debug, Default)]
+struct Tally {
     hits: AtomicU64,
     stale: AtomicU64,
     misses: AtomicU64,
@@ -177,7 +237,6 @@ pub(crate) struct Counters {
     origin_calls: AtomicU64,
     errors: AtomicU64,
     fenced_rejections: AtomicU64,
-    keys: Keys,
 }
 
 /// Every metric key of one cache, labelled with its name and built once:
@@ -195,8 +254,10 @@ struct Keys {
     /// acquired, contended, expired_mid_work.
     lock_acquire: [Key; 3],
     lock_held: Key,
+    /// In the order of [`NOT_STORED_REASONS`].
+    not_stored: [Key; 9],
+    corrupt_entries: Key,
 }
-
 /// `expired_mid_work` of one cache, recorded from the watchdog's task.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseLost(Key);
@@ -220,7 +281,7 @@ impl Keys {
             Key::from_parts(name, labels)
         };
         let outcome = |o| key(names::REQUESTS, Some(("outcome", o)));
-        let acquire = |r| key(crate::lock::names::ACQUIRE, Some(("result", r)));
+        let acquire = |r| key(names::LOCK_ACQUIRE, Some(("result", r)));
         Self {
             cache: cache.to_owned(),
             requests: [
@@ -241,8 +302,38 @@ impl Keys {
                 acquire("contended"),
                 acquire("expired_mid_work"),
             ],
-            lock_held: key(crate::lock::names::HELD_SECONDS, None),
+            lock_held: key(names::LOCK_HELD_SECONDS, None),
+            not_stored: NOT_STORED_REASONS.map(|r| key(names::NOT_STORED, Some(("reason", r)))),
+            corrupt_entries: key(names::CORRUPT_ENTRIES, None),
         }
+    }
+
+    /// Register every metric of this cache with the installed recorder, so
+    /// exporters show each at 0 before anything happens; the Redis-path
+    /// ones only when `redis` is used.
+    fn register(&self, redis: bool) {
+        let (ttfb, cut_off) = (
+            cache_key(names::STREAM_WAITER_TTFB, &self.cache),
+            cache_key(names::STREAM_READERS_CUT_OFF, &self.cache),
+        );
+        let redis_errors = cache_key(names::REDIS_ERRORS, &self.cache);
+        let mut counters: Vec<&Key> = self.requests.iter().chain(&self.not_stored).collect();
+        counters.extend([&self.origin_calls, &cut_off]);
+        let mut histograms = vec![&self.wait, &self.entry_bytes, &ttfb];
+        if redis {
+            counters.extend(&self.lock_acquire);
+            counters.extend([&self.fenced_rejected, &self.corrupt_entries, &redis_errors]);
+            histograms.extend([&self.lease_remaining, &self.lock_held]);
+        }
+        // The handles are dropped: the recorder keeps what it registered.
+        metrics::with_recorder(|r| {
+            for key in counters {
+                let _ = r.register_counter(key, &METADATA);
+            }
+            for key in histograms {
+                let _ = r.register_histogram(key, &METADATA);
+            }
+        });
     }
 }
 
@@ -263,35 +354,37 @@ impl std::fmt::Debug for Counters {
     }
 }
 
-impl Default for Counters {
-    fn default() -> Self {
-        Self::new("herdguard")
-    }
-}
-
 impl Counters {
-    /// Counters whose metrics carry `cache="{cache}"`.
-    pub(crate) fn new(cache: &str) -> Self {
+    /// Counters whose metrics carry `cache="{cache}"`, registered at 0
+    /// with the installed recorder (the Redis-path ones when `redis`).
+    pub(crate) fn new(cache: &str, redis: bool) -> Self {
+        let keys = Keys::new(cache);
+        keys.register(redis);
         Self {
-            hits: AtomicU64::new(0),
-            stale: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            coalesced: AtomicU64::new(0),
-            bypasses: AtomicU64::new(0),
-            origin_calls: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            fenced_rejections: AtomicU64::new(0),
-            keys: Keys::new(cache),
+            tally: Arc::default(),
+            keys,
+        }
+    }
+
+    /// Counters on the same tally whose metrics carry `cache="{cache}"`:
+    /// a route's own label on a shared engine. Registers the request
+    /// metrics under the new label.
+    pub(crate) fn relabel(&self, cache: &str) -> Self {
+        let keys = Keys::new(cache);
+        keys.register(false);
+        Self {
+            tally: Arc::clone(&self.tally),
+            keys,
         }
     }
 
     pub(crate) fn record(&self, source: Source) {
         let (c, i) = match source {
-            Source::Hit => (&self.hits, 0),
-            Source::Stale => (&self.stale, 1),
-            Source::Miss => (&self.misses, 2),
-            Source::Coalesced => (&self.coalesced, 3),
-            Source::Bypass => (&self.bypasses, 4),
+            Source::Hit => (&self.tally.hits, 0),
+            Source::Stale => (&self.tally.stale, 1),
+            Source::Miss => (&self.tally.misses, 2),
+            Source::Coalesced => (&self.tally.coalesced, 3),
+            Source::Bypass => (&self.tally.bypasses, 4),
         };
         c.fetch_add(1, Ordering::Relaxed);
         count(&self.keys.requests[i]);
@@ -299,26 +392,26 @@ impl Counters {
     }
 
     pub(crate) fn record_error(&self) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.tally.errors.fetch_add(1, Ordering::Relaxed);
         count(&self.keys.requests[5]);
         tracing::Span::current().record("outcome", "error");
     }
 
     pub(crate) fn origin_call(&self) {
-        self.origin_calls.fetch_add(1, Ordering::Relaxed);
+        self.tally.origin_calls.fetch_add(1, Ordering::Relaxed);
         count(&self.keys.origin_calls);
     }
 
     #[cfg(feature = "redis")]
     pub(crate) fn fenced_rejection(&self) {
-        self.fenced_rejections.fetch_add(1, Ordering::Relaxed);
+        self.tally.fenced_rejections.fetch_add(1, Ordering::Relaxed);
         count(&self.keys.fenced_rejected);
     }
 
     /// An entry in the shared store that did not decode (read as a miss).
     #[cfg(feature = "redis")]
     pub(crate) fn corrupt_entry(&self) {
-        count(&cache_key(names::CORRUPT_ENTRIES, &self.keys.cache));
+        count(&self.keys.corrupt_entries);
     }
 
     /// The `cache` label's value.
@@ -329,11 +422,11 @@ impl Counters {
     /// An origin answer that was not stored; `reason` is the policy's word.
     pub(crate) fn not_stored(&self, reason: &str) {
         let reason = not_stored_reason(reason);
-        let labels = vec![
-            Label::new(CACHE_LABEL, self.keys.cache.clone()),
-            Label::from_static_parts("reason", reason),
-        ];
-        count(&Key::from_parts(names::NOT_STORED, labels));
+        let i = NOT_STORED_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(NOT_STORED_REASONS.len() - 1);
+        count(&self.keys.not_stored[i]);
     }
 
     pub(crate) fn wait(&self, seconds: f64) {
@@ -372,14 +465,14 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> Stats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
-            hits: l(&self.hits),
-            stale: l(&self.stale),
-            misses: l(&self.misses),
-            coalesced: l(&self.coalesced),
-            bypasses: l(&self.bypasses),
-            origin_calls: l(&self.origin_calls),
-            errors: l(&self.errors),
-            fenced_rejections: l(&self.fenced_rejections),
+            hits: l(&self.tally.hits),
+            stale: l(&self.tally.stale),
+            misses: l(&self.tally.misses),
+            coalesced: l(&self.tally.coalesced),
+            bypasses: l(&self.tally.bypasses),
+            origin_calls: l(&self.tally.origin_calls),
+            errors: l(&self.tally.errors),
+            fenced_rejections: l(&self.tally.fenced_rejections),
         }
     }
 }
@@ -409,12 +502,6 @@ pub(crate) fn redis_available(cache: Option<&str>, up: bool) {
     });
 }
 
-/// Streaming fills (see `stream.rs`): kept apart so other metric edits merge.
-pub(crate) mod stream_names {
-    pub(crate) const WAITER_TTFB: &str = "herdguard_stream_waiter_ttfb_seconds";
-    pub(crate) const CUT_OFF: &str = "herdguard_stream_readers_cut_off_total";
-}
-
 fn cache_key(name: &'static str, cache: &str) -> Key {
     Key::from_parts(name, vec![Label::new(CACHE_LABEL, cache.to_owned())])
 }
@@ -422,19 +509,19 @@ fn cache_key(name: &'static str, cache: &str) -> Key {
 /// A coalesced waiter's time from its request to the first streamed byte.
 pub(crate) fn record_waiter_ttfb(cache: &str, elapsed: std::time::Duration) {
     observe(
-        &cache_key(stream_names::WAITER_TTFB, cache),
+        &cache_key(names::STREAM_WAITER_TTFB, cache),
         elapsed.as_secs_f64(),
     );
 }
 
 /// A reader held a stream's fill back and was cut off.
 pub(crate) fn record_stream_cut_off(cache: &str) {
-    count(&cache_key(stream_names::CUT_OFF, cache));
+    count(&cache_key(names::STREAM_READERS_CUT_OFF, cache));
 }
 
 #[cfg(test)]
 mod tests {
-    use super::not_stored_reason;
+    use super::{not_stored_reason, NOT_STORED_REASONS};
 
     /// Every policy reason maps to one of the documented labels, unknown ones to `other`.
     #[test]
@@ -452,6 +539,10 @@ mod tests {
             ("something-new", "other"),
         ] {
             assert_eq!(not_stored_reason(policy), label, "{policy}");
+            assert!(
+                NOT_STORED_REASONS.contains(&label),
+                "{label} is registered at start"
+            );
         }
     }
 }

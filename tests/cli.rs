@@ -754,3 +754,26 @@ async fn help_lists_only_the_subcommands_own_options() {
         );
     }
 }
+
+/// `proxy --help` shows the defaults from the code (the library's Redis namespace, sizes as people write them), and so do the diagnostics' `--namespace`.
+#[tokio::test]
+async fn help_shows_defaults_from_the_code() {
+    let proxy = cli(&["proxy", "--help"]).await;
+    assert_eq!(proxy.code, 0, "{}", proxy.stderr);
+    let namespace = format!("[default: {}]", RedisOptions::DEFAULT_NAMESPACE);
+    let flat = proxy
+        .stdout
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(flat.contains(&namespace), "{flat}");
+    assert!(flat.contains("[default: 8MiB]"), "{flat}");
+    assert!(flat.contains("[default: 5s]"), "{flat}");
+    let inspect = cli(&["inspect", "--help"]).await;
+    let flat = inspect
+        .stdout
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(flat.contains(&namespace), "{flat}");
+}

@@ -129,7 +129,7 @@ async fn headerless_handler_explains_itself() -> Result<(), BuildError> {
         "no freshness",
         "Cache-Control: max-age=N",
         "default_ttl",
-        "RoutePolicy::ttl",
+        "RoutePolicy::default_ttl",
     ] {
         assert!(line.contains(fix), "names {fix:?}: {line}");
     }

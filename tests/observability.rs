@@ -435,3 +435,60 @@ async fn stream_metrics_carry_the_cache_name() {
         "{samples:?}"
     );
 }
+
+/// Two routes with their own `cache_label` on one layer: one origin call for a key they share, each route's requests counted under its own label, the flight's origin call under the layer's.
+#[tokio::test]
+async fn route_labels_split_metrics_not_flights() {
+    let mut rec = recorded().lock().await;
+    let cache = CacheLayer::builder().cache_name("engine").build().unwrap();
+    let route = |label: &'static str| {
+        cache.with_policy(
+            herdguard::RoutePolicy::new()
+                .key(|_: &axum::http::request::Parts| "one-resource")
+                .cache_label(label),
+        )
+    };
+    let origin = Origin::new(&[("cache-control", "max-age=60")]).delay(Duration::from_millis(100));
+    let (x, y) = (origin.app(route("route-x")), origin.app(route("route-y")));
+    let leader = tokio::spawn({
+        let x = x.clone();
+        async move { send(&x, get_req("/x")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    send(&y, get_req("/y")).await;
+    leader.await.unwrap();
+    send(&y, get_req("/y")).await;
+    assert_eq!(origin.calls(), 1, "the routes share the flight");
+
+    let outcome =
+        |samples: &[Sample], o| total(samples, "herdguard_requests_total", Some(("outcome", o)));
+    let route_x = rec.of("route-x");
+    let route_y = rec.of("route-y");
+    let engine = rec.of("engine");
+    assert_eq!(
+        (outcome(&route_x, "miss"), outcome(&route_x, "hit")),
+        (1, 0),
+        "{route_x:?}"
+    );
+    assert_eq!(
+        (outcome(&route_y, "coalesced"), outcome(&route_y, "hit")),
+        (1, 1),
+        "{route_y:?}"
+    );
+    assert_eq!(
+        total(&engine, "herdguard_requests_total", None),
+        0,
+        "{engine:?}"
+    );
+    assert_eq!(
+        total(&engine, "herdguard_origin_calls_total", None),
+        1,
+        "{engine:?}"
+    );
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.misses, stats.coalesced, stats.hits),
+        (1, 1, 1),
+        "stats count every route"
+    );
+}

@@ -941,7 +941,7 @@ async fn access_log_goes_to_a_file_or_nowhere() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Options come from HERDGUARD_* variables and the --config file when no flag sets them.
+/// Options come from HERDGUARD_* variables and the --config file when no flag sets them, sizes and durations as people write them.
 #[tokio::test]
 async fn env_and_config_file_set_options() {
     let upstream = origin(Seen::default()).await;
@@ -950,12 +950,16 @@ async fn env_and_config_file_set_options() {
     let conf = dir.join("proxy.toml");
     std::fs::write(
         &conf,
-        "purge-token = \"from-file\"\nupstream-timeout = \"5s\"\n",
+        "purge-token = \"from-file\"\nupstream-timeout = \"5s\"\nmax-body-bytes = \"1MiB\"\n",
     )
     .unwrap();
     let proxy = Proxy::start_env(
         &["--config", conf.to_str().unwrap()],
-        &[("HERDGUARD_UPSTREAM", &format!("http://{upstream}"))],
+        &[
+            ("HERDGUARD_UPSTREAM", &format!("http://{upstream}")),
+            ("HERDGUARD_CAPACITY_BYTES", "64MiB"),
+            ("HERDGUARD_HEADER_TIMEOUT", "2500ms"),
+        ],
     )
     .await;
     get(&proxy.url("/slow/1"), &[]).await;

@@ -124,12 +124,12 @@ fn two_routes(origin: &Origin, cache: &CacheLayer, query: &str) -> (Router, Stri
         RoutePolicy::new()
             .key(item_key)
             .ignore_origin_cache_control()
-            .ttl(Duration::from_secs(60)),
+            .default_ttl(Duration::from_secs(60)),
     );
     let b = cache.with_policy(
         RoutePolicy::new()
             .key(item_key)
-            .ttl(Duration::from_secs(60))
+            .default_ttl(Duration::from_secs(60))
             .max_ttl(Duration::from_secs(30)),
     );
     let app = origin.route("/a/{id}", a).merge(origin.route("/b/{id}", b));
@@ -163,7 +163,7 @@ async fn routes_with_one_key_share_one_flight() {
 async fn routes_with_default_keys_stay_apart() {
     let origin = Origin::default();
     let cache = CacheLayer::new();
-    let policy = || RoutePolicy::new().ttl(Duration::from_secs(60));
+    let policy = || RoutePolicy::new().default_ttl(Duration::from_secs(60));
     let app = origin
         .route("/a/{id}", cache.with_policy(policy()))
         .merge(origin.route("/b/{id}", cache.with_policy(policy())));
@@ -258,7 +258,7 @@ async fn ignore_mode_stores_for_the_route_ttl() {
     let cache = CacheLayer::new();
     let policy = RoutePolicy::new()
         .ignore_origin_cache_control()
-        .ttl(Duration::from_secs(10));
+        .default_ttl(Duration::from_secs(10));
     let app = origin.route("/{id}", cache.with_policy(policy));
     let uri = "/1?cc=max-age%3D0";
     send(&app, uri, &[]).await;
@@ -276,7 +276,7 @@ async fn ignore_mode_still_obeys_no_store_and_private() {
     let cache = CacheLayer::new();
     let policy = RoutePolicy::new()
         .ignore_origin_cache_control()
-        .ttl(Duration::from_secs(60));
+        .default_ttl(Duration::from_secs(60));
     let app = origin.route("/{id}", cache.with_policy(policy));
     for uri in ["/1?cc=no-store", "/2?cc=private"] {
         send(&app, uri, &[]).await;
@@ -312,7 +312,7 @@ async fn route_ttl_applies_only_to_its_route() {
     let app = origin
         .route(
             "/a/{id}",
-            cache.with_policy(RoutePolicy::new().ttl(Duration::from_secs(60))),
+            cache.with_policy(RoutePolicy::new().default_ttl(Duration::from_secs(60))),
         )
         .merge(origin.route("/b/{id}", cache.clone()));
     for uri in ["/a/1", "/a/1", "/b/1", "/b/1"] {
@@ -375,7 +375,7 @@ async fn route_layers_share_the_redis_client() {
         let layer = cache.with_policy(
             RoutePolicy::new()
                 .key(item_key)
-                .ttl(Duration::from_secs(60)),
+                .default_ttl(Duration::from_secs(60)),
         );
         app = app.merge(origin.route(&path, layer));
     }

@@ -9,6 +9,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::compute::{Compute, ComputeFuture, Fill, FnCompute};
 use super::config::EngineConfig;
+use super::purge_log::key_name;
 use super::resolve::{Engine, Resolved};
 use super::value::Value;
 use crate::error::{BoxError, BuildError, Error};
@@ -151,11 +152,57 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Into<BoxError>,
     {
+        self.get_or_compute_with(key, move || {
+            let fut = compute();
+            async move { fut.await.map(|value| (value, freshness)) }
+        })
+        .await
+    }
+
+    /// [`get_or_compute`](Self::get_or_compute) where the computation says
+    /// how long its value stays fresh, as moka's `expire_after`: a token
+    /// that expires in `expires_in`, a page whose age is known only once it
+    /// is fetched. Everything else is as there: one computation for all
+    /// concurrent callers, stale served while one refresh runs, the same
+    /// [`Error`] for every waiter.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), herdguard::Error> {
+    /// use std::time::Duration;
+    /// use herdguard::{Cache, CacheKey, Freshness};
+    ///
+    /// let tokens: Cache<String> = Cache::builder().name("tokens").build().unwrap();
+    /// let token = tokens
+    ///     .get_or_compute_with(&CacheKey::new("api-token"), || async {
+    ///         // What an OAuth token endpoint answers: the token and its lifetime.
+    ///         let (token, expires_in) = ("t0k3n".to_string(), Duration::from_secs(3600));
+    ///         // Renew a minute early.
+    ///         let fresh = Freshness::new(expires_in.saturating_sub(Duration::from_secs(60)));
+    ///         Ok::<_, std::io::Error>((token, fresh))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(token.value, "t0k3n");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`get_or_compute`](Self::get_or_compute).
+    pub async fn get_or_compute_with<F, Fut, E>(
+        &self,
+        key: &CacheKey,
+        compute: F,
+    ) -> Result<Lookup<V>, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(V, Freshness), E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
         let engine = &self.engine;
         let as_fill = FnCompute(move || -> ComputeFuture<V> {
             let fut = compute();
             Box::pin(async move {
-                let value = fut.await.map_err(Into::into)?;
+                let (value, freshness) = fut.await.map_err(Into::into)?;
                 Ok(Fill::Store {
                     value,
                     fresh_for: freshness.fresh_for,
@@ -231,7 +278,52 @@ impl<V: Value> Cache<V> {
         })
     }
 
-    /// Drop the entry for `key` from this process and, with Redis, from Redis.
+    /// The fresh value this process holds for `key`, if any: no
+    /// computation, no wait and no Redis round trip (and nothing counted).
+    /// With Redis, this process keeps its copies at most `l1_ttl` (1 s by
+    /// default), so a value another instance stored may be missing here:
+    /// [`get_or_compute`](Self::get_or_compute) reads the shared store.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use herdguard::{Cache, CacheKey, Freshness};
+    ///
+    /// let cache: Cache<String> = Cache::builder().build().unwrap();
+    /// let key = CacheKey::new("greeting");
+    /// assert_eq!(cache.get(&key), None);
+    /// cache.insert(&key, "hello".to_string(), Freshness::new(Duration::from_secs(60))).await;
+    /// assert_eq!(cache.get(&key).as_deref(), Some("hello"));
+    /// cache.invalidate(&key);
+    /// assert_eq!(cache.get(&key), None);
+    /// # }
+    /// ```
+    pub fn get(&self, key: &CacheKey) -> Option<V> {
+        match self.engine.probe(key) {
+            Probe::Fresh(entry) => Some(entry.value.clone()),
+            Probe::Stale(_) | Probe::Pass | Probe::Miss => None,
+        }
+    }
+
+    /// Store `value` for `key` without computing it: in this process at
+    /// once and, with Redis, in Redis in the background (under a fence
+    /// token of its own, so an older write cannot replace it). A
+    /// computation of `key` already running when it is called stores
+    /// nothing over it (its callers still get its value), as after
+    /// [`invalidate`](Self::invalidate). A zero freshness and grace stores
+    /// nothing.
+    pub async fn insert(&self, key: &CacheKey, value: V, freshness: Freshness) {
+        let engine = &self.engine;
+        // Fills that started before this value are older than it.
+        engine.record_purge([key_name(key)]);
+        let started = engine.outside_start();
+        let _ = engine.store_outside_flight(*key, value, freshness, Vec::new(), started);
+    }
+
+    /// Drop the entry for `key` from this process and, with Redis, from
+    /// Redis (in the background, bounded by the Redis timeouts). A
+    /// computation of `key` already running stores nothing.
     pub fn invalidate(&self, key: &CacheKey) {
         self.engine.invalidate(key);
     }
@@ -262,8 +354,8 @@ pub struct CacheBuilder<V> {
 impl<V: Value> CacheBuilder<V> {
     /// Total bytes the in-process store may hold (default 256 MiB).
     #[must_use]
-    pub fn capacity_bytes(mut self, bytes: u64) -> Self {
-        self.config.capacity_bytes = bytes;
+    pub fn capacity_bytes(mut self, bytes: usize) -> Self {
+        self.config.capacity_bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
         self
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::value::Value;
+use super::value::{Value, ValueMeta};
 use crate::error::DecodeError;
 use crate::key::CacheKey;
 
@@ -89,7 +89,7 @@ fn checksum(header: &[u8], payload: &[u8]) -> u64 {
     u64::from_le_bytes(first)
 }
 
-/// The envelope flags of an intact entry (see [`Value::ENVELOPE_FLAGS`]).
+/// The envelope flags of an intact entry (see [`ValueMeta::envelope_flags`]).
 pub(crate) fn entry_flags(bytes: &[u8]) -> u8 {
     bytes.get(3).copied().unwrap_or(0)
 }
@@ -106,7 +106,7 @@ pub(crate) fn encode_kept<V: Value>(meta: &EntryMeta, value: &V, kept: Duration)
     let mut out = BytesMut::with_capacity(HEADER_LEN + value.weight() + 64);
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
-    out.put_u8(V::ENVELOPE_FLAGS);
+    out.put_u8(V::envelope_flags());
     out.put_u64_le(meta.stored_at_ms);
     out.put_u64_le(meta.fresh_for.as_millis() as u64);
     out.put_u64_le(meta.stale_for.as_millis() as u64);

@@ -9,7 +9,7 @@ use super::envelope::EntryMeta;
 use super::flight::Outcome;
 use super::purge_log::key_name;
 use super::resolve::Engine;
-use super::value::Value;
+use super::value::{Value, ValueMeta};
 use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};

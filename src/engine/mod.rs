@@ -48,4 +48,7 @@ pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill};
 pub(crate) use config::EngineConfig;
 pub(crate) use resolve::{Engine, Resolved};
+pub(crate) use value::sealed::Internal;
+#[cfg(feature = "serde")]
+pub use value::Json;
 pub use value::Value;

@@ -17,7 +17,7 @@ use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
 use super::redlock::RedlockTry;
 use super::resolve::Engine;
-use super::value::Value;
+use super::value::{Value, ValueMeta};
 use crate::key::CacheKey;
 use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{FenceToken, LeaseToken};

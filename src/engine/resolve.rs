@@ -116,7 +116,7 @@ impl<V: Value> Engine<V> {
             fill_bytes: Arc::new(Semaphore::new(
                 config.max_fill_bytes.min(Semaphore::MAX_PERMITS),
             )),
-            counters: Counters::new(&config.metrics_name),
+            counters: Counters::new(&config.metrics_name, remote.is_some()),
             config,
             remote,
             retained: None,

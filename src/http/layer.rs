@@ -101,7 +101,7 @@ impl CacheLayer {
     ///             RoutePolicy::new()
     ///                 .key(report_key)
     ///                 .ignore_origin_cache_control()
-    ///                 .ttl(Duration::from_secs(30)),
+    ///                 .default_ttl(Duration::from_secs(30)),
     ///         )),
     ///     )
     ///     .route(
@@ -109,7 +109,7 @@ impl CacheLayer {
     ///         get(report).layer(cache.with_policy(
     ///             RoutePolicy::new()
     ///                 .key(report_key)
-    ///                 .ttl(Duration::from_secs(30))
+    ///                 .default_ttl(Duration::from_secs(30))
     ///                 .max_ttl(Duration::from_secs(10)),
     ///         )),
     ///     );
@@ -158,6 +158,10 @@ impl CacheLayer {
             too_large: self.state.too_large.clone(),
             root: Some(root),
             warnings: Arc::clone(&self.state.warnings),
+            route_counters: match policy.cache_label {
+                Some(label) => Some(Arc::new(self.state.engine.counters.relabel(&label))),
+                None => self.state.route_counters.clone(),
+            },
         };
         CacheLayer {
             state: Arc::new(state),
@@ -169,11 +173,13 @@ impl CacheLayer {
     /// retained copies and the Vary index (after pending evictions run).
     /// Never above the capacity; a body held both as an entry and as a
     /// retained copy is counted twice, so the real use is at most this.
-    pub fn memory_bytes(&self) -> u64 {
+    pub fn memory_bytes(&self) -> usize {
         let state = &self.state;
-        state.engine.memory.weighted_bytes()
+        let bytes = state.engine.memory.weighted_bytes()
             + state.retained.weighted_bytes()
-            + state.vary.len() * VARY_URL_BYTES
+            + state.vary.len() * VARY_URL_BYTES;
+        // At most the capacity, which was a usize.
+        usize::try_from(bytes).unwrap_or(usize::MAX)
     }
 
     /// Whether this layer works with Redis: `None` when it has none (memory
@@ -471,8 +477,8 @@ impl CacheLayerBuilder {
     /// at about 1.25 × capacity + 64 MiB (measured by `cargo bench --bench
     /// soak -- --large`).
     #[must_use]
-    pub fn capacity_bytes(mut self, bytes: u64) -> Self {
-        self.engine.capacity_bytes = bytes;
+    pub fn capacity_bytes(mut self, bytes: usize) -> Self {
+        self.engine.capacity_bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
         self
     }
 
@@ -663,6 +669,7 @@ impl CacheLayerBuilder {
             too_large: crate::http::range::TooLarge::new(),
             root: None,
             warnings: Arc::default(),
+            route_counters: None,
         });
         if let Some(remote) = &state.engine.remote {
             // Weak: the store lives inside the state, so a strong handle

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use crate::engine::Value;
+use crate::engine::{Internal, Value};
 use crate::error::DecodeError;
 use crate::http::policy::StoredRules;
 use crate::key::CacheKey;
@@ -118,16 +118,18 @@ impl CachedResponse {
 pub(crate) const STALE_IF_ERROR_KEEP_MAX: Duration = Duration::from_secs(24 * 60 * 60);
 
 impl Value for CachedResponse {
-    const ENVELOPE_FLAGS: u8 = FLAG_RESPONSE;
+    fn sealed_envelope_flags(_: Internal) -> u8 {
+        FLAG_RESPONSE
+    }
 
     /// `stale-if-error`, at most [`STALE_IF_ERROR_KEEP_MAX`]: the shared
     /// entry outlives its window, so every instance can answer a failed
     /// origin with it, not only one that kept a copy in memory.
-    fn error_grace(&self) -> Duration {
+    fn sealed_error_grace(&self, _: Internal) -> Duration {
         Duration::from_secs(u64::from(self.rules.sie)).min(STALE_IF_ERROR_KEEP_MAX)
     }
 
-    fn purge_groups(&self) -> Vec<String> {
+    fn sealed_purge_groups(&self, _: Internal) -> Vec<String> {
         let mut groups = vec![format!("url:{}", self.url.to_hex())];
         let tags = self
             .headers

@@ -96,7 +96,7 @@ impl fmt::Debug for RoutePredicate {
 ///     RoutePolicy::new()
 ///         // The handler sets no Cache-Control: 30 s for every answer.
 ///         .ignore_origin_cache_control()
-///         .ttl(Duration::from_secs(30)),
+///         .default_ttl(Duration::from_secs(30)),
 /// );
 /// let feeds = cache.with_policy(RoutePolicy::new().max_ttl(Duration::from_secs(5)));
 /// # let _ = (reports, feeds);
@@ -108,6 +108,7 @@ pub struct RoutePolicy {
     pub(crate) ttl: Option<Duration>,
     pub(crate) max_ttl: Option<Duration>,
     pub(crate) ignore_cache_control: bool,
+    pub(crate) cache_label: Option<String>,
 }
 
 impl fmt::Debug for RoutePolicy {
@@ -118,6 +119,7 @@ impl fmt::Debug for RoutePolicy {
             .field("ttl", &self.ttl)
             .field("max_ttl", &self.max_ttl)
             .field("ignore_cache_control", &self.ignore_cache_control)
+            .field("cache_label", &self.cache_label)
             .finish()
     }
 }
@@ -160,15 +162,30 @@ impl RoutePolicy {
         self
     }
 
-    /// Freshness for this route's responses that carry none of their own
-    /// (in place of the layer's
-    /// [`default_ttl`](crate::CacheLayerBuilder::default_ttl)); with
+    /// Freshness for this route's responses that carry none of their own:
+    /// the route's form of the layer's
+    /// [`default_ttl`](crate::CacheLayerBuilder::default_ttl), which it
+    /// replaces; with
     /// [`ignore_origin_cache_control`](Self::ignore_origin_cache_control),
     /// the freshness of every storable response of this route.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let reports = herdguard::RoutePolicy::new().default_ttl(Duration::from_secs(30));
+    /// # let _ = reports;
+    /// ```
     #[must_use]
-    pub fn ttl(mut self, ttl: Duration) -> Self {
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
+    }
+
+    /// The former name of [`default_ttl`](Self::default_ttl), the same
+    /// setting as the layer's.
+    #[deprecated(since = "0.1.0", note = "renamed to `default_ttl`, as on the layer")]
+    #[must_use]
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.default_ttl(ttl)
     }
 
     /// The longest freshness any response of this route gets, whatever the
@@ -179,9 +196,32 @@ impl RoutePolicy {
         self
     }
 
+    /// The `cache` label of this route's request metrics
+    /// (`herdguard_requests_total`, `herdguard_not_stored_total`, and the
+    /// origin calls its requests make outside a flight), to read each
+    /// route's hit ratio apart. The route still shares the layer's store and
+    /// flights: requests of two routes for one key are one origin call, and
+    /// what belongs to the flight (its origin call, waits, stored sizes,
+    /// leases, fences, Redis errors) keeps the layer's
+    /// [`cache_name`](crate::CacheLayerBuilder::cache_name), as does
+    /// `Cache-Status`. [`CacheLayer::stats`](crate::CacheLayer::stats) still
+    /// counts every route. Default: the layer's name.
+    ///
+    /// ```
+    /// use herdguard::{CacheLayer, RoutePolicy};
+    /// let cache = CacheLayer::new();
+    /// let reports = cache.with_policy(RoutePolicy::new().cache_label("reports"));
+    /// # let _ = reports;
+    /// ```
+    #[must_use]
+    pub fn cache_label(mut self, label: impl Into<String>) -> Self {
+        self.cache_label = Some(label.into());
+        self
+    }
+
     /// For handlers that set no cache headers: ignore the origin's
     /// freshness directives (`Cache-Control`, targeted fields, `Expires`,
-    /// heuristics) and store every storable response for [`ttl`](Self::ttl)
+    /// heuristics) and store every storable response for [`default_ttl`](Self::default_ttl)
     /// (or the layer's `default_ttl`; with neither, nothing is stored).
     ///
     /// What protects users still holds: `no-store`, `private`,

@@ -16,6 +16,7 @@ use crate::http::stream::Streams;
 use crate::http::vary::VaryIndex;
 use crate::http::warnings::RouteWarnings;
 use crate::key::CacheKey;
+use crate::metrics::Counters;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
@@ -139,9 +140,20 @@ pub(crate) struct LayerState {
     pub(crate) root: Option<Arc<LayerState>>,
     /// When each route was last warned that its answers lack freshness.
     pub(crate) warnings: Arc<RouteWarnings>,
+    /// A route's own `cache` label on the engine's tally
+    /// ([`RoutePolicy::cache_label`](crate::RoutePolicy::cache_label)).
+    pub(crate) route_counters: Option<Arc<Counters>>,
 }
 
 impl LayerState {
+    /// What this layer's requests are counted with: the route's label, or
+    /// the engine's. Flights, stores and Redis count with the engine's.
+    pub(crate) fn counters(&self) -> &Counters {
+        self.route_counters
+            .as_deref()
+            .unwrap_or(&self.engine.counters)
+    }
+
     /// The response header to remove before a response leaves the layer.
     pub(crate) fn stripped_header(&self) -> Option<HeaderName> {
         if !self.http.strip_own_cache_control {

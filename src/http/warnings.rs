@@ -97,7 +97,7 @@ impl LayerState {
              s-maxage, no Expires) and no TTL is configured, so every request to this route \
              calls the handler (Cache-Status: detail=no-freshness). Fix: set \
              `Cache-Control: max-age=N` in the handler, or a TTL on the layer \
-             (CacheLayerBuilder::default_ttl) or the route (RoutePolicy::ttl) if the answer \
+             (CacheLayerBuilder::default_ttl) or the route (RoutePolicy::default_ttl) if the answer \
              is the same for every user. Logged once per route per 10 minutes."
         );
     }

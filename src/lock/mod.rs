@@ -47,16 +47,23 @@ impl fmt::Debug for LeaseToken {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct FenceToken(pub(crate) u64);
 
-/// Lock metric names, shared with the Redlock lease.
-pub(crate) mod names {
-    pub(crate) const ACQUIRE: &str = "redis_lock_acquire_total";
-    pub(crate) const HELD_SECONDS: &str = "redis_lock_held_seconds";
-}
+use crate::metrics::names;
 
 pub(crate) fn record_acquire(result: &'static str) {
-    metrics::counter!(names::ACQUIRE, "result" => result).increment(1);
+    metrics::counter!(names::LOCK_ACQUIRE, "result" => result).increment(1);
+}
+
+/// Register the lease metrics a [`Redlock`](redlock::Redlock) records
+/// (without a `cache` label) at 0, so exporters show them before the first
+/// election.
+pub(crate) fn register_metrics() {
+    for result in ["acquired", "contended", "expired_mid_work"] {
+        metrics::counter!(names::LOCK_ACQUIRE, "result" => result).increment(0);
+    }
+    // The handle is dropped: the recorder keeps what it registered.
+    let _ = metrics::histogram!(names::LOCK_HELD_SECONDS);
 }
 
 pub(crate) fn record_held(seconds: f64) {
-    metrics::histogram!(names::HELD_SECONDS).record(seconds);
+    metrics::histogram!(names::LOCK_HELD_SECONDS).record(seconds);
 }

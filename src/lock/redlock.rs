@@ -208,6 +208,7 @@ impl RedlockBuilder {
                 RedisStore::new(opts)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        lock::register_metrics();
         Ok(Redlock {
             nodes: nodes.into(),
             quorum: n / 2 + 1,

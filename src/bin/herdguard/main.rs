@@ -37,7 +37,7 @@ mod purge;
 mod report;
 
 use clap::error::ErrorKind;
-use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand};
+use clap::{ArgGroup, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::json;
 
 use report::{Failure, Report, Verdict};
@@ -98,7 +98,7 @@ enum Command {
         #[arg(long)]
         redis: String,
         /// The layer's Redis namespace.
-        #[arg(long, default_value = "herdguard")]
+        #[arg(long, default_value = herdguard::RedisOptions::DEFAULT_NAMESPACE)]
         namespace: String,
         #[command(flatten)]
         diagnostic: Diagnostic,
@@ -120,7 +120,7 @@ enum Command {
         #[arg(long, value_delimiter = ',', required = true)]
         nodes: Vec<String>,
         /// The lock's namespace.
-        #[arg(long, default_value = "herdguard")]
+        #[arg(long, default_value = herdguard::RedisOptions::DEFAULT_NAMESPACE)]
         namespace: String,
         #[command(flatten)]
         diagnostic: Diagnostic,
@@ -154,7 +154,7 @@ enum Command {
         #[arg(long)]
         redis: String,
         /// The layer's Redis namespace.
-        #[arg(long, default_value = "herdguard")]
+        #[arg(long, default_value = herdguard::RedisOptions::DEFAULT_NAMESPACE)]
         namespace: String,
         #[command(flatten)]
         diagnostic: Diagnostic,
@@ -162,7 +162,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The proxy's `[default: …]` help comes from the values its code uses.
+    let matches = Cli::command()
+        .mut_subcommand("proxy", proxy_cmd::show_defaults)
+        .get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let diagnostic = match &cli.command {
         Command::Proxy(_) if cli.json || cli.timeout_ms.is_some() => Cli::command()
             .error(

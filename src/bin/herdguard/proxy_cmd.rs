@@ -1,6 +1,7 @@
 //! `herdguard proxy`: flags, environment and config file, mapped onto the
 //! shared proxy (`proxy/`). Precedence: flag, then environment variable,
-//! then the `--config` file, then the default shown in `--help`.
+//! then the `--config` file, then the default shown in `--help` (taken from
+//! the values the code uses, by [`show_defaults`]).
 //! Holds no proxying logic: that is `proxy/`, which must not depend on
 //! this file (the example builds `proxy/` without clap).
 
@@ -28,17 +29,77 @@ pub(crate) enum LogFormat {
     Json,
 }
 
-/// Options of `herdguard proxy`. Durations take `500ms`, `10s`, `2m`, `1h`.
+/// Where the proxy listens without `--listen`.
+const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
+/// The proxy's body limit without `--max-body-bytes`.
+const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
+/// The proxy's memory for entries without `--capacity-bytes`.
+const DEFAULT_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
+/// The access log's destination without `--access-log`.
+const DEFAULT_ACCESS_LOG: &str = "stderr";
+
+/// A setting that flags or the environment may have left open, for the
+/// `--config` file to fill.
+trait FromFile {
+    fn or_file(&mut self, file: Self);
+}
+
+impl<T> FromFile for Option<T> {
+    fn or_file(&mut self, file: Self) {
+        if self.is_none() {
+            *self = file;
+        }
+    }
+}
+
+impl<T> FromFile for Vec<T> {
+    fn or_file(&mut self, file: Self) {
+        if self.is_empty() {
+            *self = file;
+        }
+    }
+}
+
+/// Declares the options struct and, from the same list of fields, the
+/// merge with the config file: an option is read from the file by being
+/// declared, so a new one cannot be left out (and one whose type is neither
+/// `Option` nor `Vec` does not compile).
+macro_rules! options {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $( $(#[$fmeta:meta])* $fvis:vis $field:ident: $ty:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $( $(#[$fmeta])* $fvis $field: $ty, )*
+        }
+
+        impl $name {
+            /// Take from `file` each option that flags and environment left open.
+            fn or_file(&mut self, file: Self) {
+                $( FromFile::or_file(&mut self.$field, file.$field); )*
+            }
+        }
+    };
+}
+
+options! {
+/// Options of `herdguard proxy`. Durations read as people write them
+/// (`500ms`, `10s`, `2m`, `1h 30m`, or bare seconds), sizes too (`64MiB`,
+/// `512KiB`, `1GB`, or bare bytes).
 #[derive(Debug, Args, Deserialize, Default)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub(crate) struct ProxyArgs {
     /// TOML file with any of these options (long names as keys, e.g.
-    /// `upstream = "http://127.0.0.1:8000"`, `trusted-proxies = ["10.0.0.0/8"]`).
-    /// Flags and environment variables override it.
+    /// `upstream = "http://127.0.0.1:8000"`, `trusted-proxies = ["10.0.0.0/8"]`,
+    /// `max-body-bytes = "4MiB"`). Flags and environment variables override it.
     #[arg(long, env = "HERDGUARD_CONFIG")]
     #[serde(skip)]
     pub(crate) config: Option<PathBuf>,
-    /// Address for clients [default: 127.0.0.1:8080].
+    /// Address for clients.
     #[arg(long, env = "HERDGUARD_LISTEN")]
     listen: Option<SocketAddr>,
     /// The API to cache, `http://host[:port]` or `https://host[:port]` (required).
@@ -48,19 +109,19 @@ pub(crate) struct ProxyArgs {
     /// [default: the system's root store].
     #[arg(long, env = "HERDGUARD_UPSTREAM_CA")]
     upstream_ca: Option<PathBuf>,
-    /// Bound on connecting to the upstream [default: 5s]; past it, 504.
+    /// Bound on connecting to the upstream; past it, 504.
     #[arg(long, env = "HERDGUARD_CONNECT_TIMEOUT", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     connect_timeout: Option<Duration>,
-    /// Bound on the upstream's response head [default: 60s]; past it, 504.
+    /// Bound on the upstream's response head; past it, 504.
     #[arg(long, env = "HERDGUARD_UPSTREAM_TIMEOUT", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     upstream_timeout: Option<Duration>,
-    /// Idle upstream connections are closed after this [default: 30s].
+    /// Idle upstream connections are closed after this.
     #[arg(long, env = "HERDGUARD_UPSTREAM_IDLE_TIMEOUT", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     upstream_idle_timeout: Option<Duration>,
-    /// Idle upstream connections kept open [default: 256].
+    /// Idle upstream connections kept open.
     #[arg(long, env = "HERDGUARD_UPSTREAM_MAX_IDLE")]
     upstream_max_idle: Option<usize>,
     /// Address of the admin listener: /healthz, /readyz, /metrics [default: off].
@@ -87,10 +148,10 @@ pub(crate) struct ProxyArgs {
     /// PEM CA for a `rediss://` Redis with a private CA [default: system roots].
     #[arg(long, env = "HERDGUARD_REDIS_CA")]
     redis_ca: Option<PathBuf>,
-    /// Prefix of every Redis key [default: proxy].
+    /// Prefix of every Redis key, the library's own default unless set.
     #[arg(long, env = "HERDGUARD_REDIS_NAMESPACE")]
     redis_namespace: Option<String>,
-    /// Serve stale while one request updates, for answers that allow it [default: 0s].
+    /// Serve stale while one request updates, for answers that allow it.
     #[arg(long, env = "HERDGUARD_GRACE", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     grace: Option<Duration>,
@@ -98,23 +159,26 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "HERDGUARD_DEFAULT_TTL", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     default_ttl: Option<Duration>,
-    /// Largest body stored; larger answers stream past the cache [default: 8388608].
-    #[arg(long, env = "HERDGUARD_MAX_BODY_BYTES")]
-    max_body_bytes: Option<usize>,
-    /// Memory for entries [default: 268435456].
-    #[arg(long, env = "HERDGUARD_CAPACITY_BYTES")]
+    /// Largest body stored; larger answers stream past the cache.
+    #[arg(long, env = "HERDGUARD_MAX_BODY_BYTES", value_parser = parse_bytes)]
+    #[serde(default, deserialize_with = "de_bytes")]
+    max_body_bytes: Option<u64>,
+    /// Memory for entries.
+    #[arg(long, env = "HERDGUARD_CAPACITY_BYTES", value_parser = parse_bytes)]
+    #[serde(default, deserialize_with = "de_bytes")]
     capacity_bytes: Option<u64>,
-    /// Client connections served at once; more wait in the backlog [default: 10000].
+    /// Client connections served at once; more wait in the backlog.
     #[arg(long, env = "HERDGUARD_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
-    /// Bound on receiving a request head, also the TLS handshake [default: 10s].
+    /// Bound on receiving a request head, also the TLS handshake.
     #[arg(long, env = "HERDGUARD_HEADER_TIMEOUT", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     header_timeout: Option<Duration>,
-    /// Largest request head; HTTP/1.1 answers 431 above it [default: 65536].
-    #[arg(long, env = "HERDGUARD_MAX_HEADER_BYTES")]
-    max_header_bytes: Option<usize>,
-    /// Bound on finishing in-flight requests after SIGTERM or SIGINT [default: 30s].
+    /// Largest request head; HTTP/1.1 answers 431 above it.
+    #[arg(long, env = "HERDGUARD_MAX_HEADER_BYTES", value_parser = parse_bytes)]
+    #[serde(default, deserialize_with = "de_bytes")]
+    max_header_bytes: Option<u64>,
+    /// Bound on finishing in-flight requests after SIGTERM or SIGINT.
     #[arg(long, env = "HERDGUARD_SHUTDOWN_TIMEOUT", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     shutdown_timeout: Option<Duration>,
@@ -125,16 +189,88 @@ pub(crate) struct ProxyArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, env = "HERDGUARD_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Log format [default: text].
+    /// Log format.
     #[arg(long, env = "HERDGUARD_LOG_FORMAT", value_enum)]
     log_format: Option<LogFormat>,
     /// One line per request, buffered and written off the request path:
-    /// a file path (appended to), `stdout`, `stderr` or `off`
-    /// [default: stderr]. Lines that would wait on a slow destination are
-    /// dropped and counted in herdguard_access_log_dropped_lines_total.
+    /// a file path (appended to), `stdout`, `stderr` or `off`. Lines that
+    /// would wait on a slow destination are dropped and counted in
+    /// herdguard_access_log_dropped_lines_total.
     #[arg(long, env = "HERDGUARD_ACCESS_LOG")]
     #[serde(default, deserialize_with = "de_access_log")]
     access_log: Option<String>,
+}
+}
+
+/// The `[default: …]` that `--help` shows for each option with a value as
+/// its default, from the values the proxy and the library use.
+fn shown_defaults() -> Vec<(&'static str, String)> {
+    let server = ServerConfig::new(DEFAULT_LISTEN);
+    let upstream = UpstreamOptions::default();
+    let duration = |d: Duration| humantime::format_duration(d).to_string();
+    let bytes = |b: u64| show_bytes(b);
+    vec![
+        ("listen", DEFAULT_LISTEN.to_string()),
+        ("connect_timeout", duration(upstream.connect_timeout)),
+        ("upstream_timeout", duration(upstream.response_timeout)),
+        ("upstream_idle_timeout", duration(upstream.idle_timeout)),
+        ("upstream_max_idle", upstream.max_idle.to_string()),
+        (
+            "redis_namespace",
+            RedisOptions::DEFAULT_NAMESPACE.to_owned(),
+        ),
+        ("grace", duration(Duration::ZERO)),
+        ("max_body_bytes", bytes(DEFAULT_MAX_BODY_BYTES)),
+        ("capacity_bytes", bytes(DEFAULT_CAPACITY_BYTES)),
+        ("max_connections", server.max_connections.to_string()),
+        ("header_timeout", duration(server.header_timeout)),
+        ("max_header_bytes", bytes(server.max_header_bytes as u64)),
+        ("shutdown_timeout", duration(server.shutdown_timeout)),
+        ("log_format", "text".to_owned()),
+        ("access_log", DEFAULT_ACCESS_LOG.to_owned()),
+    ]
+}
+
+/// Append `[default: …]` from [`shown_defaults`] to the help of the
+/// `proxy` subcommand's options.
+pub(crate) fn show_defaults(mut cmd: clap::Command) -> clap::Command {
+    for (id, value) in shown_defaults() {
+        cmd = cmd.mut_arg(id, |arg| {
+            let add = |h: Option<&clap::builder::StyledStr>| {
+                format!(
+                    "{} [default: {value}]",
+                    h.map(ToString::to_string).unwrap_or_default()
+                )
+            };
+            let long = arg.get_long_help().map(|h| add(Some(h)));
+            let short = add(arg.get_help());
+            let arg = arg.help(short);
+            match long {
+                Some(long) => arg.long_help(long),
+                None => arg,
+            }
+        });
+    }
+    cmd
+}
+
+/// `8MiB` for whole binary units, else bytes: what `parse_bytes` reads back.
+fn show_bytes(n: u64) -> String {
+    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if n >= size && n.is_multiple_of(size) {
+            return format!("{}{unit}", n / size);
+        }
+    }
+    n.to_string()
+}
+
+/// A size as people write it: `64MiB`, `512 KiB`, `1.5GB` (MB is 10^6,
+/// MiB 2^20; see `bytesize`), or bare bytes as before.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|e| format!("{s:?} is not a size (64MiB, 512KiB, 8388608): {e}"))
 }
 
 /// `access-log` in the config file: a string as on the command line, or the
@@ -152,17 +288,35 @@ fn de_access_log<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String
     }))
 }
 
-fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let s = Option::<String>::deserialize(d)?;
-    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
-        .transpose()
+/// A number (seconds or bytes) or a string as on the command line.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrText {
+    Number(u64),
+    Text(String),
 }
 
-macro_rules! merge {
-    ($a:ident, $b:ident; $($opt:ident),*; $($vec:ident),*) => {
-        $( if $a.$opt.is_none() { $a.$opt = $b.$opt.take(); } )*
-        $( if $a.$vec.is_empty() { $a.$vec = std::mem::take(&mut $b.$vec); } )*
-    };
+/// A duration in the config file: `"5s"`, or a number of seconds.
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    Ok(match Option::<NumberOrText>::deserialize(d)? {
+        None => None,
+        Some(NumberOrText::Number(secs)) => Some(Duration::from_secs(secs)),
+        Some(NumberOrText::Text(s)) => Some(parse_duration(&s).map_err(serde::de::Error::custom)?),
+    })
+}
+
+/// A size in the config file: `"64MiB"`, or a number of bytes.
+fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(match Option::<NumberOrText>::deserialize(d)? {
+        None => None,
+        Some(NumberOrText::Number(n)) => Some(n),
+        Some(NumberOrText::Text(s)) => Some(parse_bytes(&s).map_err(serde::de::Error::custom)?),
+    })
+}
+
+/// A size option as the type the setting takes.
+fn size<T: TryFrom<u64>>(option: &str, bytes: u64) -> Result<T, String> {
+    T::try_from(bytes).map_err(|_| format!("--{option} {bytes} is too large for this platform"))
 }
 
 impl ProxyArgs {
@@ -173,16 +327,8 @@ impl ProxyArgs {
         };
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let mut file: Self =
-            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let a = &mut self;
-        merge!(a, file;
-            listen, upstream, upstream_ca, connect_timeout, upstream_timeout,
-            upstream_idle_timeout, upstream_max_idle, admin, purge_token, redis,
-            redis_ca, redis_namespace, grace, default_ttl, max_body_bytes,
-            capacity_bytes, max_connections, header_timeout, max_header_bytes,
-            shutdown_timeout, tls_cert, tls_key, log_format, access_log;
-            trusted_proxies, redis_cluster);
+        let file: Self = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.or_file(file);
         Ok(self)
     }
 
@@ -194,19 +340,19 @@ impl ProxyArgs {
         if let Some(ttl) = self.default_ttl {
             builder = builder.default_ttl(ttl);
         }
-        if let Some(bytes) = self.max_body_bytes {
-            builder = builder.max_body_bytes(bytes);
-        }
-        if let Some(bytes) = self.capacity_bytes {
-            builder = builder.capacity_bytes(bytes);
-        }
+        let body = self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        builder = builder.max_body_bytes(size("max-body-bytes", body)?);
+        let capacity = self.capacity_bytes.unwrap_or(DEFAULT_CAPACITY_BYTES);
+        builder = builder.capacity_bytes(size("capacity-bytes", capacity)?);
         let redis = match (&self.redis, self.redis_cluster.is_empty()) {
             (Some(url), _) => Some(RedisOptions::new(url.clone())),
             (None, false) => Some(RedisOptions::cluster(self.redis_cluster.clone())),
             (None, true) => None,
         };
         if let Some(mut redis) = redis {
-            redis = redis.namespace(self.redis_namespace.as_deref().unwrap_or("proxy"));
+            if let Some(namespace) = &self.redis_namespace {
+                redis = redis.namespace(namespace.as_str());
+            }
             if let Some(ca) = &self.redis_ca {
                 let pem =
                     std::fs::read(ca).map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
@@ -245,20 +391,22 @@ impl ProxyArgs {
         Ok(config)
     }
 
-    fn server_config(&self) -> ServerConfig {
-        let listen = self
-            .listen
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+    fn server_config(&self) -> Result<ServerConfig, String> {
+        let listen = self.listen.unwrap_or(DEFAULT_LISTEN);
         let d = ServerConfig::new(listen);
-        ServerConfig {
+        let max_header_bytes = match self.max_header_bytes {
+            Some(b) => size("max-header-bytes", b)?,
+            None => d.max_header_bytes,
+        };
+        Ok(ServerConfig {
             listen,
             admin: self.admin,
             max_connections: self.max_connections.unwrap_or(d.max_connections),
             header_timeout: self.header_timeout.unwrap_or(d.header_timeout),
-            max_header_bytes: self.max_header_bytes.unwrap_or(d.max_header_bytes),
+            max_header_bytes,
             shutdown_timeout: self.shutdown_timeout.unwrap_or(d.shutdown_timeout),
             tls: self.tls_cert.clone().zip(self.tls_key.clone()),
-        }
+        })
     }
 }
 
@@ -288,7 +436,8 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
     };
     let format = args.log_format.unwrap_or(LogFormat::Text);
     init_logging(format);
-    let access = match Destination::parse(args.access_log.as_deref().unwrap_or("stderr")) {
+    let access = match Destination::parse(args.access_log.as_deref().unwrap_or(DEFAULT_ACCESS_LOG))
+    {
         Ok(Some(dest)) => {
             let format = match format {
                 LogFormat::Text => access_log::Format::Text,
@@ -311,7 +460,7 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     let result = runtime.block_on(async {
-        let server = args.server_config();
+        let server = args.server_config()?;
         // Before the layer, so the gauges it sets when built are recorded.
         let metrics = if server.admin.is_some() {
             Some(server::install_metrics()?)
@@ -365,5 +514,139 @@ async fn check_upstream_name(upstream: &Uri) -> Result<(), String> {
             None => Err(format!("the upstream host {host:?} has no address")),
         },
         Err(e) => Err(format!("cannot resolve the upstream host {host:?}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command};
+
+    use super::*;
+
+    fn help() -> String {
+        let cmd = show_defaults(ProxyArgs::augment_args(Command::new("proxy")));
+        cmd.term_width(1000).render_help().to_string()
+    }
+
+    /// `--help` shows the defaults the code uses: the upstream's, the server's, the library's namespace, the proxy's sizes.
+    #[test]
+    fn help_shows_the_codes_defaults() {
+        let help = help();
+        let upstream = UpstreamOptions::default();
+        let server = ServerConfig::new(DEFAULT_LISTEN);
+        for shown in [
+            format!(
+                "[default: {}]",
+                humantime::format_duration(upstream.connect_timeout)
+            ),
+            format!(
+                "[default: {}]",
+                humantime::format_duration(upstream.response_timeout)
+            ),
+            format!(
+                "[default: {}]",
+                humantime::format_duration(server.header_timeout)
+            ),
+            format!("[default: {}]", server.max_connections),
+            format!("[default: {}]", RedisOptions::DEFAULT_NAMESPACE),
+            format!("[default: {DEFAULT_LISTEN}]"),
+            "[default: 8MiB]".to_owned(),
+            "[default: 256MiB]".to_owned(),
+            "[default: 64KiB]".to_owned(),
+        ] {
+            assert!(help.contains(&shown), "{shown} missing from\n{help}");
+        }
+    }
+
+    /// Every size `--help` shows reads back as the same number of bytes.
+    #[test]
+    fn shown_sizes_read_back() {
+        for n in [
+            DEFAULT_MAX_BODY_BYTES,
+            DEFAULT_CAPACITY_BYTES,
+            64 * 1024,
+            1000,
+            1 << 30,
+        ] {
+            assert_eq!(parse_bytes(&show_bytes(n)), Ok(n), "{}", show_bytes(n));
+        }
+    }
+
+    /// Sizes and durations read as people write them, and bare numbers as before.
+    #[test]
+    fn sizes_and_durations_read_as_written() {
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("512 KiB"), Ok(512 << 10));
+        assert_eq!(parse_bytes("1MB"), Ok(1_000_000));
+        assert_eq!(parse_bytes("8388608"), Ok(8_388_608));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("-5s").is_err());
+    }
+
+    /// The config file can set every option, in the forms people write.
+    #[test]
+    fn config_file_sets_every_option() {
+        let file = r#"
+            listen = "127.0.0.1:9000"
+            upstream = "http://127.0.0.1:8000"
+            upstream-ca = "/ca.pem"
+            connect-timeout = "250ms"
+            upstream-timeout = 30
+            upstream-idle-timeout = "1m"
+            upstream-max-idle = 8
+            admin = "127.0.0.1:9001"
+            purge-token = "t"
+            trusted-proxies = ["10.0.0.0/8"]
+            redis = "redis://127.0.0.1"
+            redis-cluster = ["redis://127.0.0.1:7000"]
+            redis-ca = "/redis-ca.pem"
+            redis-namespace = "ns"
+            grace = "10s"
+            default-ttl = "5s"
+            max-body-bytes = "4MiB"
+            capacity-bytes = 1048576
+            max-connections = 10
+            header-timeout = "2s"
+            max-header-bytes = "16KiB"
+            shutdown-timeout = "1s"
+            tls-cert = "/cert.pem"
+            tls-key = "/key.pem"
+            log-format = "json"
+            access-log = "off"
+        "#;
+        let file: ProxyArgs = toml::from_str(file).unwrap();
+        let mut args = ProxyArgs {
+            config: Some("/proxy.toml".into()),
+            ..ProxyArgs::default()
+        };
+        args.or_file(file);
+        let shown = format!("{args:?}");
+        assert!(!shown.contains("None") && !shown.contains("[]"), "{shown}");
+        assert_eq!(args.max_body_bytes, Some(4 << 20));
+        assert_eq!(args.capacity_bytes, Some(1 << 20));
+        assert_eq!(args.max_header_bytes, Some(16 << 10));
+        assert_eq!(args.upstream_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(args.connect_timeout, Some(Duration::from_millis(250)));
+    }
+
+    /// What flags or the environment set wins over the file.
+    #[test]
+    fn flags_win_over_the_file() {
+        let file: ProxyArgs =
+            toml::from_str("grace = \"10s\"\ntrusted-proxies = [\"10.0.0.0/8\"]").unwrap();
+        let mut args = ProxyArgs {
+            grace: Some(Duration::from_secs(1)),
+            trusted_proxies: vec!["127.0.0.1".into()],
+            ..ProxyArgs::default()
+        };
+        args.or_file(file);
+        assert_eq!(args.grace, Some(Duration::from_secs(1)));
+        assert_eq!(args.trusted_proxies, ["127.0.0.1"]);
     }
 }

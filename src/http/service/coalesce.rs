@@ -107,7 +107,7 @@ where
                 });
                 return released(&state, call, status, |_| None).await;
             };
-            state.engine.counters.record(Source::Coalesced);
+            state.counters().record(Source::Coalesced);
             let status = state.status(format_args!(
                 "fwd={}; fwd-status={}; collapsed; detail=streamed",
                 fwd.as_str(),
@@ -182,7 +182,7 @@ where
             };
         }
     }
-    let counters = &state.engine.counters;
+    let counters = state.counters();
     // stale-if-error: the stored response stands in for a failed origin.
     // Without a copy of its own, a copy kept aside since (read from Redis
     // during the flight) stands in.
@@ -356,7 +356,7 @@ where
         if let Some(r) = fallback(None) {
             return Ok(r);
         }
-        state.engine.counters.record_error();
+        state.counters().record_error();
         return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
     };
     direct_with(state, call, status, Some(permit)).await

@@ -49,7 +49,7 @@ where
     };
     let (call, mut passthrough_rx, error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
-    let counters = &state.engine.counters;
+    let counters = state.counters();
     counters.origin_call();
     let served = Served::Forwarded {
         fwd: Forward::Request,
@@ -139,10 +139,10 @@ where
 {
     let Some(OriginCall { mut inner, req, .. }) = call else {
         // Only the leader has no call left, and a leader always has an outcome.
-        state.engine.counters.record_error();
+        state.counters().record_error();
         return Ok(state.error_response(&Error::Aborted));
     };
-    let counters = &state.engine.counters;
+    let counters = state.counters();
     let permit = match permit {
         Some(p) => Some(p),
         None => state.engine.fallback_permit().await,

@@ -26,8 +26,8 @@ impl LayerState {
         request_headers: &HeaderMap,
     ) -> Fill<CachedResponse> {
         match &verdict {
-            ResponseVerdict::Share => self.engine.counters.not_stored("no-freshness"),
-            ResponseVerdict::Pass(reason) => self.engine.counters.not_stored(reason),
+            ResponseVerdict::Share => self.counters().not_stored("no-freshness"),
+            ResponseVerdict::Pass(reason) => self.counters().not_stored(reason),
             ResponseVerdict::Store { .. } => {}
         }
         match verdict {

@@ -174,7 +174,7 @@ impl<S> CacheService<S> {
             RequestVerdict::Bypass(fwd) => {
                 let invalidate =
                     policy::invalidates(req.method()).then(|| state.invalidation_for(&req));
-                state.engine.counters.record(Source::Bypass);
+                state.counters().record(Source::Bypass);
                 let status = state.status_fwd(fwd, None);
                 return ResponseFuture::bypass(inner.call(req), status, invalidate);
             }
@@ -183,7 +183,7 @@ impl<S> CacheService<S> {
         // a rebuilt request would drop the body but keep its framing: pass
         // it through untouched, body and all.
         if has_body(req.headers()) {
-            state.engine.counters.record(Source::Bypass);
+            state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some("request-body"));
             return ResponseFuture::bypass(inner.call(req), status, None);
         }
@@ -193,7 +193,7 @@ impl<S> CacheService<S> {
             RequestForm::Keyed => req,
             RequestForm::UppercaseHost => lowercase_host(req),
             RequestForm::Unkeyed(why) => {
-                state.engine.counters.record(Source::Bypass);
+                state.counters().record(Source::Bypass);
                 let status = state.status_fwd(Forward::Request, Some(why.detail()));
                 return ResponseFuture::bypass(inner.call(req), status, None);
             }
@@ -203,7 +203,7 @@ impl<S> CacheService<S> {
         let (req, route_key) = state.route_key(req);
         let target = state.target_for(&req, route_key);
         if !rd.only_if_cached && state.range_to_origin(&req, &target.key) {
-            state.engine.counters.record(Source::Bypass);
+            state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some("too-large"));
             return ResponseFuture::bypass(inner.call(req), status, None);
         }
@@ -264,7 +264,7 @@ impl<S> CacheService<S> {
                             && policy::usability(&rd, v.value.rules, age, state.http.rules.grace)
                                 == Usable::Fresh;
                         if fresh {
-                            state.engine.counters.record(Source::Hit);
+                            state.counters().record(Source::Hit);
                             let view = View::of(&req, head);
                             return ResponseFuture::ready(state.respond(&v, &view, Served::Hit));
                         }
@@ -281,7 +281,7 @@ impl<S> CacheService<S> {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
                 }
-                state.engine.counters.record(Source::Bypass);
+                state.counters().record(Source::Bypass);
                 let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
                 return ResponseFuture::bypass(inner.call(req), status, None);
             }
@@ -306,7 +306,7 @@ impl<S> CacheService<S> {
             // The engine's own clock may end freshness earlier (an L1 bound
             // in front of a shared store): then ask the flight.
             Usable::Fresh if engine_fresh => {
-                state.engine.counters.record(Source::Hit);
+                state.counters().record(Source::Hit);
                 // Refresh-ahead: the one hit that finds this copy in the last
                 // part of its freshness starts the background refresh.
                 if entry.claim_refresh(stored_age) {
@@ -324,7 +324,7 @@ impl<S> CacheService<S> {
                 ResponseFuture::ready(state.respond(&entry, &view, Served::Hit))
             }
             usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
-                state.engine.counters.record(Source::Stale);
+                state.counters().record(Source::Stale);
                 let refresh = OriginCall::new(
                     inner,
                     refresh_request(&req),
@@ -338,7 +338,7 @@ impl<S> CacheService<S> {
                 ResponseFuture::ready(state.respond(&entry, &view, served))
             }
             Usable::StaleAccepted => {
-                state.engine.counters.record(Source::Stale);
+                state.counters().record(Source::Stale);
                 let served = Served::Stale("max-stale");
                 ResponseFuture::ready(state.respond(&entry, &view, served))
             }

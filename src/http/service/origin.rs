@@ -259,7 +259,7 @@ where
             .and_then(|v| v.parse::<u64>().ok());
         let mut body = Box::pin(body);
         if declared.is_some_and(|len| len > limit as u64) {
-            state.engine.counters.not_stored("too-large");
+            state.counters().not_stored("too-large");
             state.too_large.mark(target.key);
             let Some(head) = head else {
                 if let Some(tx) = passthrough {
@@ -338,7 +338,7 @@ where
                 None => buffered = Some(share),
             }
             if total > limit {
-                state.engine.counters.not_stored("too-large");
+                state.counters().not_stored("too-large");
                 state.too_large.mark(target.key);
                 // Storable but for its size (then this is its first frame;
                 // later ones stream below): shared through a window of

@@ -121,7 +121,7 @@ impl LayerState {
         fwd: Forward,
         source: Source,
     ) -> Response<CacheBody<B>> {
-        self.engine.counters.record(source);
+        self.counters().record(source);
         match handoff {
             Handoff::TooLarge(mut response) => {
                 let status = self.status_fwd(fwd, Some("too-large"));
@@ -234,7 +234,7 @@ impl LayerState {
 
     /// RFC 9111 §5.2.1.7: nothing stored may answer an only-if-cached request.
     pub(super) fn only_if_cached<B>(&self) -> Response<CacheBody<B>> {
-        self.engine.counters.record(Source::Bypass);
+        self.counters().record(Source::Bypass);
         let mut response = Response::new(CacheBody::empty());
         *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
         let status = self.status(format_args!("detail=only-if-cached"));

@@ -171,7 +171,7 @@ pub(super) async fn stream_rest<ResB: OriginBody>(
                 // pays for as the window, and stop keeping the rest.
                 _ => {
                     if total > limit {
-                        state.engine.counters.not_stored("too-large");
+                        state.counters().not_stored("too-large");
                         state.too_large.mark(key);
                     }
                     storing = false;

@@ -135,6 +135,10 @@ pub(crate) fn redact(url: &str) -> String {
 }
 
 impl RedisOptions {
+    /// The namespace of every key unless [`namespace`](Self::namespace)
+    /// sets another: `herdguard`.
+    pub const DEFAULT_NAMESPACE: &'static str = "herdguard";
+
     /// Options for the Redis at `url` (`redis://[user:pass@]host:port[/db]`), with defaults:
     /// namespace `herdguard`, 4 connections, connect timeout 1 s, response
     /// timeout 250 ms, pool wait 250 ms, lease 5 s (extended every lease/3
@@ -163,7 +167,7 @@ impl RedisOptions {
             cluster,
             #[cfg(feature = "tls")]
             tls_root_cert: None,
-            namespace: "herdguard".to_owned(),
+            namespace: Self::DEFAULT_NAMESPACE.to_owned(),
             connections: 4,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(250),

@@ -23,7 +23,7 @@ pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Bytes held for the writer; past it lines are dropped and counted.
 pub(crate) const MAX_BUFFERED: usize = 4 * 1024 * 1024;
 /// Counter of access-log lines dropped because the writer fell behind.
-pub(crate) const DROPPED_METRIC: &str = "herdguard_access_log_dropped_lines_total";
+pub(crate) const DROPPED_METRIC: &str = herdguard::metric_names::ACCESS_LOG_DROPPED;
 /// How long the last lines may take to reach the disk at exit.
 const FINISH_WAIT: Duration = Duration::from_secs(5);
 

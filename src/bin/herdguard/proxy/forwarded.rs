@@ -29,10 +29,7 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: &'static str, item: &st
 
 /// An address range, `10.0.0.0/8`, `::1/128`, or one address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Cidr {
-    net: IpAddr,
-    bits: u8,
-}
+pub(crate) struct Cidr(ipnet::IpNet);
 
 impl Cidr {
     pub(crate) fn contains(&self, ip: IpAddr) -> bool {
@@ -41,23 +38,7 @@ impl Cidr {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
             v4 => v4,
         };
-        match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(&n.octets(), &a.octets(), self.bits),
-            (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(&n.octets(), &a.octets(), self.bits),
-            _ => false,
-        }
-    }
-}
-
-fn prefix_eq(a: &[u8], b: &[u8], bits: u8) -> bool {
-    let full = usize::from(bits / 8);
-    let rest = bits % 8;
-    if a[..full] != b[..full] {
-        return false;
-    }
-    rest == 0 || {
-        let mask = 0xffu8 << (8 - rest);
-        a[full] & mask == b[full] & mask
+        self.0.contains(&ip)
     }
 }
 
@@ -65,18 +46,15 @@ impl FromStr for Cidr {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
         let bad = || format!("{s:?} is not an address or CIDR range (10.0.0.0/8, ::1)");
-        let (addr, bits) = match s.trim().split_once('/') {
-            Some((a, b)) => (a, Some(b.parse::<u8>().map_err(|_| bad())?)),
-            None => (s.trim(), None),
-        };
-        let net: IpAddr = addr.parse().map_err(|_| bad())?;
-        let max = if net.is_ipv4() { 32 } else { 128 };
-        let bits = bits.unwrap_or(max);
-        if bits > max {
-            return Err(bad());
+        if s.contains('/') {
+            s.parse().map(Self).map_err(|_| bad())
+        } else {
+            s.parse::<IpAddr>()
+                .map(|a| Self(a.into()))
+                .map_err(|_| bad())
         }
-        Ok(Self { net, bits })
     }
 }
 

@@ -565,44 +565,28 @@ pub(crate) fn status(code: StatusCode, text: &str) -> Response<ProxyBody> {
     r
 }
 
+/// Equal without a timing that tells how many leading bytes matched (the
+/// length still shows).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
+/// `%XX` decoded; a `%` not followed by two hex digits stays as it is, and
+/// bytes that are not UTF-8 become U+FFFD.
 fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied().and_then(hex),
-            bytes.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
-/// `60s`, `500ms`, `2m`, or bare seconds.
+/// A duration as people write it (`60s`, `500ms`, `2m`, `1h 30m`, see
+/// `humantime`), or bare seconds (`60`), as before.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let bad = || format!("{s:?} is not a duration (60s, 500ms, 2m)");
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?)),
-        "h" => Ok(Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?)),
-        _ => Err(bad()),
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
     }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration (60s, 500ms, 2m): {e}"))
 }

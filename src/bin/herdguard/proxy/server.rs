@@ -349,7 +349,10 @@ pub(crate) fn install_metrics() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS)
         .and_then(|b| {
-            b.set_buckets_for_metric(Matcher::Full("herdguard_entry_bytes".to_owned()), BYTES)
+            b.set_buckets_for_metric(
+                Matcher::Full(herdguard::metric_names::ENTRY_BYTES.to_owned()),
+                BYTES,
+            )
         })
         .and_then(|b| b.install_recorder())
         .map_err(|e| e.to_string())?;
