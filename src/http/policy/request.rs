@@ -55,18 +55,30 @@ pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestV
     // Protocol upgrades are passed through untouched; If-Match and
     // If-Unmodified-Since are the origin's to evaluate (412). `Range` is
     // served from the cache (crate::http::range).
-    if headers.contains_key(header::UPGRADE)
-        || headers.contains_key(header::IF_MATCH)
-        || headers.contains_key(header::IF_UNMODIFIED_SINCE)
-    {
-        return RequestVerdict::Bypass(Forward::Request);
+    // One pass over the names (a request has few) instead of a lookup,
+    // with its hashing, for each name asked about.
+    let (mut has_cc, mut has_pragma) = (false, false);
+    for name in headers.keys() {
+        if *name == header::UPGRADE
+            || *name == header::IF_MATCH
+            || *name == header::IF_UNMODIFIED_SINCE
+        {
+            return RequestVerdict::Bypass(Forward::Request);
+        }
+        has_cc |= *name == header::CACHE_CONTROL;
+        has_pragma |= *name == header::PRAGMA;
     }
-    let cc = CacheControl::parse(headers);
+    let cc = if has_cc {
+        CacheControl::parse(headers)
+    } else {
+        CacheControl::default()
+    };
     // RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
     if cc.no_store {
         return RequestVerdict::Bypass(Forward::Request);
     }
-    let pragma_no_cache = !headers.contains_key(header::CACHE_CONTROL)
+    let pragma_no_cache = !has_cc
+        && has_pragma
         && headers.get_all(header::PRAGMA).iter().any(|v| {
             v.as_bytes()
                 .split(|b| *b == b',')
