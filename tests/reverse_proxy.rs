@@ -320,6 +320,7 @@ async fn soft_purge_header_marks_stale_on_both_routes() {
         "{}",
         cache_status(&h)
     );
+    let s = &s;
     let fresh = |want: &'static str| async move {
         for _ in 0..500 {
             let (_, h, body) = s.send("GET", "/cached/1", &swr, "").await;

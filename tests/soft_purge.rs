@@ -249,6 +249,39 @@ async fn memory_only_a_hot_key_costs_one_refresh_and_nobody_waits() {
     assert_eq!(origin.calls(), 2);
 }
 
+/// Without Redis, a fill that started before a soft purge (a reload held at the origin) is handed to its request but not stored: the next request gets the soft-purged copy, stale, and one refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_only_an_older_fill_is_not_stored_after_a_soft_purge() {
+    let origin = Gated::new(2, SWR);
+    let layer = CacheLayer::new();
+    let app = origin.app(layer.clone());
+    send(&app, get_req("/race")).await;
+    let older = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let reload = req(Method::GET, "/race", &[("cache-control", "no-cache")]);
+            send(&app, reload).await
+        }
+    });
+    origin.wait_calls(2).await;
+    assert_eq!(
+        layer.soft_purge_url(&url("/race")).await.unwrap(),
+        Purged::Local
+    );
+    origin.open();
+    let (_, _, body) = older.await.unwrap();
+    assert_eq!(text(&body), "call=2", "the reload gets its own answer");
+    let (_, h, body) = send(&app, get_req("/race")).await;
+    assert_eq!(text(&body), "call=1", "{}", cache_status(&h));
+    assert!(
+        cache_status(&h).contains("detail=soft-purge"),
+        "{}",
+        cache_status(&h)
+    );
+    until_body(&app, "/race", "call=3").await;
+    assert_eq!(origin.calls(), 3);
+}
+
 /// A `must-revalidate` entry is never served stale after a soft purge: it is deleted from Redis and every instance's next answer comes from the origin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_must_revalidate_entry_is_purged_as_by_a_purge() {

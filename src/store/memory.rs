@@ -376,6 +376,53 @@ mod tests {
         assert!(matches!(store.probe(&key), Probe::Miss));
     }
 
+    /// A soft-purged copy is stale at once, as old as its freshness (whole seconds) plus the time since, and usable for its stale window from the purge only.
+    #[tokio::test(start_paused = true)]
+    async fn a_soft_purge_makes_a_copy_stale_for_its_stale_window() {
+        let store = MemoryStore::new(1 << 20);
+        let key = CacheKey::new("k");
+        let meta = EntryMeta::now(Duration::from_millis(1_500), Duration::from_secs(2), 0);
+        let e = Arc::new(Stored::new(
+            Bytes::from_static(b"v"),
+            meta,
+            Duration::from_millis(1_500),
+            Duration::from_millis(3_500),
+            Duration::ZERO,
+        ));
+        store.insert(key, Arc::clone(&e));
+        store.soft_purge_where(|_, _| true);
+        assert!(matches!(store.probe(&key), Probe::Stale(_)));
+        assert!(!e.fresh_by_meta());
+        assert_eq!(e.age(), Duration::from_secs(2));
+        tokio::time::advance(Duration::from_millis(1_900)).await;
+        assert!(matches!(store.probe(&key), Probe::Stale(_)));
+        assert_eq!(e.soft_purged_for(), Some(Duration::from_millis(1_900)));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(matches!(store.probe(&key), Probe::Miss), "past the window");
+    }
+
+    /// A soft purge never lengthens a copy's life, and a copy with no stale window is not usable after one.
+    #[tokio::test(start_paused = true)]
+    async fn a_soft_purge_never_lengthens_a_copy_s_life() {
+        let store = MemoryStore::new(1 << 20);
+        let (a, b) = (CacheKey::new("a"), CacheKey::new("b"));
+        store.insert(a, stored(5, 5));
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_secs(10), 0);
+        let s = Stored::new(
+            Bytes::from_static(b"v"),
+            meta,
+            Duration::from_secs(5),
+            Duration::from_secs(6),
+            Duration::ZERO,
+        );
+        store.insert(b, Arc::new(s));
+        store.soft_purge_where(|_, _| true);
+        assert!(matches!(store.probe(&a), Probe::Miss), "no stale window");
+        assert!(matches!(store.probe(&b), Probe::Stale(_)));
+        tokio::time::advance(Duration::from_millis(6_100)).await;
+        assert!(matches!(store.probe(&b), Probe::Miss), "its own end holds");
+    }
+
     /// An entry read just before a purge by predicate is not returned after it.
     #[test]
     fn purge_where_hides_an_entry_read_just_before() {
