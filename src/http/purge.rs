@@ -98,8 +98,8 @@ pub(crate) enum PurgeMode {
 pub enum Purged {
     /// Everywhere, which is this process only: the layer has no Redis.
     Local,
-    /// Everywhere: the entries are deleted in Redis, their fences raised
-    /// and their groups stamped (so no fill that started before the purge
+    /// Everywhere: the entries are deleted in Redis (or, for a soft purge,
+    /// made stale there), their fences raised and their groups stamped (so no fill that started before the purge
     /// stores its answer, on any instance, heard the notice or not), and
     /// the notice is published. An instance that misses the notice stops
     /// answering from its copy when its L1 lifetime ends.
@@ -162,7 +162,8 @@ impl std::error::Error for PurgeError {
 
 /// A purge in progress, returned by [`CacheLayer::purge_url`](crate::CacheLayer::purge_url),
 /// [`purge_key`](crate::CacheLayer::purge_key) and
-/// [`purge_tag`](crate::CacheLayer::purge_tag).
+/// [`purge_tag`](crate::CacheLayer::purge_tag), and by their soft forms
+/// ([`soft_purge_url`](crate::CacheLayer::soft_purge_url) …).
 ///
 /// This process's memory is purged before the call returns. The Redis part
 /// runs in a spawned task whether or not the handle is awaited: drop it to
