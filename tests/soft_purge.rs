@@ -439,3 +439,20 @@ async fn a_soft_tag_purge_marks_only_tagged_entries() {
     until_body(&a, "/red", "call=3").await;
     assert_eq!(origin.calls(), 3);
 }
+
+/// A soft-purged entry stays in its URL's index: a purge after it still finds and deletes it, so an instance reading Redis next misses instead of being answered the stale copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_after_a_soft_purge_still_removes_the_entry() {
+    let server = RedisServer::start();
+    let origin = Gated::new(0, SWR);
+    let la = layer(server.url());
+    let a = origin.app(la.clone());
+    send(&a, get_req("/sh")).await;
+    assert_eq!(la.soft_purge_url(&url("/sh")).await.unwrap(), Purged::Redis);
+    assert_eq!(la.purge_url(&url("/sh")).await.unwrap(), Purged::Redis);
+    let c = origin.app(layer(server.url()));
+    let (_, h, body) = send(&c, get_req("/sh")).await;
+    assert_eq!(text(&body), "call=2", "{}", cache_status(&h));
+    assert!(cache_status(&h).contains("fwd=uri-miss"), "{}", cache_status(&h));
+    assert_eq!(origin.calls(), 2);
+}
