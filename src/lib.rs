@@ -296,8 +296,18 @@
 //!   process only (Redis unreachable). With Redis configured, copies made
 //!   outside it (Redis unreachable, or a failed write) live at most the L1
 //!   lifetime. docs/operations.md has the table of what a purge guarantees.
+//! - **Soft purge:** [`CacheLayer::soft_purge_url`],
+//!   [`soft_purge_key`](CacheLayer::soft_purge_key) and
+//!   [`soft_purge_tag`](CacheLayer::soft_purge_tag) mark the entries stale
+//!   instead of removing them (memory and Redis, every instance): one
+//!   refresh per cluster, every request answered the stale copy meanwhile
+//!   (`fwd=stale; …; detail=soft-purge`), for at most the entry's stale
+//!   window (`stale-while-revalidate` or grace) counted from the purge.
+//!   Entries with no stale window (`must-revalidate`, `no-cache` …) are
+//!   purged. A soft purge beats an older fill as a purge does.
 //! - **Cache-Status** names every outcome: `hit; ttl=N` (plus
-//!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=uri-miss |
+//!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=stale;
+//!   ttl=N; detail=soft-purge` (served stale after a soft purge), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
 //!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
 //!   error-not-shared, no-freshness (no `max-age`, `s-maxage` or `Expires`

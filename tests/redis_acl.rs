@@ -1,7 +1,7 @@
 //! The ACL command list in docs/operations.md is complete: a Redis user made
 //! from exactly that line (parsed from the doc here, so it cannot drift)
-//! runs the Redis paths: lease, fill, wait, purge by URL and by tag, and
-//! the purge index.
+//! runs the Redis paths: lease, fill, wait, purge and soft purge by URL and
+//! by tag, and the purge index.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -101,6 +101,11 @@ async fn the_documented_acl_runs_every_redis_path() {
     let (_, hb, _) = send(&b, get_req("/p")).await;
     assert!(!cache_status(&hb).contains("hit"), "{}", cache_status(&hb));
     assert_eq!(origin.calls(), 3);
+
+    // Soft purges by tag and by URL (the index walked with ZSCAN, the entry
+    // kept with a shorter PTTL): Redis takes both through this user.
+    assert_eq!(la.soft_purge_tag("t1").await.unwrap(), Purged::Redis);
+    assert_eq!(la.soft_purge_url(&u).await.unwrap(), Purged::Redis);
 
     let denied: Vec<redis::Value> = redis::cmd("ACL")
         .arg("LOG")

@@ -59,8 +59,14 @@ async fn cached(State(c): State<Counts>, headers: HeaderMap) -> Response<Body> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("t1")
         .to_owned();
+    // `x-swr`: served stale for a minute past freshness while one refresh runs.
+    let cache_control = if headers.contains_key("x-swr") {
+        "max-age=60, stale-while-revalidate=60"
+    } else {
+        "max-age=60"
+    };
     Response::builder()
-        .header("cache-control", "max-age=60")
+        .header("cache-control", cache_control)
         .header("surrogate-key", tag)
         .body(Body::from(format!("call={n}")))
         .unwrap()
@@ -294,6 +300,50 @@ async fn purge_tag_route_removes_tagged_entries() {
     let (_, h2, _) = s.send("GET", "/cached/2", &[], "").await;
     assert!(cache_status(&h1).contains("fwd="));
     assert!(cache_status(&h2).contains("hit"));
+    assert_eq!(s.counts.cached.load(Ordering::SeqCst), 3);
+}
+
+/// `Soft-Purge: 1` on PURGE and on the tag route marks the entry stale instead of removing it: the next answer is the old copy (`fwd=stale`), while one refresh replaces it.
+#[tokio::test]
+async fn soft_purge_header_marks_stale_on_both_routes() {
+    let s = setup(Some("sesame")).await;
+    let swr = [("x-swr", "1")];
+    s.send("GET", "/cached/1", &swr, "").await;
+    let soft = [("x-purge-token", "sesame"), ("soft-purge", "1")];
+    let (code, _, body) = s.send("PURGE", "/cached/1", &soft, "").await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&body).starts_with("soft-purged"));
+    let (_, h, body) = s.send("GET", "/cached/1", &swr, "").await;
+    assert_eq!(body, "call=1");
+    assert!(
+        cache_status(&h).contains("fwd=stale") && cache_status(&h).contains("detail=soft-purge"),
+        "{}",
+        cache_status(&h)
+    );
+    let s = &s;
+    let fresh = |want: &'static str| async move {
+        for _ in 0..500 {
+            let (_, h, body) = s.send("GET", "/cached/1", &swr, "").await;
+            if body == want {
+                return cache_status(&h).to_owned();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("never answered {want}");
+    };
+    assert!(fresh("call=2").await.contains("hit"));
+    assert_eq!(s.counts.cached.load(Ordering::SeqCst), 2);
+
+    let (code, _, _) = s.send("POST", "/.herdguard/purge/tag/t1", &soft, "").await;
+    assert_eq!(code, StatusCode::OK);
+    let (_, h, body) = s.send("GET", "/cached/1", &swr, "").await;
+    assert_eq!(body, "call=2");
+    assert!(
+        cache_status(&h).contains("detail=soft-purge"),
+        "{}",
+        cache_status(&h)
+    );
+    assert!(fresh("call=3").await.contains("hit"));
     assert_eq!(s.counts.cached.load(Ordering::SeqCst), 3);
 }
 

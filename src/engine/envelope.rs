@@ -122,6 +122,18 @@ pub(crate) fn encode_kept<V: Value>(meta: &EntryMeta, value: &V, kept: Duration)
     out.freeze()
 }
 
+/// The keep time past freshness an encoding carries (at [`KEPT_OFFSET`]),
+/// zero when it is too short to hold one. With the entry's PTTL it says,
+/// on the store's own clock, how long the entry has been stale.
+pub(crate) fn kept_of(bytes: &[u8]) -> Duration {
+    bytes
+        .get(KEPT_OFFSET..KEPT_OFFSET + 8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(Duration::ZERO, |b| {
+            Duration::from_millis(u64::from_le_bytes(b))
+        })
+}
+
 /// Decode an envelope; never panics on any input. Anything but an intact
 /// entry of this version (short, foreign, older, truncated, flipped) is an
 /// error, which callers treat as a miss.
@@ -209,6 +221,8 @@ mod tests {
         let v = encode_kept(&meta, &Bytes::from_static(b"x"), Duration::from_secs(600));
         assert_eq!(read(&v, STALE_OFFSET), 70_001);
         assert_eq!(read(&v, KEPT_OFFSET), 600_000);
+        assert_eq!(kept_of(&v), Duration::from_secs(600));
+        assert_eq!(kept_of(&v[..KEPT_OFFSET + 7]), Duration::ZERO);
         let v = encode_kept(&meta, &Bytes::from_static(b"x"), Duration::ZERO);
         assert_eq!(read(&v, KEPT_OFFSET), 70_001);
         let (back, _) = decode_entry::<Bytes>(v).unwrap();

@@ -94,6 +94,35 @@ impl<V: Value> Engine<V> {
         hard_left: Duration,
         origin_time: Duration,
     ) -> Arc<Stored<V>> {
+        self.fill_l1_marked(key, value, meta, (fresh_left, hard_left), origin_time, None)
+    }
+
+    /// [`fill_l1`](Self::fill_l1) for an entry Redis holds stale; `soft`:
+    /// soft-purged that long ago (the copy is marked so before anyone can
+    /// read it).
+    #[cfg(feature = "redis")]
+    pub(super) fn fill_l1_stale(
+        &self,
+        key: CacheKey,
+        value: V,
+        meta: EntryMeta,
+        hard_left: Duration,
+        soft: Option<Duration>,
+    ) -> Arc<Stored<V>> {
+        let left = (Duration::ZERO, hard_left);
+        self.fill_l1_marked(key, value, meta, left, Duration::ZERO, soft)
+    }
+
+    #[cfg(feature = "redis")]
+    fn fill_l1_marked(
+        &self,
+        key: CacheKey,
+        value: V,
+        meta: EntryMeta,
+        (fresh_left, hard_left): (Duration, Duration),
+        origin_time: Duration,
+        soft: Option<Duration>,
+    ) -> Arc<Stored<V>> {
         let l1 = self.remote.as_ref().map_or(hard_left, |r| r.options.l1_ttl);
         // Fresh here for at most the L1 lifetime: after that, a request that
         // needs a fresh copy asks Redis again. The copy stays (as stale) for
@@ -119,10 +148,12 @@ impl<V: Value> Engine<V> {
             meta.elapsed()
                 .min(meta.fresh_for.saturating_sub(fresh_left))
         };
-        let entry = Arc::new(
-            Stored::new(value, meta, fresh_left.min(l1), usable, age)
-                .refresh_after(self.refresh_age(meta.fresh_for, origin_time)),
-        );
+        let mut stored = Stored::new(value, meta, fresh_left.min(l1), usable, age)
+            .refresh_after(self.refresh_age(meta.fresh_for, origin_time));
+        if let Some(since) = soft {
+            stored = stored.soft_purged_before(since);
+        }
+        let entry = Arc::new(stored);
         if !usable.is_zero() {
             self.insert_checked(key, &entry, &[], None);
         }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use futures_util::future::join_all;
 
 use super::compute::{ComputeFuture, Copy, Fill};
-use super::envelope::{decode_entry, encode_kept, EntryMeta, MAGIC, VERSION};
+use super::envelope::{decode_entry, encode_kept, kept_of, EntryMeta, MAGIC, VERSION};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
 use super::redlock::RedlockTry;
@@ -92,7 +92,7 @@ impl<V: Value> Engine<V> {
                     {
                         // The refresh's origin call revalidates this copy, and
                         // an origin error does not replace it.
-                        self.keep_aside(key, &value, meta, hard_left);
+                        self.keep_aside(key, &value, meta, hard_left, None);
                         refused = Some(refused.map_or(meta.fence, |r| r.max(meta.fence)));
                         read_entry = false;
                     }
@@ -125,6 +125,10 @@ impl<V: Value> Engine<V> {
                     fence,
                     holder,
                 } => {
+                    // How long Redis has held it stale: its keep time past
+                    // freshness less what is left. A soft purge cut its
+                    // freshness short, so this counts from the purge.
+                    let stale_since = kept_of(&bytes).saturating_sub(hard_left);
                     let decoded = decode_entry::<V>(bytes);
                     if let Err(e) = &decoded {
                         super::envelope::report_corrupt(&key, e);
@@ -138,26 +142,23 @@ impl<V: Value> Engine<V> {
                     // Past its stale grace, an entry kept only for
                     // stale-if-error is not served either; it is kept aside
                     // for this instance's origin call to revalidate, or to
-                    // stand in for an error.
+                    // stand in for an error. The grace counts from the end of
+                    // freshness by Redis's clock as well as by the entry's
+                    // own: after a soft purge, from the purge.
                     let decoded = decoded.map(|(meta, value)| {
+                        let soft = cut_short(&meta, stale_since);
                         let servable = !meta.stale_for.is_zero()
-                            && meta.elapsed() < meta.fresh_for.saturating_add(meta.stale_for);
+                            && meta.elapsed() < meta.fresh_for.saturating_add(meta.stale_for)
+                            && stale_since < meta.stale_for;
                         if !servable {
-                            self.keep_aside(key, &value, meta, hard_left);
+                            self.keep_aside(key, &value, meta, hard_left, soft);
                         }
-                        (meta, value, servable)
+                        (meta, value, servable, soft)
                     });
                     match (decoded, fence) {
-                        (Ok((meta, value, servable)), Some(fence)) => {
+                        (Ok((meta, value, servable, soft)), Some(fence)) => {
                             if servable {
-                                let entry = self.fill_l1(
-                                    key,
-                                    value,
-                                    meta,
-                                    Duration::ZERO,
-                                    hard_left,
-                                    Duration::ZERO,
-                                );
+                                let entry = self.fill_l1_stale(key, value, meta, hard_left, soft);
                                 handle.publish_stale(entry);
                             }
                             let lease = HeldLease::Single(token);
@@ -165,17 +166,9 @@ impl<V: Value> Engine<V> {
                                 .lead_remote(remote, key, lease, fence, asked, fut)
                                 .await;
                         }
-                        (Ok((meta, value, servable)), None) => {
-                            let entry = servable.then(|| {
-                                self.fill_l1(
-                                    key,
-                                    value,
-                                    meta,
-                                    Duration::ZERO,
-                                    hard_left,
-                                    Duration::ZERO,
-                                )
-                            });
+                        (Ok((meta, value, servable, soft)), None) => {
+                            let entry = servable
+                                .then(|| self.fill_l1_stale(key, value, meta, hard_left, soft));
                             // With Redlock the lookup never leases: try for the
                             // refresh lease there, serve stale either way.
                             if let RedlockTry::Won(lease, fence) =
@@ -788,22 +781,45 @@ impl<V: Value> Engine<V> {
     /// (its user's retained copies), with its age: the origin call that
     /// follows revalidates it, and it stands in for an origin error where
     /// `stale-if-error` allows.
-    fn keep_aside(&self, key: CacheKey, value: &V, meta: EntryMeta, hard_left: Duration) {
+    ///
+    /// `soft`: Redis holds it soft-purged, that long ago (see [`cut_short`]).
+    fn keep_aside(
+        &self,
+        key: CacheKey,
+        value: &V,
+        meta: EntryMeta,
+        hard_left: Duration,
+        soft: Option<Duration>,
+    ) {
         // A copy read before a purge that landed since is not kept.
         if self.flights.purged_during(&key, || value.purge_groups()) {
             return;
         }
         if let Some(retained) = &self.retained {
-            let entry = Stored::new(
+            let mut entry = Stored::new(
                 value.clone(),
                 meta,
                 Duration::ZERO,
                 hard_left,
                 meta.elapsed(),
             );
+            if let Some(since) = soft {
+                entry = entry.soft_purged_before(since);
+            }
             retained.keep(key, Arc::new(entry), hard_left);
         }
     }
+}
+
+/// Whether Redis ended `meta`'s freshness before the entry's own end (a
+/// soft purge cut its PTTL), and if so how long ago: `stale_since`, by
+/// Redis's clock. A copy of it then counts as soft-purged that long ago,
+/// so it is stale by its response's own lifetime too. (A reader whose
+/// clock lags the writer's by a few milliseconds may count an entry that
+/// just expired so too; its stale window then counts from Redis's end of
+/// freshness, which it does anyway.)
+fn cut_short(meta: &EntryMeta, stale_since: Duration) -> Option<Duration> {
+    (meta.elapsed() < meta.fresh_for).then_some(stale_since)
 }
 
 /// The source of an answer a fill notice brought: a hit, or for a forced

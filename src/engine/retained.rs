@@ -114,6 +114,17 @@ impl<V: Value> RetainedStore<V> {
         self.cache.invalidate(key);
     }
 
+    /// Mark every copy for which `matches` holds soft-purged, in place
+    /// (see [`Stored::mark_soft_purged`]): kept for revalidation and
+    /// `stale-if-error`, counted as stale from now.
+    pub(crate) fn soft_purge_where(&self, matches: impl Fn(&CacheKey, &V) -> bool) {
+        for (key, r) in self.cache.iter() {
+            if matches(&key, &r.entry.value) {
+                r.entry.mark_soft_purged();
+            }
+        }
+    }
+
     pub(crate) fn purge_where(
         &self,
         matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,

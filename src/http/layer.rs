@@ -9,7 +9,7 @@ use tower_layer::Layer;
 use crate::engine::retained::RetainedStore;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::BuildError;
-use crate::http::purge::{url_key, PurgeHandle, PurgeTarget};
+use crate::http::purge::{url_key, PurgeHandle, PurgeMode, PurgeTarget};
 use crate::http::route::RoutePolicy;
 use crate::http::service::CacheService;
 use crate::http::state::{HttpConfig, LayerState, MemoryBudget, ReloadMode, VARY_URL_BYTES};
@@ -755,5 +755,66 @@ impl CacheLayer {
     /// `Surrogate-Key` header. See [`PurgeHandle`].
     pub fn purge_tag(&self, tag: &str) -> PurgeHandle {
         self.state.purge(PurgeTarget::Tag(Box::from(tag)))
+    }
+
+    /// Mark every stored variant of `url` stale instead of removing it
+    /// (Fastly's soft purge), in this process at once and in Redis and
+    /// every instance through the returned [`PurgeHandle`].
+    ///
+    /// The next request starts one refresh (one per cluster, with Redis)
+    /// and it and every request after it are answered with the stale copy
+    /// until the refresh lands (`Cache-Status: …; fwd=stale; …;
+    /// detail=soft-purge`), so a purge of a hot URL does not make its
+    /// requests wait. The bound is the entry's own stale window counted
+    /// from the purge: the larger of its `stale-while-revalidate` and the
+    /// layer's [`grace`](CacheLayerBuilder::grace), and never past the end
+    /// it already had. Past that, requests wait for the refresh as after a
+    /// purge. An entry with no stale window (`must-revalidate`,
+    /// `proxy-revalidate`, `s-maxage`, `no-cache`, or neither
+    /// `stale-while-revalidate` nor grace) is never served stale: for it a
+    /// soft purge is a purge. `stale-if-error` also counts from the purge.
+    ///
+    /// As with [`purge_url`](Self::purge_url), a fill that started before
+    /// the soft purge is handed to the requests waiting on it but stored
+    /// nowhere, and a soft-purged copy counts as stale on every instance
+    /// (its `Age` says so too). The stale copies' responses are never
+    /// fresh again: only the refresh's answer is.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use herdguard::{CacheLayer, Purged};
+    ///
+    /// let cache = CacheLayer::new();
+    /// let url = "http://example.test/products/7".parse().unwrap();
+    /// assert_eq!(cache.soft_purge_url(&url).await.unwrap(), Purged::Local);
+    /// # }
+    /// ```
+    pub fn soft_purge_url(&self, url: &Uri) -> PurgeHandle {
+        self.soft_purge_key(&self.url_key(url))
+    }
+
+    /// [`purge_key`](Self::purge_key), soft: the entry with `key` (or every
+    /// entry of the URL whose [`url_key`](Self::url_key) it is) is marked
+    /// stale and kept. See [`soft_purge_url`](Self::soft_purge_url).
+    pub fn soft_purge_key(&self, key: &CacheKey) -> PurgeHandle {
+        self.state
+            .purge_with(PurgeTarget::Key(*key), PurgeMode::Soft)
+    }
+
+    /// [`purge_tag`](Self::purge_tag), soft: every entry whose response
+    /// carried `tag` in `Surrogate-Key` is marked stale and kept. See
+    /// [`soft_purge_url`](Self::soft_purge_url).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let cache = herdguard::CacheLayer::new();
+    /// assert!(cache.soft_purge_tag("product-7").await.is_ok());
+    /// # }
+    /// ```
+    pub fn soft_purge_tag(&self, tag: &str) -> PurgeHandle {
+        self.state
+            .purge_with(PurgeTarget::Tag(Box::from(tag)), PurgeMode::Soft)
     }
 }

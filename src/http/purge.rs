@@ -55,21 +55,40 @@ impl PurgeTarget {
         }
     }
 
-    /// The notice other instances receive over pub/sub.
-    fn notice(&self) -> Vec<u8> {
+    /// The notice other instances receive over pub/sub: `k:`/`t:` for a
+    /// purge, `sk:`/`st:` for a soft purge (an older version ignores those:
+    /// its copies then end with its L1 lifetime).
+    fn notice(&self, mode: PurgeMode) -> Vec<u8> {
+        let soft = match mode {
+            PurgeMode::Hard => "",
+            PurgeMode::Soft => "s",
+        };
         match self {
-            PurgeTarget::Key(k) => format!("k:{}", k.to_hex()).into_bytes(),
-            PurgeTarget::Tag(t) => format!("t:{t}").into_bytes(),
+            PurgeTarget::Key(k) => format!("{soft}k:{}", k.to_hex()).into_bytes(),
+            PurgeTarget::Tag(t) => format!("{soft}t:{t}").into_bytes(),
         }
     }
 
-    fn from_notice(payload: &[u8]) -> Option<Self> {
+    fn from_notice(payload: &[u8]) -> Option<(Self, PurgeMode)> {
+        let (payload, mode) = match payload.strip_prefix(b"s") {
+            Some(rest) => (rest, PurgeMode::Soft),
+            None => (payload, PurgeMode::Hard),
+        };
         if let Some(hex) = payload.strip_prefix(b"k:") {
-            return CacheKey::from_hex(hex).map(PurgeTarget::Key);
+            return CacheKey::from_hex(hex).map(|k| (PurgeTarget::Key(k), mode));
         }
         let tag = std::str::from_utf8(payload.strip_prefix(b"t:")?).ok()?;
-        Some(PurgeTarget::Tag(Box::from(tag)))
+        Some((PurgeTarget::Tag(Box::from(tag)), mode))
     }
+}
+
+/// What a purge does to the entries it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PurgeMode {
+    /// Delete them everywhere.
+    Hard,
+    /// Keep them, stale from now on (see [`CacheLayer::soft_purge_url`](crate::CacheLayer::soft_purge_url)).
+    Soft,
 }
 
 /// How far a purge reached, once its [`PurgeHandle`] resolves: it is done
@@ -79,8 +98,8 @@ impl PurgeTarget {
 pub enum Purged {
     /// Everywhere, which is this process only: the layer has no Redis.
     Local,
-    /// Everywhere: the entries are deleted in Redis, their fences raised
-    /// and their groups stamped (so no fill that started before the purge
+    /// Everywhere: the entries are deleted in Redis (or, for a soft purge,
+    /// made stale there), their fences raised and their groups stamped (so no fill that started before the purge
     /// stores its answer, on any instance, heard the notice or not), and
     /// the notice is published. An instance that misses the notice stops
     /// answering from its copy when its L1 lifetime ends.
@@ -143,7 +162,8 @@ impl std::error::Error for PurgeError {
 
 /// A purge in progress, returned by [`CacheLayer::purge_url`](crate::CacheLayer::purge_url),
 /// [`purge_key`](crate::CacheLayer::purge_key) and
-/// [`purge_tag`](crate::CacheLayer::purge_tag).
+/// [`purge_tag`](crate::CacheLayer::purge_tag), and by their soft forms
+/// ([`soft_purge_url`](crate::CacheLayer::soft_purge_url) …).
 ///
 /// This process's memory is purged before the call returns. The Redis part
 /// runs in a spawned task whether or not the handle is awaited: drop it to
@@ -208,13 +228,19 @@ impl LayerState {
     /// from Redis and (through a published notice) from every other
     /// instance, in a spawned task the handle reports on.
     pub(crate) fn purge(&self, target: PurgeTarget) -> PurgeHandle {
+        self.purge_with(target, PurgeMode::Hard)
+    }
+
+    /// [`purge`](Self::purge), or with [`PurgeMode::Soft`] mark stale what
+    /// `target` names instead of removing it, in the same places.
+    pub(crate) fn purge_with(&self, target: PurgeTarget, mode: PurgeMode) -> PurgeHandle {
         let Some(remote) = &self.engine.remote else {
-            self.purge_local(target);
+            self.purge_local(target, mode);
             return PurgeHandle::ready(Ok(Purged::Local));
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("purge outside a tokio runtime: redis and other instances not purged");
-            self.purge_local(target);
+            self.purge_local(target, mode);
             return PurgeHandle::ready(Err(PurgeError {
                 reason: "no tokio runtime to run it on".to_owned(),
                 local_only: true,
@@ -225,7 +251,7 @@ impl LayerState {
         let (tx, rx) = oneshot::channel();
         let t = target.clone();
         runtime.spawn(async move {
-            let result = purge_remote(&remote, &t)
+            let result = purge_remote(&remote, &t, mode)
                 .await
                 .map_err(|(e, did_nothing)| PurgeError {
                     reason: redact_error(&e),
@@ -237,7 +263,7 @@ impl LayerState {
                 tracing::warn!(error = %e.reason, "purge in redis failed");
             }
         });
-        self.purge_local(target);
+        self.purge_local(target, mode);
         PurgeHandle {
             state: HandleState::Waiting(rx),
         }
@@ -257,15 +283,27 @@ impl LayerState {
     /// Apply a purge notice published by any instance.
     pub(crate) fn apply_notice(&self, payload: &[u8]) {
         tracing::debug!(notice = %String::from_utf8_lossy(payload), "purge notice");
-        if let Some(target) = PurgeTarget::from_notice(payload) {
-            self.purge_local(target);
+        if let Some((target, mode)) = PurgeTarget::from_notice(payload) {
+            self.purge_local(target, mode);
         }
     }
 
-    /// Remove what `target` names from this process only. Fills running
-    /// here that it names then store nothing (see [`crate::purge_log`]).
-    fn purge_local(&self, target: PurgeTarget) {
+    /// Remove (or soft-purge) what `target` names from this process only.
+    /// Fills running here that it names then store nothing (see
+    /// [`crate::purge_log`]): a soft purge beats an older fill as a purge does.
+    fn purge_local(&self, target: PurgeTarget, mode: PurgeMode) {
         self.engine.record_purge(target.names());
+        if mode == PurgeMode::Soft {
+            // Marked in place, so a copy a running flight handed out is
+            // stale for everyone who holds it too.
+            let t = target.clone();
+            self.engine
+                .memory
+                .soft_purge_where(move |k, v| t.matches(k, v));
+            self.retained
+                .soft_purge_where(move |k, v| target.matches(k, v));
+            return;
+        }
         if let PurgeTarget::Key(k) = &target {
             self.engine.memory.remove(k);
             self.retained.remove(k);
@@ -276,12 +314,16 @@ impl LayerState {
     }
 }
 
-/// Delete what `target` names from Redis, then tell every instance. The
-/// notice goes out even when the deletion failed: memory copies still go.
-/// The error says whether nothing at all reached Redis.
-async fn purge_remote(remote: &RedisStore, target: &PurgeTarget) -> Result<(), (StoreError, bool)> {
-    let result = match target {
-        PurgeTarget::Key(k) => match remote.purge(k).await {
+/// Delete (or soft-purge) what `target` names from Redis, then tell every
+/// instance. The notice goes out even when the deletion failed: memory
+/// copies still go. The error says whether nothing at all reached Redis.
+async fn purge_remote(
+    remote: &RedisStore,
+    target: &PurgeTarget,
+    mode: PurgeMode,
+) -> Result<(), (StoreError, bool)> {
+    let result = match (target, mode) {
+        (PurgeTarget::Key(k), PurgeMode::Hard) => match remote.purge(k).await {
             Ok(()) => remote
                 .purge_group(&format!("url:{}", k.to_hex()))
                 .await
@@ -291,9 +333,17 @@ async fn purge_remote(remote: &RedisStore, target: &PurgeTarget) -> Result<(), (
                 Err((e, nothing))
             }
         },
-        PurgeTarget::Tag(tag) => remote.purge_group(&format!("tag:{tag}")).await,
+        (PurgeTarget::Key(k), PurgeMode::Soft) => {
+            remote
+                .soft_purge_group(&format!("url:{}", k.to_hex()), Some(k))
+                .await
+        }
+        (PurgeTarget::Tag(tag), PurgeMode::Hard) => remote.purge_group(&format!("tag:{tag}")).await,
+        (PurgeTarget::Tag(tag), PurgeMode::Soft) => {
+            remote.soft_purge_group(&format!("tag:{tag}"), None).await
+        }
     };
-    let published = remote.publish_purge(&target.notice()).await;
+    let published = remote.publish_purge(&target.notice(mode)).await;
     match (result, published) {
         (Err(e), _) => Err(e),
         (Ok(()), Err(e)) => Err((e, false)),

@@ -7,7 +7,7 @@
 //! wall-clock expiry); whether an entry is fresh or stale is decided here from
 //! tokio `Instant`s, so tests can pause time.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,26 @@ pub(crate) struct Stored<V> {
     refresh_after: Duration,
     /// Taken by the hit that starts that refresh: one per copy.
     refresh_claimed: AtomicBool,
+    /// When a soft purge ended this copy's freshness, in nanoseconds from
+    /// `loaded_at` (negative: before it was loaded, for a copy Redis already
+    /// held soft-purged); [`NOT_SOFT_PURGED`] until then. Set in place, so
+    /// every holder of the copy (memory, retained copies, a flight that
+    /// published it) sees it at once.
+    soft_purged: AtomicI64,
+}
+
+const NOT_SOFT_PURGED: i64 = i64::MIN;
+
+/// A duration rounded up to whole seconds: HTTP ages count in whole seconds,
+/// so a copy made stale by a soft purge is past its response's own lifetime
+/// too, not only past the engine's (sub-second) freshness.
+fn ceil_secs(d: Duration) -> Duration {
+    let whole = Duration::from_secs(d.as_secs());
+    if whole == d {
+        d
+    } else {
+        whole.saturating_add(Duration::from_secs(1))
+    }
 }
 
 impl<V> Stored<V> {
@@ -57,7 +77,59 @@ impl<V> Stored<V> {
             usable_until,
             refresh_after: Duration::MAX,
             refresh_claimed: AtomicBool::new(false),
+            soft_purged: AtomicI64::new(NOT_SOFT_PURGED),
         }
+    }
+
+    /// A copy Redis holds soft-purged `since` ago: stale from then on (see
+    /// [`mark_soft_purged`](Self::mark_soft_purged)).
+    #[cfg(feature = "redis")]
+    #[must_use]
+    pub(crate) fn soft_purged_before(self, since: Duration) -> Self {
+        let nanos = since.as_nanos().min(i64::MAX as u128) as i64;
+        self.soft_purged.store(-nanos, Ordering::Relaxed);
+        self
+    }
+
+    /// A soft purge: the copy stops being fresh now and counts as stale
+    /// from now on, its age at least its freshness (rounded up to whole
+    /// seconds) plus the time since. It may still be served stale within
+    /// its stale window from now, never past the end it already had. A
+    /// second mark keeps the first.
+    pub(crate) fn mark_soft_purged(&self) {
+        let at = self.loaded_at.elapsed().as_nanos().min(i64::MAX as u128) as i64;
+        let _ = self.soft_purged.compare_exchange(
+            NOT_SOFT_PURGED,
+            at,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Time since a soft purge made this copy stale, if one did.
+    pub(crate) fn soft_purged_for(&self) -> Option<Duration> {
+        let at = self.soft_purged.load(Ordering::Acquire);
+        if at == NOT_SOFT_PURGED {
+            return None;
+        }
+        let now = self.loaded_at.elapsed().as_nanos().min(i64::MAX as u128) as i64;
+        let since = now.saturating_sub(at).max(0);
+        Some(Duration::from_nanos(since as u64))
+    }
+
+    /// Fresh at `now`: before its deadline and not soft-purged.
+    pub(crate) fn is_fresh(&self, now: Instant) -> bool {
+        now < self.fresh_until && self.soft_purged_for().is_none()
+    }
+
+    /// Usable (fresh or stale within its grace) at `now`. A soft-purged copy
+    /// is usable for its stale window from the purge, and never past the
+    /// end it already had.
+    pub(crate) fn is_usable(&self, now: Instant) -> bool {
+        now < self.usable_until
+            && self
+                .soft_purged_for()
+                .is_none_or(|since| since < self.meta.stale_for)
     }
 
     /// Start refreshing ahead of expiry once the entry is `age` old.
@@ -95,9 +167,16 @@ impl<V> Stored<V> {
         self.age() < self.meta.fresh_for
     }
 
-    /// The entry's age now: its age when loaded plus local time since.
+    /// The entry's age now: its age when loaded plus local time since. A
+    /// soft-purged copy is at least its freshness (in whole seconds) plus
+    /// the time since the purge old: stale by every clock that reads it,
+    /// its `Age` included, so no cache downstream takes it for fresh.
     pub(crate) fn age(&self) -> Duration {
-        self.age_at_load + self.loaded_at.elapsed()
+        let age = self.age_at_load + self.loaded_at.elapsed();
+        match self.soft_purged_for() {
+            Some(since) => age.max(ceil_secs(self.meta.fresh_for).saturating_add(since)),
+            None => age,
+        }
     }
 }
 
@@ -203,8 +282,8 @@ impl<V: Value> MemoryStore<V> {
         };
         let now = Instant::now();
         match slot {
-            Slot::Entry(e) if now < e.fresh_until => Probe::Fresh(e),
-            Slot::Entry(e) if now < e.usable_until => Probe::Stale(e),
+            Slot::Entry(e) if e.is_fresh(now) => Probe::Fresh(e),
+            Slot::Entry(e) if e.is_usable(now) => Probe::Stale(e),
             Slot::Pass { until } if now < until => Probe::Pass,
             _ => Probe::Miss,
         }
@@ -238,6 +317,18 @@ impl<V: Value> MemoryStore<V> {
     pub(crate) fn weighted_bytes(&self) -> u64 {
         self.cache.run_pending_tasks();
         self.cache.weighted_size()
+    }
+
+    /// Soft-purge every entry for which `matches` holds, now: each copy is
+    /// marked in place (see [`Stored::mark_soft_purged`]) and kept.
+    pub(crate) fn soft_purge_where(&self, matches: impl Fn(&CacheKey, &V) -> bool) {
+        for (key, slot) in self.cache.iter() {
+            if let Slot::Entry(e) = &slot {
+                if matches(&key, &e.value) {
+                    e.mark_soft_purged();
+                }
+            }
+        }
     }
 
     /// Drop every entry for which `matches` holds, now. A walk over the
@@ -283,6 +374,53 @@ mod tests {
         assert!(matches!(store.probe(&key), Probe::Stale(_)));
         tokio::time::advance(Duration::from_secs(5)).await;
         assert!(matches!(store.probe(&key), Probe::Miss));
+    }
+
+    /// A soft-purged copy is stale at once, as old as its freshness (whole seconds) plus the time since, and usable for its stale window from the purge only.
+    #[tokio::test(start_paused = true)]
+    async fn a_soft_purge_makes_a_copy_stale_for_its_stale_window() {
+        let store = MemoryStore::new(1 << 20);
+        let key = CacheKey::new("k");
+        let meta = EntryMeta::now(Duration::from_millis(1_500), Duration::from_secs(2), 0);
+        let e = Arc::new(Stored::new(
+            Bytes::from_static(b"v"),
+            meta,
+            Duration::from_millis(1_500),
+            Duration::from_millis(3_500),
+            Duration::ZERO,
+        ));
+        store.insert(key, Arc::clone(&e));
+        store.soft_purge_where(|_, _| true);
+        assert!(matches!(store.probe(&key), Probe::Stale(_)));
+        assert!(!e.fresh_by_meta());
+        assert_eq!(e.age(), Duration::from_secs(2));
+        tokio::time::advance(Duration::from_millis(1_900)).await;
+        assert!(matches!(store.probe(&key), Probe::Stale(_)));
+        assert_eq!(e.soft_purged_for(), Some(Duration::from_millis(1_900)));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(matches!(store.probe(&key), Probe::Miss), "past the window");
+    }
+
+    /// A soft purge never lengthens a copy's life, and a copy with no stale window is not usable after one.
+    #[tokio::test(start_paused = true)]
+    async fn a_soft_purge_never_lengthens_a_copy_s_life() {
+        let store = MemoryStore::new(1 << 20);
+        let (a, b) = (CacheKey::new("a"), CacheKey::new("b"));
+        store.insert(a, stored(5, 5));
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_secs(10), 0);
+        let s = Stored::new(
+            Bytes::from_static(b"v"),
+            meta,
+            Duration::from_secs(5),
+            Duration::from_secs(6),
+            Duration::ZERO,
+        );
+        store.insert(b, Arc::new(s));
+        store.soft_purge_where(|_, _| true);
+        assert!(matches!(store.probe(&a), Probe::Miss), "no stale window");
+        assert!(matches!(store.probe(&b), Probe::Stale(_)));
+        tokio::time::advance(Duration::from_millis(6_100)).await;
+        assert!(matches!(store.probe(&b), Probe::Miss), "its own end holds");
     }
 
     /// An entry read just before a purge by predicate is not returned after it.

@@ -81,6 +81,14 @@ impl RedisStore {
         match *self {}
     }
 
+    pub(crate) async fn soft_purge_group(
+        &self,
+        _group: &str,
+        _first: Option<&CacheKey>,
+    ) -> Result<(), (StoreError, bool)> {
+        match *self {}
+    }
+
     pub(crate) async fn publish_purge(&self, _payload: &[u8]) -> Result<(), StoreError> {
         match *self {}
     }

@@ -81,6 +81,11 @@ impl LayerState {
         };
         let status = match served {
             Served::Hit => self.hit_status(ttl, None),
+            // Stale because a soft purge made it so: one refresh for it has
+            // gone forward (fwd=stale) and this answer did not wait for it.
+            Served::Stale(detail) if detail != "max-stale" && entry.soft_purged_for().is_some() => {
+                self.status(format_args!("fwd=stale; ttl={ttl}; detail=soft-purge"))
+            }
             Served::Stale(detail) => self.hit_status(ttl, Some(detail)),
             Served::Forwarded { fwd, collapsed } => {
                 let fwd = fwd.as_str();

@@ -126,6 +126,87 @@ impl RedisStore {
             .map_err(|e| (e, false))
     }
 
+    /// Soft-purge every entry indexed under `group` (and `first`, a key
+    /// purged on its own, right after the stamp: a key purge's own key).
+    /// The group is stamped first, as for [`purge_group`](Self::purge_group),
+    /// so a fill that asked for its lease before stores nothing; a refresh
+    /// that asks after the stamp (after the entry went stale) stores its
+    /// answer. Members stay in the index (their entries are still there,
+    /// and a later purge must find them), so the walk is a `ZSCAN`: every
+    /// member indexed for the whole walk is visited, whatever fills and
+    /// trims do to the index meanwhile. `first` is not visited twice: a
+    /// second soft purge of it could catch the refresh that already landed.
+    ///
+    /// The error says whether nothing at all was done.
+    pub(crate) async fn soft_purge_group(
+        &self,
+        group: &str,
+        first: Option<&CacheKey>,
+    ) -> Result<(), (StoreError, bool)> {
+        let index = self.group_key(group);
+        let mut start = PURGE_GROUP.prepare_invoke();
+        start
+            .key(&index)
+            .key(self.group_stamp_key(group))
+            .arg(millis(self.options.fence_retention).max(1));
+        let (kind, _count): (String, usize) = match self.invoke("purge_group", &start).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                let nothing = e.did_nothing();
+                return Err((e, nothing));
+            }
+        };
+        let fail = |e| (e, false);
+        if let Some(k) = first {
+            self.soft_purge(k).await.map_err(fail)?;
+        }
+        let first_hex = first.map(CacheKey::to_hex);
+        let skip = |m: &[u8]| first_hex.as_deref().is_some_and(|h| h.as_bytes() == m);
+        if kind == "set" {
+            // Written by an older version: its entries do not decode here
+            // (a miss), so a purge removes them as always.
+            self.purge_set(&index).await.map_err(fail)?;
+        } else if kind == "zset" {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, pairs): (u64, Vec<Vec<u8>>) = self
+                    .query(
+                        "purge_group",
+                        redis::cmd("ZSCAN")
+                            .arg(&index)
+                            .arg(cursor)
+                            .arg("COUNT")
+                            .arg(PURGE_BATCH),
+                    )
+                    .await
+                    .map_err(fail)?;
+                // Member, score, member, score …
+                let batch: Vec<Vec<u8>> =
+                    pairs.into_iter().step_by(2).filter(|m| !skip(m)).collect();
+                self.soft_purge_members(&batch).await.map_err(fail)?;
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        self.purge_set(&self.legacy_group_key(group))
+            .await
+            .map_err(fail)
+    }
+
+    /// [`purge_members`](Self::purge_members), soft.
+    async fn soft_purge_members(&self, members: &[Vec<u8>]) -> Result<(), StoreError> {
+        let marks = members
+            .iter()
+            .filter_map(|m| CacheKey::from_hex(m))
+            .map(|k| async move { self.soft_purge(&k).await });
+        for r in join_all(marks).await {
+            r?;
+        }
+        Ok(())
+    }
+
     async fn walk_group(&self, group: &str, kind: &str, count: usize) -> Result<(), StoreError> {
         let index = self.group_key(group);
         let legacy = self.legacy_group_key(group);

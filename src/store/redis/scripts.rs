@@ -98,6 +98,15 @@ pub(super) static PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Keep an entry but end its freshness now (or delete one that may not be
+/// served stale), and raise its fence as a purge does.
+pub(super) static SOFT_PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("soft_purge_entry.lua")
+    ))
+});
+
 /// Extend the lease while the token still holds it.
 pub(super) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));

@@ -17,7 +17,7 @@ use super::options::RedisOptions;
 use super::purge_bus::PurgeBus;
 use super::scripts::{
     millis, parse_lookup, RemoteLookup, WriteMode, WriteOutcome, EXTEND, FENCED_WRITE_AND_RELEASE,
-    LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE,
+    LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE, SOFT_PURGE_ENTRY,
 };
 use super::tls;
 use crate::engine::envelope::{FENCE_OFFSET, MAGIC, VERSION};
@@ -241,6 +241,22 @@ impl RedisStore {
             .key(&k.lock)
             .arg(millis(self.options.fence_retention));
         let _: i64 = self.invoke("purge", &inv).await?;
+        Ok(())
+    }
+
+    /// Soft-purge one entry: kept, stale from now on (deleted when it may
+    /// not be served stale), its fence raised as by [`purge`](Self::purge).
+    pub(crate) async fn soft_purge(&self, key: &CacheKey) -> Result<(), StoreError> {
+        let k = self.keys(key);
+        let mut inv = SOFT_PURGE_ENTRY.prepare_invoke();
+        inv.key(&k.value)
+            .key(&k.fresh)
+            .key(&k.pass)
+            .key(&k.fence)
+            .key(&k.lock)
+            .arg(millis(self.options.fence_retention))
+            .arg(&self.entry_prefix[..]);
+        let _: i64 = self.invoke("soft_purge", &inv).await?;
         Ok(())
     }
 

@@ -32,7 +32,10 @@
 //! - Purge is off unless a purge token is set. Then, with the token in
 //!   `X-Purge-Token`: `PURGE /path?query` (Host names the site) removes every
 //!   stored variant of that URL; `POST /.herdguard/purge/tag/{tag}` removes
-//!   every entry whose response carried `tag` in `Surrogate-Key`. The
+//!   every entry whose response carried `tag` in `Surrogate-Key`. With
+//!   `Soft-Purge: 1` (Fastly's convention) either marks the entries stale
+//!   instead ([`CacheLayer::soft_purge_url`]): one refresh, everyone served
+//!   stale meanwhile, within the entry's stale window. The
 //!   answer says what happened: 200 when the purge is done everywhere, 503
 //!   when it is done on this instance only because Redis was unreachable
 //!   (retry it), 500 when it failed part-way or its outcome in Redis is
@@ -215,8 +218,8 @@ impl Proxy {
         match purge {
             None => {}
             Some(PurgeAnswer::Now(response)) => return local(response),
-            Some(PurgeAnswer::Wait(handle, what)) => {
-                return local(purge_status(handle.await, &what))
+            Some(PurgeAnswer::Wait(handle, done, what)) => {
+                return local(purge_status(handle.await, done, &what))
             }
         }
         let response = match self.cached.call(req).await {
@@ -252,6 +255,12 @@ impl Proxy {
                 "bad purge token",
             )));
         }
+        // Fastly's convention: `Soft-Purge: 1` marks stale instead of removing.
+        let soft = req
+            .headers()
+            .get("soft-purge")
+            .is_some_and(|v| v.as_bytes().trim_ascii() == b"1");
+        let done = if soft { "soft-purged" } else { "purged" };
         if let Some(tag) = tag {
             let tag = percent_decode(tag);
             if tag.is_empty() || tag.chars().any(char::is_whitespace) {
@@ -260,8 +269,12 @@ impl Proxy {
                     "one tag per request",
                 )));
             }
-            let handle = self.cache.purge_tag(&tag);
-            return Some(PurgeAnswer::Wait(handle, format!("tag {tag}")));
+            let handle = if soft {
+                self.cache.soft_purge_tag(&tag)
+            } else {
+                self.cache.purge_tag(&tag)
+            };
+            return Some(PurgeAnswer::Wait(handle, done, format!("tag {tag}")));
         }
         let host = req
             .uri()
@@ -281,8 +294,12 @@ impl Proxy {
                 "purge needs a Host",
             )));
         };
-        let handle = self.cache.purge_url(&url);
-        Some(PurgeAnswer::Wait(handle, url.to_string()))
+        let handle = if soft {
+            self.cache.soft_purge_url(&url)
+        } else {
+            self.cache.purge_url(&url)
+        };
+        Some(PurgeAnswer::Wait(handle, done, url.to_string()))
     }
 }
 
@@ -511,24 +528,26 @@ fn append_via(headers: &mut HeaderMap) {
 /// says how far it reached.
 enum PurgeAnswer {
     Now(Response<ProxyBody>),
-    Wait(herdguard::PurgeHandle, String),
+    /// The handle, `purged` or `soft-purged`, and what it names.
+    Wait(herdguard::PurgeHandle, &'static str, String),
 }
 
 /// The status of a purge that ran: 200 done everywhere, 503 done on this
 /// instance only (Redis unreachable), 500 failed part-way or unknown.
 fn purge_status(
     outcome: Result<herdguard::Purged, herdguard::PurgeError>,
+    done: &str,
     what: &str,
 ) -> Response<ProxyBody> {
     match outcome {
-        Ok(_) => status(StatusCode::OK, &format!("purged {what}")),
+        Ok(_) => status(StatusCode::OK, &format!("{done} {what}")),
         Err(e) if e.local_only() => status(
             StatusCode::SERVICE_UNAVAILABLE,
-            &format!("purged {what} on this instance only: {e}"),
+            &format!("{done} {what} on this instance only: {e}"),
         ),
         Err(e) => status(
             StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("purge of {what} failed: {e}"),
+            &format!("{} of {what} failed: {e}", done.trim_end_matches('d')),
         ),
     }
 }
