@@ -16,11 +16,12 @@ use crate::http::response::CachedResponse;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::http::stream::Stream;
 use crate::metrics::Source;
-use crate::store::memory::Stored;
+use crate::store::memory::{Probe, Stored};
 
 use super::bounds::{Origin, OriginBody};
-use super::direct::{direct, direct_with, honor_reload, spare_call};
+use super::direct::{direct, direct_with, hit_for_miss, honor_reload, spare_call};
 use super::fill::{is_error, is_stored};
+use super::hit_for_miss_permit;
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
 use super::target::Target;
@@ -275,6 +276,16 @@ where
         Resolved::Pass(None) => {
             if let Ok(handoff) = passthrough_rx.try_recv() {
                 return Ok(state.handed_off(handoff, &view, fwd, Source::Miss));
+            }
+            // It led, and its flight found a pass marker (in Redis, or here)
+            // instead of calling: hit-for-miss, as under a marker in memory.
+            if compute.is_none() && matches!(state.engine.probe(&target.key), Probe::Pass) {
+                if let Some(permit) = hit_for_miss_permit(&state, &request_headers, head) {
+                    if let Some((inner, req)) = spare.take() {
+                        let state = Arc::clone(&state);
+                        return hit_for_miss(state, target, head, inner, req, fwd, permit).await;
+                    }
+                }
             }
             // The answer was not for everyone: each waiter asks for its own.
             let status = state.status_fwd(fwd, Some("uncacheable"));

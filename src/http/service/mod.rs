@@ -41,7 +41,7 @@ use crate::store::memory::Probe;
 
 use bounds::{Origin, OriginBody};
 use coalesce::{miss, reload};
-use direct::refresh_request;
+use direct::{hit_for_miss, refresh_request};
 use origin::OriginCall;
 use respond::{stale_detail, Served, View};
 use target::{effective_uri, lowercase_host};
@@ -281,6 +281,21 @@ impl<S> CacheService<S> {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
                 }
+                // Hit-for-miss: the marker may come from an answer made for
+                // one request alone, so a free fallback permit asks again,
+                // and a storable answer replaces the marker.
+                if let Some(permit) = hit_for_miss_permit(state, req.headers(), head) {
+                    let fut = hit_for_miss(
+                        Arc::clone(state),
+                        target,
+                        head,
+                        inner,
+                        req,
+                        Forward::UriMiss,
+                        permit,
+                    );
+                    return boxed(Box::pin(fut));
+                }
                 state.engine.counters.record(Source::Bypass);
                 let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
                 return ResponseFuture::bypass(inner.call(req), status, None);
@@ -363,6 +378,22 @@ impl<S> CacheService<S> {
             }
         }
     }
+}
+
+/// A fallback permit for a request under a pass marker to ask the origin
+/// again ([`hit_for_miss`]), if one is free and the request is a plain GET:
+/// a HEAD, a `Range` or a conditional request needs the origin's own answer
+/// to it (a 206, a 304), which a fill request would not carry. `None`: it
+/// passes as before.
+fn hit_for_miss_permit(
+    state: &LayerState,
+    request_headers: &HeaderMap,
+    head: bool,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if head || CONDITIONAL.iter().any(|n| request_headers.contains_key(n)) {
+        return None;
+    }
+    state.engine.try_fallback_permit()
 }
 
 /// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a
