@@ -15,6 +15,9 @@
 //!    otherwise                     ─► one conditional request per key (fwd=stale);
 //!                                     a 304 freshens the stored response
 //! no candidate ─► one origin request per key (fwd=uri-miss / vary-miss)
+//! pass marker  ─► its own origin call, not coalesced (hit-for-miss): a storable
+//!                 answer replaces the marker; past the fallback cap, and for
+//!                 HEAD, Range or conditional requests, a plain pass
 //! only-if-cached and nothing usable ─► 504
 //! ```
 
