@@ -558,6 +558,85 @@ async fn on_redis_the_instance_that_set_the_marker_refills_once() {
     }
 }
 
+/// Cold key, two layers on one Redis: after the cookie request on A (marker on A and in Redis), 10 plain GETs alternating B, A, B, A… cost one origin call in all: B's hit-for-miss stores the entry and A, still holding the marker in memory, reads it from Redis; the 9 after B's are hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_marker_in_memory_reads_the_entry_another_instance_stored() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let (la, lb) = (redis_layer(&redis), redis_layer(&redis));
+    let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    let key = key_hex(&la, "/x");
+    let hostile = send(&a, "/x", &[("cookie", "user=mallory")]).await;
+    assert!(
+        hostile.cache_status.contains("detail=uncacheable"),
+        "{}",
+        hostile.cache_status
+    );
+    assert_eq!(stored(&redis, &key).await, Some((true, None)), "marker");
+    let first = send(&b, "/x", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_one_refill(std::slice::from_ref(&first.cache_status));
+    // B's write runs in the background; A's next GET comes after it.
+    until_entry_in_redis(&redis, &key).await;
+    let rest = ten_plain_gets(&[&a, &b], "/x").await;
+    for s in &rest[1..] {
+        assert!(s.starts_with("herdguard; hit"), "{s}");
+    }
+    assert!(rest[0].starts_with("herdguard; hit"), "A: {}", rest[0]);
+    assert_eq!(origin.calls(), 2, "the request, then B's one fill");
+}
+
+/// Two layers on one Redis, the URL uncacheable for everyone (`no-store`, marker on A and in Redis): five concurrent GETs on A (fallback limit 2) each make their own call at once: none coalesced on another's call, queued or stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_passes_under_a_marker_are_neither_coalesced_nor_stored() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let layer = |r: &RedisServer| {
+        CacheLayer::builder()
+            .redis(RedisOptions::new(r.url()).namespace("ep"))
+            .fallback_limit(2)
+            .build()
+            .expect("valid layer")
+    };
+    let (la, lb) = (layer(&redis), layer(&redis));
+    let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    let key = key_hex(&la, "/no-store");
+    send(&a, "/no-store", &[]).await;
+    assert_eq!(stored(&redis, &key).await, Some((true, None)), "marker");
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move { send(&a, "/no-store", &[]).await })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let r = t.await.expect("answered");
+        assert!(
+            r.cache_status.contains("hit-for-pass"),
+            "{}",
+            r.cache_status
+        );
+        assert!(!r.cache_status.contains("collapsed"), "{}", r.cache_status);
+        bodies.push(String::from_utf8_lossy(&r.body).into_owned());
+    }
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 5, "each its own answer: {bodies:?}");
+    assert_eq!(origin.calls(), 6);
+    // The origin takes 100 ms: past the two permits the others passed at
+    // once, never queued behind them.
+    assert_eq!(origin.most_at_once.load(Ordering::SeqCst), 5);
+    let on_b = send(&b, "/no-store", &[]).await;
+    assert!(
+        on_b.cache_status.contains("hit-for-pass"),
+        "{}",
+        on_b.cache_status
+    );
+    assert_eq!(origin.calls(), 7);
+    assert_eq!(stored(&redis, &key).await, Some((true, None)), "still the marker");
+}
+
 /// The write script itself refuses a pass marker over a fresh entry (`fresh_entry_held`): here the entry lands in Redis while B's fill runs, under an older token (as a Vary copy filed under the fill's own token does), so nothing on B's side knows of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_the_write_script_never_marks_a_fresh_entry() {

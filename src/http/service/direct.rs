@@ -1,6 +1,8 @@
 //! Origin calls outside any flight: a reload in `ReloadMode::Honor`, a
-//! request under a pass marker (hit-for-miss), and a released request's own call, always under a fallback permit and the
-//! origin timeout. Nothing here is shared with other requests.
+//! request under a pass marker (hit-for-miss, or a pass past the fallback
+//! cap), and a released request's own call, under a fallback permit (but
+//! for such a pass) and the origin timeout. Nothing here is shared with
+//! other requests.
 
 use std::future::poll_fn;
 use std::sync::{Arc, PoisonError};
@@ -220,7 +222,7 @@ pub(super) async fn direct_with<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let Some(OriginCall { mut inner, req, .. }) = call else {
+    let Some(OriginCall { inner, req, .. }) = call else {
         // Only the leader has no call left, and a leader always has an outcome.
         state.engine.counters.record_error();
         return Ok(state.error_response(&Error::Aborted));
@@ -237,6 +239,40 @@ where
         return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
     };
     counters.record(Source::Bypass);
+    call_alone(state, inner, req, status).await
+}
+
+/// A request under a pass marker with no fallback permit free: its own
+/// call, outside the cap, as a pass in `route()` makes it (one call per
+/// request, never queued), bounded by the origin timeout. The caller
+/// counts the bypass.
+pub(super) async fn pass_uncapped<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let Some(OriginCall { inner, req, .. }) = call else {
+        // Only the leader has no call left, and it keeps a spare.
+        state.engine.counters.record_error();
+        return Ok(state.error_response(&Error::Aborted));
+    };
+    call_alone(state, inner, req, status).await
+}
+
+/// One origin call for one request, streamed, bounded by the origin timeout.
+async fn call_alone<S, ReqB, ResB>(
+    state: &LayerState,
+    mut inner: S,
+    req: Request<ReqB>,
+    status: HeaderValue,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let counters = &state.engine.counters;
     counters.origin_call();
     let authorized = req.headers().contains_key(http::header::AUTHORIZATION);
     let call = async {

@@ -17,7 +17,9 @@
 //! no candidate ─► one origin request per key (fwd=uri-miss / vary-miss)
 //! pass marker  ─► its own origin call, not coalesced (hit-for-miss): a storable
 //!                 answer replaces the marker; past the fallback cap, and for
-//!                 HEAD, Range or conditional requests, a plain pass
+//!                 HEAD, Range or conditional requests, a plain pass. With
+//!                 Redis, a plain GET looks there first: an entry stored
+//!                 since (another instance's hit-for-miss) is a hit
 //! only-if-cached and nothing usable ─► 504
 //! ```
 
@@ -43,7 +45,7 @@ use crate::metrics::Source;
 use crate::store::memory::Probe;
 
 use bounds::{Origin, OriginBody};
-use coalesce::{miss, reload};
+use coalesce::{miss, reload, Wants};
 use direct::{hit_for_miss, refresh_request};
 use origin::OriginCall;
 use respond::{stale_detail, Served, View};
@@ -275,7 +277,7 @@ impl<S> CacheService<S> {
                     }
                     _ => None,
                 };
-                let fut = miss(Arc::clone(state), target, head, inner, req, stale, false);
+                let fut = miss(Arc::clone(state), target, head, inner, req, stale, Wants::Entry);
                 return boxed(Box::pin(fut));
             }
             Probe::Fresh(e) => Some((e, true)),
@@ -283,6 +285,22 @@ impl<S> CacheService<S> {
             Probe::Pass => {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
+                }
+                // With Redis, another instance's hit-for-miss may have stored
+                // the entry over the marker since this one was set here: a
+                // plain GET looks there first (one lookup; the marker there
+                // sends it on as below, in `miss`).
+                if plain_get(req.headers(), head) && state.engine.shared_store_available() {
+                    let fut = miss(
+                        Arc::clone(state),
+                        target,
+                        head,
+                        inner,
+                        req,
+                        None,
+                        Wants::PastMarker,
+                    );
+                    return boxed(Box::pin(fut));
                 }
                 // Hit-for-miss: the marker may come from an answer made for
                 // one request alone, so a free fallback permit asks again,
@@ -314,7 +332,7 @@ impl<S> CacheService<S> {
             if rd.only_if_cached {
                 return ResponseFuture::ready(state.only_if_cached());
             }
-            let fut = miss(Arc::clone(state), target, head, inner, req, None, false);
+            let fut = miss(Arc::clone(state), target, head, inner, req, None, Wants::Entry);
             return boxed(Box::pin(fut));
         };
         let stored_age = entry.age();
@@ -375,7 +393,7 @@ impl<S> CacheService<S> {
                     inner,
                     req,
                     Some(entry),
-                    false,
+                    Wants::Entry,
                 );
                 boxed(Box::pin(fut))
             }
@@ -393,10 +411,15 @@ fn hit_for_miss_permit(
     request_headers: &HeaderMap,
     head: bool,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    if head || CONDITIONAL.iter().any(|n| request_headers.contains_key(n)) {
+    if !plain_get(request_headers, head) {
         return None;
     }
     state.engine.try_fallback_permit()
+}
+
+/// A GET with no conditional or `Range` header: what a fill request would ask.
+fn plain_get(request_headers: &HeaderMap, head: bool) -> bool {
+    !head && !CONDITIONAL.iter().any(|n| request_headers.contains_key(n))
 }
 
 /// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a
