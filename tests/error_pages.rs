@@ -579,7 +579,11 @@ async fn on_redis_a_marker_in_memory_reads_the_entry_another_instance_stored() {
     // B's write runs in the background; A's next GET comes after it.
     until_entry_in_redis(&redis, &key).await;
     let rest = ten_plain_gets(&[&a, &b], "/x").await;
-    assert_eq!(origin.calls(), 2, "the request, then B's one fill: {rest:?}");
+    assert_eq!(
+        origin.calls(),
+        2,
+        "the request, then B's one fill: {rest:?}"
+    );
     for s in &rest {
         assert!(s.starts_with("herdguard; hit"), "{s}");
     }
@@ -633,7 +637,11 @@ async fn on_redis_passes_under_a_marker_are_neither_coalesced_nor_stored() {
         on_b.cache_status
     );
     assert_eq!(origin.calls(), 7);
-    assert_eq!(stored(&redis, &key).await, Some((true, None)), "still the marker");
+    assert_eq!(
+        stored(&redis, &key).await,
+        Some((true, None)),
+        "still the marker"
+    );
 }
 
 /// The write script itself refuses a pass marker over a fresh entry (`fresh_entry_held`): here the entry lands in Redis while B's fill runs, under an older token (as a Vary copy filed under the fill's own token does), so nothing on B's side knows of it.

@@ -538,7 +538,9 @@ impl CacheLayerBuilder {
     /// free [`fallback_limit`](Self::fallback_limit) permit), never
     /// coalesced: a storable answer is stored and ends the marker, since
     /// the uncacheable one may have been made for one request alone (a
-    /// `private` page for its cookie).
+    /// `private` page for its cookie). With Redis, such a GET first looks
+    /// the key up there (one lookup): an entry another instance stored over
+    /// the marker is a hit.
     #[must_use]
     pub fn pass_ttl(mut self, ttl: Duration) -> Self {
         self.engine.pass_ttl = ttl;

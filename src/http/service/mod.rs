@@ -277,7 +277,15 @@ impl<S> CacheService<S> {
                     }
                     _ => None,
                 };
-                let fut = miss(Arc::clone(state), target, head, inner, req, stale, Wants::Entry);
+                let fut = miss(
+                    Arc::clone(state),
+                    target,
+                    head,
+                    inner,
+                    req,
+                    stale,
+                    Wants::Entry,
+                );
                 return boxed(Box::pin(fut));
             }
             Probe::Fresh(e) => Some((e, true)),
@@ -332,7 +340,15 @@ impl<S> CacheService<S> {
             if rd.only_if_cached {
                 return ResponseFuture::ready(state.only_if_cached());
             }
-            let fut = miss(Arc::clone(state), target, head, inner, req, None, Wants::Entry);
+            let fut = miss(
+                Arc::clone(state),
+                target,
+                head,
+                inner,
+                req,
+                None,
+                Wants::Entry,
+            );
             return boxed(Box::pin(fut));
         };
         let stored_age = entry.age();
