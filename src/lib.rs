@@ -309,7 +309,8 @@
 //!   `detail=stale` / `grace` / `max-stale` when served stale), `fwd=stale;
 //!   ttl=N; detail=soft-purge` (served stale after a soft purge), `fwd=uri-miss |
 //!   vary-miss | stale | request | method`, `fwd-status`, `stored`,
-//!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, uncacheable,
+//!   `collapsed`, `ttl`, and `detail=` for hit-for-pass, hit-for-miss (a
+//!   request under a pass marker got a storable answer, now stored), uncacheable,
 //!   error-not-shared, no-freshness (no `max-age`, `s-maxage` or `Expires`
 //!   and no TTL applies), too-large, stale-if-error, only-if-cached,
 //!   wait-timeout, overloaded, origin-timeout and errors.

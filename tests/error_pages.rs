@@ -19,25 +19,31 @@ use axum::Router;
 use bytes::Bytes;
 use herdguard::{CacheLayer, RedisOptions};
 use http_body_util::BodyExt;
+use tokio::sync::Notify;
 use tower::ServiceExt;
 
 use support::RedisServer;
 
 /// An origin that answers `max-age=60` unless a request makes it answer
 /// otherwise, as CPDoS needs: an `X-Pad` over 1 KB is a 431, a method
-/// override a 405, `X-Private` a `private` 200 (all without freshness).
+/// override a 405, `X-Private` or any `Cookie` a `private` 200, `X-No-Store`
+/// a `no-store` 200 (all without freshness).
 /// `/err` is a 500 with no Cache-Control after 400 ms, echoing the cookie;
 /// `/sie` a 200 `max-age=1, stale-if-error=60` until `failing`, then a 500
 /// `max-age=30` (`/everywhere` sends its 431 with `max-age=60`); `/swr` a 200 `max-age=1, stale-while-revalidate=1,
 /// stale-if-error=60` after 300 ms; `/err-stored` a 500 `max-age=30` after
 /// 400 ms; `/sie-slow` like `/sie` but failing with a 500 without freshness
-/// after 400 ms.
+/// after 400 ms; `/short` a 200 `max-age=1`; `/no-store` always a `no-store`
+/// 200 after 100 ms; `/held` a `private` 200 once `go` is notified (it
+/// notifies `started` first).
 #[derive(Clone, Default)]
 struct Origin {
     calls: Arc<AtomicUsize>,
     running: Arc<AtomicUsize>,
     most_at_once: Arc<AtomicUsize>,
     failing: Arc<AtomicBool>,
+    started: Arc<Notify>,
+    go: Arc<Notify>,
 }
 
 impl Origin {
@@ -120,9 +126,22 @@ async fn answer(o: &Origin, path: &str, headers: &HeaderMap, n: usize) -> Respon
         _ if headers.contains_key("x-http-method-override") => {
             reply(405, None, format!("method not allowed call={n}"))
         }
-        _ if headers.contains_key("x-private") => {
+        "/no-store" => {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            reply(200, Some("no-store"), format!("no-store call={n}"))
+        }
+        "/held" => {
+            o.started.notify_one();
+            o.go.notified().await;
             reply(200, Some("private"), format!("private call={n}"))
         }
+        _ if headers.contains_key("x-private") || headers.contains_key("cookie") => {
+            reply(200, Some("private"), format!("private call={n}"))
+        }
+        _ if headers.contains_key("x-no-store") => {
+            reply(200, Some("no-store"), format!("no-store call={n}"))
+        }
+        "/short" => reply(200, Some("max-age=1"), format!("ok call={n}")),
         _ => reply(200, Some("max-age=60"), format!("ok call={n}")),
     }
 }
@@ -381,6 +400,291 @@ async fn on_redis_an_uncacheable_answer_never_marks_a_fresh_entry() {
         assert!(s.starts_with("herdguard; hit"), "{s}");
     }
     assert_eq!(origin.calls(), 2);
+}
+
+/// The requests of the closing note that make the origin answer a
+/// 200 uncacheable because of the request: a cookie (`private`), and a
+/// header it answers `no-store` to.
+fn uncacheable_for_one() -> [[(&'static str, &'static str); 1]; 2] {
+    [[("cookie", "user=mallory")], [("x-no-store", "1")]]
+}
+
+/// Ten plain GETs after a pass marker set by one request: the first asks
+/// the origin again (hit-for-miss) and stores, the nine after are hits.
+fn assert_one_refill(statuses: &[String]) {
+    assert!(
+        statuses[0].contains("stored") && statuses[0].contains("detail=hit-for-miss"),
+        "{}",
+        statuses[0]
+    );
+    for s in &statuses[1..] {
+        assert!(s.starts_with("herdguard; hit"), "{s}");
+    }
+}
+
+/// Redis holds the entry (a 200), not the pass marker, within 5 s: the
+/// hit-for-miss write runs in the background.
+async fn until_entry_in_redis(redis: &RedisServer, hex: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while stored(redis, hex).await != Some((false, Some(200))) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis still holds {:?}",
+            stored(redis, hex).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Cold key, memory: a 200 `private` / `no-store` made so by one request leading the miss leaves the next 10 plain GETs exactly one origin call (hit-for-miss), the 9 after it hits.
+#[tokio::test(start_paused = true)]
+async fn an_uncacheable_answer_for_one_request_costs_one_more_call() {
+    for headers in uncacheable_for_one() {
+        let origin = Origin::default();
+        let app = origin.app(CacheLayer::new());
+        let hostile = send(&app, "/x", &headers).await;
+        assert_eq!(hostile.status, StatusCode::OK);
+        assert!(
+            hostile.cache_status.contains("detail=uncacheable"),
+            "{}",
+            hostile.cache_status
+        );
+        assert_one_refill(&ten_plain_gets(&[&app], "/x").await);
+        assert_eq!(origin.calls(), 2, "{headers:?}: the request, then one fill");
+    }
+}
+
+/// Expired key, memory: the same request leading the refresh of an entry past its freshness (no grace) leaves the next 10 plain GETs exactly one origin call.
+#[tokio::test(start_paused = true)]
+async fn an_uncacheable_answer_refreshing_an_expired_entry_costs_one_more_call() {
+    for headers in uncacheable_for_one() {
+        let origin = Origin::default();
+        let app = origin.app(CacheLayer::new());
+        send(&app, "/short", &[]).await;
+        assert!(send(&app, "/short", &[]).await.cache_status.contains("hit"));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let hostile = send(&app, "/short", &headers).await;
+        assert_eq!(hostile.status, StatusCode::OK);
+        assert_eq!(origin.calls(), 2);
+        assert_one_refill(&ten_plain_gets(&[&app], "/short").await);
+        assert_eq!(
+            origin.calls(),
+            3,
+            "{headers:?}: one refill after the request"
+        );
+    }
+}
+
+/// A pass marker from an answer uncacheable for everyone (`no-store`) stays: five concurrent GETs under it (fallback limit 2) each make their own call at once (none coalesced, queued or stored), as before hit-for-miss.
+#[tokio::test(start_paused = true)]
+async fn passes_under_a_marker_are_neither_coalesced_nor_stored() {
+    let origin = Origin::default();
+    let layer = CacheLayer::builder()
+        .fallback_limit(2)
+        .build()
+        .expect("valid layer");
+    let app = origin.app(layer);
+    send(&app, "/no-store", &[]).await;
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, "/no-store", &[]).await })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let a = t.await.expect("answered");
+        assert!(
+            a.cache_status.contains("hit-for-pass"),
+            "{}",
+            a.cache_status
+        );
+        assert!(!a.cache_status.contains("collapsed"), "{}", a.cache_status);
+        bodies.push(String::from_utf8_lossy(&a.body).into_owned());
+    }
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 5, "each its own answer: {bodies:?}");
+    assert_eq!(origin.calls(), 6);
+    // Past the two permits the others passed at once, never queued.
+    assert_eq!(origin.most_at_once.load(Ordering::SeqCst), 5);
+    let after = send(&app, "/no-store", &[]).await;
+    assert!(
+        after.cache_status.contains("hit-for-pass"),
+        "{}",
+        after.cache_status
+    );
+    assert_eq!(origin.calls(), 7);
+}
+
+/// Cold key, two layers on one Redis: a `private` / `no-store` 200 for one request on A (pass marker on A and in Redis) leaves 10 plain GETs on B exactly one origin call, and Redis then holds the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_an_uncacheable_answer_for_one_request_costs_one_more_call() {
+    for headers in uncacheable_for_one() {
+        let redis = RedisServer::start();
+        let origin = Origin::default();
+        let (la, lb) = (redis_layer(&redis), redis_layer(&redis));
+        let (a, b) = (origin.app(la.clone()), origin.app(lb));
+        let key = key_hex(&la, "/x");
+        let hostile = send(&a, "/x", &headers).await;
+        assert_eq!(hostile.status, StatusCode::OK);
+        assert_eq!(
+            stored(&redis, &key).await,
+            Some((true, None)),
+            "pass marker"
+        );
+        assert_one_refill(&ten_plain_gets(&[&b], "/x").await);
+        assert_eq!(origin.calls(), 2, "{headers:?}: the request, then one fill");
+        until_entry_in_redis(&redis, &key).await;
+    }
+}
+
+/// Cold key, two layers on one Redis: after the same request on A, 10 plain GETs on A cost one origin call; once its write is in Redis, B's GETs are hits too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_instance_that_set_the_marker_refills_once() {
+    for headers in uncacheable_for_one() {
+        let redis = RedisServer::start();
+        let origin = Origin::default();
+        let (la, lb) = (redis_layer(&redis), redis_layer(&redis));
+        let (a, b) = (origin.app(la.clone()), origin.app(lb));
+        let key = key_hex(&la, "/x");
+        send(&a, "/x", &headers).await;
+        assert_one_refill(&ten_plain_gets(&[&a], "/x").await);
+        until_entry_in_redis(&redis, &key).await;
+        for s in ten_plain_gets(&[&b], "/x").await {
+            assert!(s.starts_with("herdguard; hit"), "{s}");
+        }
+        assert_eq!(origin.calls(), 2, "{headers:?}: the request, then one fill");
+    }
+}
+
+/// Cold key, two layers on one Redis: after the cookie request on A (marker on A and in Redis), 10 plain GETs alternating B, A, B, A… cost one origin call in all: B's hit-for-miss stores the entry and A, still holding the marker in memory, reads it from Redis; the 9 after B's are hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_marker_in_memory_reads_the_entry_another_instance_stored() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let (la, lb) = (redis_layer(&redis), redis_layer(&redis));
+    let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    let key = key_hex(&la, "/x");
+    let hostile = send(&a, "/x", &[("cookie", "user=mallory")]).await;
+    assert!(
+        hostile.cache_status.contains("detail=uncacheable"),
+        "{}",
+        hostile.cache_status
+    );
+    assert_eq!(stored(&redis, &key).await, Some((true, None)), "marker");
+    let first = send(&b, "/x", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_one_refill(std::slice::from_ref(&first.cache_status));
+    // B's write runs in the background; A's next GET comes after it.
+    until_entry_in_redis(&redis, &key).await;
+    let rest = ten_plain_gets(&[&a, &b], "/x").await;
+    assert_eq!(
+        origin.calls(),
+        2,
+        "the request, then B's one fill: {rest:?}"
+    );
+    for s in &rest {
+        assert!(s.starts_with("herdguard; hit"), "{s}");
+    }
+}
+
+/// Two layers on one Redis, the URL uncacheable for everyone (`no-store`, marker on A and in Redis): five concurrent GETs on A (fallback limit 2) each make their own call at once: none coalesced on another's call, queued or stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_passes_under_a_marker_are_neither_coalesced_nor_stored() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let layer = |r: &RedisServer| {
+        CacheLayer::builder()
+            .redis(RedisOptions::new(r.url()).namespace("ep"))
+            .fallback_limit(2)
+            .build()
+            .expect("valid layer")
+    };
+    let (la, lb) = (layer(&redis), layer(&redis));
+    let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    let key = key_hex(&la, "/no-store");
+    send(&a, "/no-store", &[]).await;
+    assert_eq!(stored(&redis, &key).await, Some((true, None)), "marker");
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move { send(&a, "/no-store", &[]).await })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let r = t.await.expect("answered");
+        assert!(
+            r.cache_status.contains("hit-for-pass"),
+            "{}",
+            r.cache_status
+        );
+        assert!(!r.cache_status.contains("collapsed"), "{}", r.cache_status);
+        bodies.push(String::from_utf8_lossy(&r.body).into_owned());
+    }
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 5, "each its own answer: {bodies:?}");
+    assert_eq!(origin.calls(), 6);
+    // The origin takes 100 ms: past the two permits the others passed at
+    // once, never queued behind them.
+    assert_eq!(origin.most_at_once.load(Ordering::SeqCst), 5);
+    let on_b = send(&b, "/no-store", &[]).await;
+    assert!(
+        on_b.cache_status.contains("hit-for-pass"),
+        "{}",
+        on_b.cache_status
+    );
+    assert_eq!(origin.calls(), 7);
+    assert_eq!(
+        stored(&redis, &key).await,
+        Some((true, None)),
+        "still the marker"
+    );
+}
+
+/// The write script itself refuses a pass marker over a fresh entry (`fresh_entry_held`): here the entry lands in Redis while B's fill runs, under an older token (as a Vary copy filed under the fill's own token does), so nothing on B's side knows of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_write_script_never_marks_a_fresh_entry() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let (la, lb) = (redis_layer(&redis), redis_layer(&redis));
+    let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    // A fresh entry's bytes, written by A (under A's token, before B's).
+    send(&a, "/x", &[]).await;
+    let mut c = redis.connection().await;
+    let entry: Vec<u8> = deadpool_redis::redis::cmd("GET")
+        .arg(format!("ep:{{{}}}:v", key_hex(&la, "/x")))
+        .query_async(&mut c)
+        .await
+        .expect("GET");
+    // B leads the cold key `/held` (its lease and token are newer); the
+    // entry lands there while B's origin call runs.
+    let held = key_hex(&la, "/held");
+    let fill = tokio::spawn({
+        let b = b.clone();
+        async move { send(&b, "/held", &[]).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), origin.started.notified())
+        .await
+        .expect("B's origin call started");
+    let () = deadpool_redis::redis::cmd("SET")
+        .arg(format!("ep:{{{held}}}:v"))
+        .arg(&entry)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    origin.go.notify_one();
+    let private = fill.await.expect("answered");
+    assert_eq!(&private.body[..], b"private call=2");
+    assert_eq!(
+        stored(&redis, &held).await,
+        Some((false, Some(200))),
+        "the fresh entry stays; no pass marker over it"
+    );
 }
 
 // ---------------------------------------------------------------------------

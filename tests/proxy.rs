@@ -371,6 +371,53 @@ async fn one_oversized_request_never_disables_caching() {
     assert_eq!(calls(), 4, "cold key: the attack, then one fill");
 }
 
+/// Hit-for-miss through the binary: a cold key whose one request (a cookie) the origin answers `200 private` leaves the next 10 plain GETs exactly one origin call, the 9 after it hits.
+#[tokio::test]
+async fn one_private_answer_costs_one_more_call() {
+    async fn per_user(State(seen): State<Seen>, headers: HeaderMap) -> axum::response::Response {
+        let n = seen.0.fetch_add(1, Ordering::SeqCst) + 1;
+        let cc = if headers.contains_key("cookie") {
+            "private"
+        } else {
+            "max-age=60"
+        };
+        axum::response::Response::builder()
+            .header("cache-control", cc)
+            .body(Body::from(format!("call={n}")))
+            .unwrap()
+    }
+    let seen = Seen::default();
+    let app = Router::new()
+        .route("/{name}", routing::get(per_user))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let proxy = Proxy::start(&["--upstream", &format!("http://{upstream}")]).await;
+    let calls = || seen.0.load(Ordering::SeqCst);
+
+    let (code, h, body) = get(&proxy.url("/cold"), &[("cookie", "user=mallory")]).await;
+    assert_eq!((code, body.as_str()), (StatusCode::OK, "call=1"));
+    assert!(
+        cache_status(&h).contains("uncacheable"),
+        "{}",
+        cache_status(&h)
+    );
+    let (_, h, body) = get(&proxy.url("/cold"), &[]).await;
+    assert_eq!(body, "call=2");
+    assert!(
+        cache_status(&h).contains("stored") && cache_status(&h).contains("hit-for-miss"),
+        "{}",
+        cache_status(&h)
+    );
+    for _ in 0..9 {
+        let (code, h, body) = get(&proxy.url("/cold"), &[]).await;
+        assert_eq!((code, body.as_str()), (StatusCode::OK, "call=2"));
+        assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    }
+    assert_eq!(calls(), 2, "the request, then one fill");
+}
+
 /// A client speaking HTTP/2 with prior knowledge (h2c) is served over HTTP/2.
 #[tokio::test]
 async fn h2c_client_is_served() {

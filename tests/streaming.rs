@@ -658,3 +658,52 @@ async fn late_arrivals_share_one_new_call() {
     }
     assert_eq!(origin.calls(), 2);
 }
+
+/// Under a pass marker, an uncacheable event stream (`no-store`) reaches its request as it arrives: the first event is read while the origin still holds the rest.
+#[tokio::test(start_paused = true)]
+async fn an_uncacheable_stream_under_a_pass_marker_streams() {
+    let origin = Origin::new(&[
+        ("cache-control", "no-store"),
+        ("content-type", "text/event-stream"),
+    ]);
+    let svc = layer(1 << 20).layer(origin.service());
+    // The first answer sets the marker.
+    let first = spawn_reads(&svc, 1).pop().unwrap();
+    settle().await;
+    let tx = origin.body(0);
+    tx.send(Ok(Bytes::from_static(b"data: 0\n\n"))).unwrap();
+    drop(tx);
+    let (_, headers, _) = first.await.unwrap();
+    assert!(
+        cache_status(&headers).contains("uncacheable"),
+        "{}",
+        cache_status(&headers)
+    );
+
+    let next = tokio::spawn(svc.clone().oneshot(get()));
+    settle().await;
+    assert_eq!(origin.calls(), 2);
+    let tx = origin.body(1);
+    tx.send(Ok(Bytes::from_static(b"data: 1\n\n"))).unwrap();
+    let response = next.await.unwrap().unwrap();
+    assert!(
+        cache_status(response.headers()).contains("detail=hit-for-pass"),
+        "{}",
+        cache_status(response.headers())
+    );
+    let mut body = response.into_body();
+    let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first event arrives before the stream ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        frame.into_data().unwrap(),
+        Bytes::from_static(b"data: 1\n\n")
+    );
+    tx.send(Ok(Bytes::from_static(b"data: 2\n\n"))).unwrap();
+    drop(tx);
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, Bytes::from_static(b"data: 2\n\n"));
+    assert_eq!(origin.calls(), 2);
+}

@@ -128,6 +128,12 @@ impl<V: Value> Engine<V> {
         self.memory.probe(key)
     }
 
+    /// Whether a flight's lookup goes to Redis now (configured, breaker
+    /// not open): what memory holds may then be behind it.
+    pub(crate) fn shared_store_available(&self) -> bool {
+        self.remote.as_ref().is_some_and(|r| r.available())
+    }
+
     /// The miss path: lead a new flight or follow the running one.
     ///
     /// `compute` is taken only if this caller leads, so a follower keeps it for
@@ -200,11 +206,15 @@ impl<V: Value> Engine<V> {
                     source: Source::Hit,
                 };
             }
-            Probe::Pass => {
+            // With Redis reachable, a marker here may be older than what
+            // Redis holds (another instance's hit-for-miss stored the entry
+            // over it): the flight looks there, one lookup, and Redis's
+            // marker or entry decides.
+            Probe::Pass if !self.shared_store_available() => {
                 handle.complete(Outcome::Pass(None));
                 return Resolved::Pass(None);
             }
-            Probe::Fresh(_) | Probe::Stale(_) | Probe::Miss => {}
+            Probe::Fresh(_) | Probe::Stale(_) | Probe::Pass | Probe::Miss => {}
         }
         let Some(compute) = compute.take() else {
             // Unreachable by construction (the caller passes Some);

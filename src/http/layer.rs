@@ -539,7 +539,14 @@ impl CacheLayerBuilder {
     /// instead of queueing them (default 5 s). Only an answer uncacheable for
     /// every request of the URL (`no-store`, `private`, no freshness, `Vary:
     /// *`, with a 2xx or 3xx status) sets the marker, and never while a
-    /// usable entry is stored; an error status never sets it.
+    /// usable entry is stored; an error status never sets it. A GET under
+    /// the marker still asks the origin for itself (hit-for-miss, under a
+    /// free [`fallback_limit`](Self::fallback_limit) permit), never
+    /// coalesced: a storable answer is stored and ends the marker, since
+    /// the uncacheable one may have been made for one request alone (a
+    /// `private` page for its cookie). With Redis, such a GET first looks
+    /// the key up there (one lookup): an entry another instance stored over
+    /// the marker is a hit.
     #[must_use]
     pub fn pass_ttl(mut self, ttl: Duration) -> Self {
         self.engine.pass_ttl = ttl;

@@ -16,18 +16,34 @@ use crate::http::response::CachedResponse;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::http::stream::Stream;
 use crate::metrics::Source;
-use crate::store::memory::Stored;
+use crate::store::memory::{Probe, Stored};
 
 use super::bounds::{Origin, OriginBody};
-use super::direct::{direct, direct_with, honor_reload, spare_call};
+use super::direct::{direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, spare_call};
 use super::fill::{is_error, is_stored};
+use super::hit_for_miss_permit;
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
 use super::target::Target;
 
+/// What a request in [`miss`] takes from its flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wants {
+    /// A usable stored entry, or the flight's answer.
+    Entry,
+    /// Only a refresh: it refuses the stored response (`no-cache`, `max-age` …).
+    Refresh,
+    /// It met a pass marker in memory, with Redis reachable: the flight
+    /// looks in Redis, where another instance's hit-for-miss may have
+    /// stored the entry since. While Redis still holds the marker, it is a
+    /// request under a marker as in `route()`: never coalesced on an
+    /// origin call, never queued for a permit.
+    PastMarker,
+}
+
 /// Lead or follow the flight for `key`, then answer from its outcome.
-/// `stale` is the stored response to revalidate, if there is one; `reload`:
-/// the request refuses it, so only a refresh answers it.
+/// `stale` is the stored response to revalidate, if there is one; `wants`:
+/// what of the flight's outcome may answer it.
 ///
 /// A waiter gets the flight's answer only if the cache could have stored it
 /// and served it to this very request (storable, its Vary values and
@@ -41,13 +57,14 @@ pub(super) async fn miss<S, ReqB, ResB>(
     inner: S,
     req: Request<ReqB>,
     stale: Option<Arc<Stored<CachedResponse>>>,
-    reload: bool,
+    wants: Wants,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Origin<ReqB, ResB> + Clone,
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
+    let reload = wants == Wants::Refresh;
     let mut spare = spare_call(&inner, &req);
     let request_headers = req.headers().clone();
     let view = View {
@@ -276,6 +293,26 @@ where
             if let Ok(handoff) = passthrough_rx.try_recv() {
                 return Ok(state.handed_off(handoff, &view, fwd, Source::Miss));
             }
+            // It led, and its flight found a pass marker (in Redis, or here)
+            // instead of calling; or it met the marker in memory and Redis
+            // still holds it: hit-for-miss, as under a marker in memory.
+            let past_marker = wants == Wants::PastMarker;
+            if (compute.is_none() || past_marker)
+                && matches!(state.engine.probe(&target.key), Probe::Pass)
+            {
+                if let Some(permit) = hit_for_miss_permit(&state, &request_headers, head) {
+                    if let Some((inner, req)) = spare.take() {
+                        let state = Arc::clone(&state);
+                        return hit_for_miss(state, target, head, inner, req, fwd, permit).await;
+                    }
+                }
+                if past_marker {
+                    // No permit free: it passes at once, as in memory.
+                    counters.record(Source::Bypass);
+                    let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
+                    return pass_uncapped(&state, own_call(compute, spare), status).await;
+                }
+            }
             // The answer was not for everyone: each waiter asks for its own.
             let status = state.status_fwd(fwd, Some("uncacheable"));
             released(&state, own_call(compute, spare), status, fallback).await
@@ -337,7 +374,7 @@ where
             return honor_reload(state, target, head, inner, req, stored, permit).await;
         }
     }
-    miss(state, target, head, inner, req, stored, true).await
+    miss(state, target, head, inner, req, stored, Wants::Refresh).await
 }
 
 /// A request released from a flight calls the origin itself, under the

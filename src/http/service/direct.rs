@@ -1,6 +1,8 @@
-//! Origin calls outside any flight: a reload in `ReloadMode::Honor`, and a
-//! released request's own call, always under a fallback permit and the
-//! origin timeout. Nothing here is shared with other requests.
+//! Origin calls outside any flight: a reload in `ReloadMode::Honor`, a
+//! request under a pass marker (hit-for-miss, or a pass past the fallback
+//! cap), and a released request's own call, under a fallback permit (but
+//! for such a pass) and the origin timeout. Nothing here is shared with
+//! other requests.
 
 use std::future::poll_fn;
 use std::sync::{Arc, PoisonError};
@@ -25,6 +27,20 @@ use super::respond::{Served, View};
 use super::target::Target;
 use crate::http::cache_status::CACHE_STATUS;
 
+/// Why a request calls the origin for itself, outside any flight, and
+/// stores what may be stored.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum OwnFill {
+    /// It asked for a fresh answer, in [`ReloadMode::Honor`](crate::ReloadMode::Honor).
+    Reload,
+    /// It found a pass marker (hit-for-miss, as Varnish calls it): the
+    /// marker says the last answer was uncacheable, maybe only for the
+    /// request that got it (a `private` page for its cookie), so this one
+    /// asks again, forwarded as `fwd`. A storable answer replaces the
+    /// marker; an unstored 2xx/3xx streams through unbuffered.
+    UnderPassMarker(Forward),
+}
+
 /// A request that asked for a fresh answer, in [`ReloadMode::Honor`]: call
 /// the origin for it alone (holding a fallback permit), and store what comes
 /// back for everyone else.
@@ -35,7 +51,49 @@ pub(super) async fn honor_reload<S, ReqB, ResB>(
     inner: S,
     req: Request<ReqB>,
     stored: Option<CachedResponse>,
+    permit: OwnedSemaphorePermit,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Origin<ReqB, ResB>,
+    ReqB: Default + Send + 'static,
+    ResB: OriginBody,
+{
+    let call = (inner, req, stored);
+    fill_alone(state, target, head, call, permit, OwnFill::Reload).await
+}
+
+/// A request under a pass marker ([`OwnFill::UnderPassMarker`]): its own
+/// origin call under `permit`, never coalesced. The caller takes the
+/// permit only if one is free; with none, the request passes as before.
+pub(super) async fn hit_for_miss<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    inner: S,
+    req: Request<ReqB>,
+    fwd: Forward,
+    permit: OwnedSemaphorePermit,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Origin<ReqB, ResB>,
+    ReqB: Default + Send + 'static,
+    ResB: OriginBody,
+{
+    let call = (inner, req, None);
+    let why = OwnFill::UnderPassMarker(fwd);
+    fill_alone(state, target, head, call, permit, why).await
+}
+
+/// One origin call for this request alone, under `_permit` and the origin
+/// timeout; a storable answer is stored (memory, and Redis in the
+/// background), fenced and purge-checked like any outside-flight write.
+async fn fill_alone<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    (inner, req, stored): (S, Request<ReqB>, Option<CachedResponse>),
     _permit: OwnedSemaphorePermit,
+    why: OwnFill,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Origin<ReqB, ResB>,
@@ -49,10 +107,15 @@ where
     };
     let (call, mut passthrough_rx, error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
+    let (fwd, call) = match why {
+        OwnFill::Reload => (Forward::Request, call),
+        OwnFill::UnderPassMarker(fwd) => (fwd, call.passing_unstored()),
+    };
+    let under_marker = matches!(why, OwnFill::UnderPassMarker(_));
     let counters = state.counters();
     counters.origin_call();
     let served = Served::Forwarded {
-        fwd: Forward::Request,
+        fwd,
         collapsed: false,
     };
     let started = state.engine.outside_start();
@@ -71,17 +134,24 @@ where
             {
                 Some(entry) => {
                     counters.record(Source::Miss);
-                    Ok(state.respond(&entry, &view, served))
+                    let response = state.respond(&entry, &view, served);
+                    if under_marker {
+                        return Ok(with_detail(response, "hit-for-miss"));
+                    }
+                    Ok(response)
                 }
-                None => Ok(state.respond_uncached(value_copy, &view, Forward::Request)),
+                None => Ok(state.respond_uncached(value_copy, &view, fwd)),
             }
         }
-        Ok(Fill::Share(value) | Fill::Pass(Some(value)) | Fill::Private(value)) => {
+        Ok(Fill::Share(mut value) | Fill::Pass(Some(mut value)) | Fill::Private(mut value)) => {
             counters.record(Source::Bypass);
-            Ok(state.respond_uncached(value, &view, Forward::Request))
+            if under_marker {
+                value.not_stored = Some("hit-for-pass");
+            }
+            Ok(state.respond_uncached(value, &view, fwd))
         }
         Ok(Fill::Pass(None) | Fill::Unbuffered) => match passthrough_rx.try_recv() {
-            Ok(handoff) => Ok(state.handed_off(handoff, &view, Forward::Request, Source::Bypass)),
+            Ok(handoff) => Ok(state.handed_off(handoff, &view, fwd, Source::Bypass)),
             Err(_) => {
                 counters.record_error();
                 Ok(state.error_response(&Error::Aborted))
@@ -99,6 +169,21 @@ where
             Ok(state.error_response(&error))
         }
     }
+}
+
+/// `response` with `; detail=…` added to its `Cache-Status`.
+fn with_detail<B>(mut response: Response<B>, detail: &str) -> Response<B> {
+    let Some(status) = response.headers().get(CACHE_STATUS) else {
+        return response;
+    };
+    let mut bytes = Vec::with_capacity(status.len() + detail.len() + 9);
+    bytes.extend_from_slice(status.as_bytes());
+    bytes.extend_from_slice(b"; detail=");
+    bytes.extend_from_slice(detail.as_bytes());
+    if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+        response.headers_mut().insert(CACHE_STATUS, value);
+    }
+    response
 }
 
 /// A spare inner service and request for a request that may need a call of
@@ -137,7 +222,7 @@ pub(super) async fn direct_with<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let Some(OriginCall { mut inner, req, .. }) = call else {
+    let Some(OriginCall { inner, req, .. }) = call else {
         // Only the leader has no call left, and a leader always has an outcome.
         state.counters().record_error();
         return Ok(state.error_response(&Error::Aborted));
@@ -154,6 +239,40 @@ where
         return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
     };
     counters.record(Source::Bypass);
+    call_alone(state, inner, req, status).await
+}
+
+/// A request under a pass marker with no fallback permit free: its own
+/// call, outside the cap, as a pass in `route()` makes it (one call per
+/// request, never queued), bounded by the origin timeout. The caller
+/// counts the bypass.
+pub(super) async fn pass_uncapped<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let Some(OriginCall { inner, req, .. }) = call else {
+        // Only the leader has no call left, and it keeps a spare.
+        state.counters().record_error();
+        return Ok(state.error_response(&Error::Aborted));
+    };
+    call_alone(state, inner, req, status).await
+}
+
+/// One origin call for one request, streamed, bounded by the origin timeout.
+async fn call_alone<S, ReqB, ResB>(
+    state: &LayerState,
+    mut inner: S,
+    req: Request<ReqB>,
+    status: HeaderValue,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let counters = state.counters();
     counters.origin_call();
     let authorized = req.headers().contains_key(http::header::AUTHORIZATION);
     let call = async {

@@ -15,6 +15,11 @@
 //!    otherwise                     ─► one conditional request per key (fwd=stale);
 //!                                     a 304 freshens the stored response
 //! no candidate ─► one origin request per key (fwd=uri-miss / vary-miss)
+//! pass marker  ─► its own origin call, not coalesced (hit-for-miss): a storable
+//!                 answer replaces the marker; past the fallback cap, and for
+//!                 HEAD, Range or conditional requests, a plain pass. With
+//!                 Redis, a plain GET looks there first: an entry stored
+//!                 since (another instance's hit-for-miss) is a hit
 //! only-if-cached and nothing usable ─► 504
 //! ```
 
@@ -40,8 +45,8 @@ use crate::metrics::Source;
 use crate::store::memory::Probe;
 
 use bounds::{Origin, OriginBody};
-use coalesce::{miss, reload};
-use direct::refresh_request;
+use coalesce::{miss, reload, Wants};
+use direct::{hit_for_miss, refresh_request};
 use origin::OriginCall;
 use respond::{stale_detail, Served, View};
 use target::{effective_uri, lowercase_host};
@@ -272,7 +277,15 @@ impl<S> CacheService<S> {
                     }
                     _ => None,
                 };
-                let fut = miss(Arc::clone(state), target, head, inner, req, stale, false);
+                let fut = miss(
+                    Arc::clone(state),
+                    target,
+                    head,
+                    inner,
+                    req,
+                    stale,
+                    Wants::Entry,
+                );
                 return boxed(Box::pin(fut));
             }
             Probe::Fresh(e) => Some((e, true)),
@@ -280,6 +293,37 @@ impl<S> CacheService<S> {
             Probe::Pass => {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
+                }
+                // With Redis, another instance's hit-for-miss may have stored
+                // the entry over the marker since this one was set here: a
+                // plain GET looks there first (one lookup; the marker there
+                // sends it on as below, in `miss`).
+                if plain_get(req.headers(), head) && state.engine.shared_store_available() {
+                    let fut = miss(
+                        Arc::clone(state),
+                        target,
+                        head,
+                        inner,
+                        req,
+                        None,
+                        Wants::PastMarker,
+                    );
+                    return boxed(Box::pin(fut));
+                }
+                // Hit-for-miss: the marker may come from an answer made for
+                // one request alone, so a free fallback permit asks again,
+                // and a storable answer replaces the marker.
+                if let Some(permit) = hit_for_miss_permit(state, req.headers(), head) {
+                    let fut = hit_for_miss(
+                        Arc::clone(state),
+                        target,
+                        head,
+                        inner,
+                        req,
+                        Forward::UriMiss,
+                        permit,
+                    );
+                    return boxed(Box::pin(fut));
                 }
                 state.counters().record(Source::Bypass);
                 let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
@@ -296,7 +340,15 @@ impl<S> CacheService<S> {
             if rd.only_if_cached {
                 return ResponseFuture::ready(state.only_if_cached());
             }
-            let fut = miss(Arc::clone(state), target, head, inner, req, None, false);
+            let fut = miss(
+                Arc::clone(state),
+                target,
+                head,
+                inner,
+                req,
+                None,
+                Wants::Entry,
+            );
             return boxed(Box::pin(fut));
         };
         let stored_age = entry.age();
@@ -357,12 +409,33 @@ impl<S> CacheService<S> {
                     inner,
                     req,
                     Some(entry),
-                    false,
+                    Wants::Entry,
                 );
                 boxed(Box::pin(fut))
             }
         }
     }
+}
+
+/// A fallback permit for a request under a pass marker to ask the origin
+/// again ([`hit_for_miss`]), if one is free and the request is a plain GET:
+/// a HEAD, a `Range` or a conditional request needs the origin's own answer
+/// to it (a 206, a 304), which a fill request would not carry. `None`: it
+/// passes as before.
+fn hit_for_miss_permit(
+    state: &LayerState,
+    request_headers: &HeaderMap,
+    head: bool,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if !plain_get(request_headers, head) {
+        return None;
+    }
+    state.engine.try_fallback_permit()
+}
+
+/// A GET with no conditional or `Range` header: what a fill request would ask.
+fn plain_get(request_headers: &HeaderMap, head: bool) -> bool {
+    !head && !CONDITIONAL.iter().any(|n| request_headers.contains_key(n))
 }
 
 /// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a

@@ -35,6 +35,10 @@ pub(super) struct Initiator<ResB, E> {
     pub(super) passthrough: oneshot::Sender<Handoff<ResB>>,
     /// The inner service's error, handed back as-is.
     pub(super) error: Arc<Mutex<Option<E>>>,
+    /// Hand a 2xx or 3xx the cache will not store to this request as it
+    /// arrives ([`Handoff::Passed`]) instead of buffering its body: set for
+    /// a request under a pass marker, which nobody else waits on.
+    pub(super) pass_unstored: bool,
 }
 
 /// One origin request, run as a flight's computation or directly.
@@ -83,9 +87,19 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         let initiator = Initiator {
             passthrough,
             error: Arc::clone(&error),
+            pass_unstored: false,
         };
         let call = Self::new(inner, req, state, Some(initiator), target, stale);
         (call, passthrough_rx, error)
+    }
+
+    /// An initiated call whose answer, if it will not be stored and is no
+    /// error, streams straight to its request ([`Handoff::Passed`]).
+    pub(super) fn passing_unstored(mut self) -> Self {
+        if let Some(i) = &mut self.initiator {
+            i.pass_unstored = true;
+        }
+        self
     }
 }
 
@@ -127,9 +141,9 @@ where
             target,
             mut stale,
         } = self;
-        let (passthrough, error_slot) = match initiator {
-            Some(i) => (Some(i.passthrough), Some(i.error)),
-            None => (None, None),
+        let (passthrough, error_slot, pass_unstored) = match initiator {
+            Some(i) => (Some(i.passthrough), Some(i.error), i.pass_unstored),
+            None => (None, None, false),
         };
         let url = url_of(&req);
         // A copy kept aside since the call was made (read from Redis past its
@@ -258,6 +272,27 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         let mut body = Box::pin(body);
+        // Under a pass marker, an answer that will not be stored goes to its
+        // request as it comes, never buffered: an event stream streams. An
+        // error status goes the usual way below (an origin error never
+        // replaces what stale-if-error may still serve).
+        if pass_unstored && head.is_none() && !is_error(parts_status) {
+            if let Some(tx) = passthrough.take() {
+                match &verdict {
+                    policy::ResponseVerdict::Pass(reason) => {
+                        state.counters().not_stored(reason)
+                    }
+                    policy::ResponseVerdict::Share => {
+                        state.counters().not_stored("no-freshness");
+                    }
+                    policy::ResponseVerdict::Store { .. } => {}
+                }
+                let response =
+                    Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
+                let _ = tx.send(Handoff::Passed(response));
+                return Ok(state.unbuffered_fill(&verdict, parts_status));
+            }
+        }
         if declared.is_some_and(|len| len > limit as u64) {
             state.counters().not_stored("too-large");
             state.too_large.mark(target.key);

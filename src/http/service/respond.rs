@@ -133,6 +133,15 @@ impl LayerState {
                 response.headers_mut().insert(CACHE_STATUS, status);
                 response
             }
+            Handoff::Passed(mut response) => {
+                let status = self.status(format_args!(
+                    "fwd={}; fwd-status={}; detail=hit-for-pass",
+                    fwd.as_str(),
+                    response.status().as_u16()
+                ));
+                response.headers_mut().insert(CACHE_STATUS, status);
+                response
+            }
             Handoff::Streaming(stream, reader, detail) => {
                 let status = self.status(format_args!(
                     "fwd={}; fwd-status={}; detail={detail}",

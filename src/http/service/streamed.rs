@@ -245,6 +245,9 @@ pub(super) type Passthrough<ResB> = oneshot::Receiver<Handoff<ResB>>;
 pub(super) enum Handoff<ResB> {
     /// Too large to store and not shared: streamed to it alone.
     TooLarge(Response<CacheBody<ResB>>),
+    /// A 2xx or 3xx that will not be stored, for a request under a pass
+    /// marker: streamed to it alone, unbuffered.
+    Passed(Response<CacheBody<ResB>>),
     /// Its own reader of a fill streamed to every waiter, and the
     /// `Cache-Status` detail (`too-large` when it will not be stored).
     Streaming(Arc<Stream>, StreamReader, &'static str),
