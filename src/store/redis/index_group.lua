@@ -7,8 +7,9 @@
 -- stores nothing; a purge that reads it after finds the keys and raises
 -- their fences. Either way the purge holds, notice or no notice.
 -- Members are scored by when their entry expires (server clock) and the
--- expired ones are trimmed on every write, so the index holds only the
--- group's live entries: it cannot outgrow what Redis stores.
+-- expired ones are trimmed on every write (a new index has none), so the
+-- index holds only the group's live entries: it cannot outgrow what Redis
+-- stores.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
