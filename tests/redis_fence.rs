@@ -80,15 +80,12 @@ async fn a_lost_fence_hash_restarts_above_the_entrys_token() {
         .await
         .unwrap();
     let fresh = Freshness::new(Duration::from_millis(500)).with_stale(Duration::from_secs(60));
-    let cache = || -> Cache<String> {
-        Cache::builder()
-            .redis(options(&server))
-            .build()
-            .unwrap()
-    };
+    let cache = || -> Cache<String> { Cache::builder().redis(options(&server)).build().unwrap() };
     let a = cache();
     let first = a
-        .get_or_compute(&key, fresh, || async { Ok::<_, std::io::Error>("one".to_owned()) })
+        .get_or_compute(&key, fresh, || async {
+            Ok::<_, std::io::Error>("one".to_owned())
+        })
         .await
         .unwrap();
     assert_eq!(first.value, "one");
@@ -103,7 +100,9 @@ async fn a_lost_fence_hash_restarts_above_the_entrys_token() {
     // Another instance finds the entry stale, serves it, and refreshes it.
     let b = cache();
     let stale = b
-        .get_or_compute(&key, fresh, || async { Ok::<_, std::io::Error>("two".to_owned()) })
+        .get_or_compute(&key, fresh, || async {
+            Ok::<_, std::io::Error>("two".to_owned())
+        })
         .await
         .unwrap();
     assert_eq!(stale.value, "one", "served stale while it refreshes");

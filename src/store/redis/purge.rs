@@ -75,7 +75,8 @@ impl RedisStore {
         let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
         let replies = join_all(groups.iter().map(|g| {
             let mut inv = INDEX_GROUP.prepare_invoke();
-            inv.key(self.group_key(g)).key(self.group_stamp_key(g))
+            inv.key(self.group_key(g))
+                .key(self.group_stamp_key(g))
                 .arg(ttl_ms);
             for m in members {
                 inv.arg(m.to_hex());
