@@ -21,14 +21,16 @@ for i = 2, #ARGV do
 end
 -- A key of another type under the index's name is foreign (nothing this
 -- release writes): replaced, not an error on every fill of the group.
-if type(redis.pcall('ZADD', KEYS[1], unpack(members))) ~= 'number' then
+local added = redis.pcall('ZADD', KEYS[1], unpack(members))
+if type(added) ~= 'number' then
   redis.call('DEL', KEYS[1])
-  redis.call('ZADD', KEYS[1], unpack(members))
+  added = redis.call('ZADD', KEYS[1], unpack(members))
 end
 -- Kept as long as its longest-lived member. NX gives a new index (no
 -- expiry yet) its own, and it holds nothing expired to trim; an older one
--- is trimmed and only ever extended (GT).
-if redis.call('PEXPIRE', KEYS[1], ttl, 'NX') == 0 then
+-- (certainly older when no member was new: a refill) is trimmed and only
+-- ever extended (GT).
+if added == 0 or redis.call('PEXPIRE', KEYS[1], ttl, 'NX') == 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   redis.call('PEXPIRE', KEYS[1], ttl, 'GT')
 end
