@@ -258,3 +258,60 @@ async fn a_foreign_key_under_an_index_name_is_replaced() {
     until_not_hit(&b, "/odd").await;
     assert_eq!(origin.calls(), 2, "the purge found the fill in the index");
 }
+
+/// A refill of an indexed entry (its member already there) still trims the group's expired members and extends the index to the new expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refill_trims_and_extends_the_index() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("surrogate-key", "again")]);
+    let app = origin.app(layer(&server, Duration::from_millis(250)));
+    let mut conn = server.connection().await;
+    let index = tag_index("again");
+    let member = CacheLayer::new().key_for(&get_req("/again")).to_hex();
+    // As earlier writes left it: this entry's member, scored by its old
+    // expiry, beside one that expired; kept 30 s.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let _: () = redis::cmd("ZADD")
+        .arg(&index)
+        .arg(now_ms - 1000)
+        .arg("0".repeat(32))
+        .arg(now_ms + 30_000)
+        .arg(&member)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&index)
+        .arg(30_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    send(&app, get_req("/again")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&index)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if members.len() == 1 && members[0].1 as u64 > now_ms + 50_000 {
+            assert_eq!(members[0].0, member);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not trimmed or not rescored: {members:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 50_000, "extended to the new expiry: {pttl}");
+}
