@@ -78,13 +78,20 @@ async fn group_index_members_expire_with_their_entries() {
     let app = origin.app(layer(&server, Duration::from_millis(250)));
     let mut conn = server.connection().await;
     let index = tag_index("shelf");
-    // A member whose entry expired a second ago, as a write long ago left it.
+    // A member whose entry expired a second ago, as a write long ago left
+    // it: the index kept on by a longer-lived member's expiry.
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     let now_ms = secs * 1000 + micros / 1000;
     let _: () = redis::cmd("ZADD")
         .arg(&index)
         .arg(now_ms - 1000)
         .arg("0".repeat(32))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&index)
+        .arg(30_000)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -222,4 +229,89 @@ async fn purge_of_a_100k_member_tag_is_batched() {
         assert_eq!(t.await.unwrap().0, 200);
     }
     assert_eq!(tagged.calls() - before, 1, "the breaker stayed closed");
+}
+
+/// A key of another type under a group index's name (nothing this release writes) does not keep the group's fills out of Redis: the next fill replaces it with the index, is stored, and a tag purge finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_under_an_index_name_is_replaced() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("surrogate-key", "odd")]);
+    let (la, lb) = (
+        layer(&server, Duration::from_millis(250)),
+        layer(&server, Duration::from_millis(250)),
+    );
+    let (a, b) = (origin.app(la.clone()), origin.app(lb));
+    let mut conn = server.connection().await;
+    let index = tag_index("odd");
+    let _: () = redis::cmd("SADD")
+        .arg(&index)
+        .arg("not-a-key")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    send(&a, get_req("/odd")).await;
+    until_indexed(&mut conn, &index, 1).await;
+    let (_, h, _) = send(&b, get_req("/odd")).await;
+    assert!(cache_status(&h).contains("; hit"), "stored: {h:?}");
+    assert_eq!(origin.calls(), 1);
+    la.purge_tag("odd").await.unwrap();
+    until_not_hit(&b, "/odd").await;
+    assert_eq!(origin.calls(), 2, "the purge found the fill in the index");
+}
+
+/// A refill of an indexed entry (its member already there) still trims the group's expired members and extends the index to the new expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refill_trims_and_extends_the_index() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60"), ("surrogate-key", "again")]);
+    let app = origin.app(layer(&server, Duration::from_millis(250)));
+    let mut conn = server.connection().await;
+    let index = tag_index("again");
+    let member = CacheLayer::new().key_for(&get_req("/again")).to_hex();
+    // As earlier writes left it: this entry's member, scored by its old
+    // expiry, beside one that expired; kept 30 s.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let _: () = redis::cmd("ZADD")
+        .arg(&index)
+        .arg(now_ms - 1000)
+        .arg("0".repeat(32))
+        .arg(now_ms + 30_000)
+        .arg(&member)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&index)
+        .arg(30_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    send(&app, get_req("/again")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&index)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if members.len() == 1 && members[0].1 as u64 > now_ms + 50_000 {
+            assert_eq!(members[0].0, member);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not trimmed or not rescored: {members:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 50_000, "extended to the new expiry: {pttl}");
 }

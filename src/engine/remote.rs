@@ -681,14 +681,13 @@ impl<V: Value> Engine<V> {
         let hard = shared_lifetime(value, meta.fresh_for, meta.stale_for);
         let bytes = encode_kept(meta, value, hard.saturating_sub(meta.fresh_for));
         let writes = copies.iter().map(|c| {
-            let nobody = LeaseToken::random();
             let mode = WriteMode::Store {
                 bytes: &bytes,
                 fresh: meta.fresh_for,
                 hard,
             };
             let key = c.key;
-            async move { remote.write_and_release(&key, &nobody, fence, mode).await }
+            async move { remote.write_unleased(&key, fence, mode).await }
         });
         let results = join_all(writes).await;
         copies
@@ -749,8 +748,7 @@ impl<V: Value> Engine<V> {
                 fresh: fresh_for,
                 hard,
             };
-            let nobody = LeaseToken::random();
-            if let Ok(w) = remote.write_and_release(&key, &nobody, fence, mode).await {
+            if let Ok(w) = remote.write_unleased(&key, fence, mode).await {
                 if w.accepted {
                     Self::write_copies(&remote, fence, &meta, &value, copies).await;
                 }

@@ -556,8 +556,7 @@ impl FencedStore {
     /// # Errors
     /// [`LockError::Store`] when Redis does not answer.
     pub async fn write(&self, resource: &str, fence: u64, value: &[u8]) -> Result<bool, LockError> {
-        // No lease is held on this store, so the release half is a no-op.
-        let nobody = LeaseToken::random();
+        // No lease is held on this store: the fence alone decides.
         let mode = WriteMode::Store {
             bytes: value,
             fresh: self.keep,
@@ -566,7 +565,7 @@ impl FencedStore {
         let key = CacheKey::new(resource);
         let outcome = self
             .store
-            .write_and_release(&key, &nobody, lock::FenceToken(fence), mode)
+            .write_unleased(&key, lock::FenceToken(fence), mode)
             .await
             .map_err(|e| LockError::Store(StoreFailure::from(&e)))?;
         if !outcome.accepted {

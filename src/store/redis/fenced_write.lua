@@ -1,5 +1,5 @@
 -- KEYS: v (unused) lock fence (unused): the unused slots keep the others' places.
--- ARGV: token fence mode value fresh_ms hard_ms channel wake fence_retention_ms pass_ms
+-- ARGV: token (empty: no lease) fence mode value fresh_ms hard_ms channel wake fence_retention_ms pass_ms
 --       entry_prefix fence_offset carry
 -- mode: store (value, hard_ms), pass (pass_ms) or release (nothing). Freshness
 -- needs no key of its own: the entry's stale window is in its encoding, and
@@ -11,22 +11,24 @@
 -- marker not set over a fresh entry); released is 0 or 1.
 local f = tonumber(ARGV[2])
 -- A write is accepted only with a token strictly newer than the newest
--- write (or purge) we know of: `hw`, or, when the fence hash is
--- gone, the fence the stored entry was written with (it is part of the
--- encoding), so a leader from before the loss cannot replace a newer entry.
-local floor = tonumber(redis.call('HGET', KEYS[4], 'hw'))
+-- write (or purge) we know of: `hw`, or, when the fence hash has none (lost
+-- since the lease, or this key leased nowhere: a copy), the fence the stored
+-- entry was written with (it is part of the encoding), so a leader from
+-- before the loss cannot replace a newer entry. The lookup that leased gave
+-- a new hash its `hw`, so a fill under a lease reads one field here.
+local hw = tonumber(redis.call('HGET', KEYS[4], 'hw'))
+local floor = hw
 if not floor then
-  floor = 0
-  local cur = redis.pcall('GET', KEYS[1])
-  local at = tonumber(ARGV[12])
-  if type(cur) == 'string' and string.sub(cur, 1, string.len(ARGV[11])) == ARGV[11]
-      and string.len(cur) >= at + 8 then
-    local vf = 0
-    for i = at + 8, at + 1, -1 do vf = vf * 256 + string.byte(cur, i) end
-    -- Tokens never run ahead of the clock they start from; one more than a
-    -- minute past it (more than any sane clock skew) is corruption, and
-    -- must not hold writes off.
-    if vf <= fence_clock() + 60000000 then floor = vf end
+  floor = entry_fence(redis.pcall('GET', KEYS[1]), ARGV[11], tonumber(ARGV[12]))
+end
+-- Extend the fence hash to `ms` if that is longer than it has: GT where
+-- `hw` was there (every writer of the hash gives it an expiry), a plain
+-- PEXPIRE otherwise (a new hash, or one only ever given the retention).
+local function keep_fence(ms)
+  if hw then
+    redis.call('PEXPIRE', KEYS[4], ms, 'GT')
+  else
+    redis.call('PEXPIRE', KEYS[4], ms)
   end
 end
 -- Whether v holds an entry of this version that is still fresh: its PTTL
@@ -59,17 +61,18 @@ if ARGV[3] ~= 'release' then
       redis.call('HSET', KEYS[4], 'hw', ARGV[2])
       -- Kept while the entry lives, and past that as long as a fill that
       -- leased before its expiry may still write.
-      local keep = tonumber(ARGV[9]) + tonumber(ARGV[6])
-      if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
+      keep_fence(tonumber(ARGV[9]) + tonumber(ARGV[6]))
       accepted = 1
     end
   else
     redis.call('HINCRBY', KEYS[4], 'rejected', 1)
-    if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[9]) then redis.call('PEXPIRE', KEYS[4], ARGV[9]) end
+    keep_fence(tonumber(ARGV[9]))
   end
 end
 local released = 0
-if redis.call('GET', KEYS[3]) == ARGV[1] then
+-- An empty token: no lease guards this write (a copy, a write outside a
+-- flight), so there is none to look at.
+if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) == ARGV[1] then
   redis.call('DEL', KEYS[3])
   released = 1
 end

@@ -1,5 +1,6 @@
 -- KEYS: v lock fence
 -- ARGV: token lease_ms skip_entry fence_retention_ms entry_prefix lookup_only ahead_ms
+--       fence_offset
 -- `v` holds the entry (PX = hard expiry) or the pass marker (entry_prefix
 -- .. 'pass', PX = pass TTL). Freshness is what is left of the hard expiry
 -- past the entry's keep time (u64 LE at byte 36 of the encoding: its stale
@@ -18,6 +19,12 @@
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then v = false end
 local prefix = ARGV[5]
+-- What v held, for the fence: a new or lost fence hash takes its `hw` from
+-- the entry's own token, so the fenced write need not read v again.
+local held = v
+local function fence()
+  return issue_fence(KEYS[3], tonumber(ARGV[4]), held or '', prefix, tonumber(ARGV[8]))
+end
 -- An entry this version cannot read is a miss; the leader overwrites it.
 if v and string.sub(v, 1, string.len(prefix)) ~= prefix then v = false end
 if v == prefix .. 'pass' then return {'pass', '', 0, 0, 0, redis.call('PTTL', KEYS[1]), ''} end
@@ -42,13 +49,13 @@ if v then
   end
   if fresh > 0 then
     if lease() then return {'fresh', v, fresh, hard, 0, 0, ''} end
-    local f = issue_fence(KEYS[3], tonumber(ARGV[4]))
+    local f = fence()
     return {'leased', '', 0, 0, f, 0, ''}
   end
   if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0, ''} end
   local holder = lease()
   if not holder then
-    local f = issue_fence(KEYS[3], tonumber(ARGV[4]))
+    local f = fence()
     return {'stale_leased', v, 0, hard, f, 0, ''}
   end
   return {'stale', v, 0, hard, 0, lease_ms, holder}
@@ -56,7 +63,7 @@ end
 if ARGV[6] == '1' then return {'miss', '', 0, 0, 0, 0, ''} end
 local holder = lease()
 if not holder then
-  local f = issue_fence(KEYS[3], tonumber(ARGV[4]))
+  local f = fence()
   return {'leased', '', 0, 0, f, 0, ''}
 end
 return {'held', '', 0, 0, 0, lease_ms, holder}

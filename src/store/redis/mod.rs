@@ -9,8 +9,17 @@
 //!                 at byte 36: the stale window, or stale-if-error when longer);
 //!                 or the pass marker `HG\x04pass`, PX = pass TTL
 //! {ns}:{H}:lock   lease token, SET NX PX GET
-//! {ns}:{H}:fence  hash: `next` (last token issued) and `hw` (highest accepted write or purge)
+//! {ns}:{H}:fence  hash: `next` (last token issued), `hw` (highest accepted write or
+//!                 purge; a lease on a new or lost hash sets it to the stored
+//!                 entry's own token, 0 for none) and `rejected`
 //! ```
+//!
+//! A leader's cold fill is three scripts, 20 commands in all: the lookup
+//! that leases (`GET`, `SET NX GET`, and the token: `HMGET`, `TIME`, `HSET`,
+//! one `PEXPIRE`), the URL's purge index in its own slot (`TIME`, `ZADD`,
+//! `PEXPIRE NX`, the stamp's `GET`; one more script per tag), and the fenced
+//! write (`HGET hw`, `SET`, `HSET`, `PEXPIRE GT`, `GET`+`DEL` of the lease,
+//! `SPUBLISH`), each behind its `EVALSHA`.
 //!
 //! One key per entry, so eviction takes an entry whole. Entry version 3
 //! kept freshness and the pass marker in keys of their own (`:fresh`,

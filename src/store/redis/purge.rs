@@ -76,7 +76,6 @@ impl RedisStore {
         let replies = join_all(groups.iter().map(|g| {
             let mut inv = INDEX_GROUP.prepare_invoke();
             inv.key(self.group_key(g))
-                .key(self.legacy_group_key(g))
                 .key(self.group_stamp_key(g))
                 .arg(ttl_ms);
             for m in members {

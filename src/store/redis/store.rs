@@ -119,7 +119,8 @@ impl RedisStore {
             .arg(millis(self.options.fence_retention))
             .arg(&self.entry_prefix[..])
             .arg(if self.lease_elsewhere { "1" } else { "0" })
-            .arg(millis(ahead));
+            .arg(millis(ahead))
+            .arg(FENCE_OFFSET);
         let reply: RedisValue = self.invoke("lookup_or_lease", &inv).await?;
         parse_lookup(reply).ok_or(StoreError::Protocol)
     }
@@ -130,6 +131,29 @@ impl RedisStore {
         &self,
         key: &CacheKey,
         token: &LeaseToken,
+        fence: FenceToken,
+        mode: WriteMode<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.write(key, Some(token), fence, mode).await
+    }
+
+    /// [`write_and_release`](Self::write_and_release) for a write no lease
+    /// of this key guards (a Vary copy, a write outside a flight, a
+    /// `FencedStore` write): the fence alone decides, and the lease is not
+    /// looked at.
+    pub(crate) async fn write_unleased(
+        &self,
+        key: &CacheKey,
+        fence: FenceToken,
+        mode: WriteMode<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.write(key, None, fence, mode).await
+    }
+
+    async fn write(
+        &self,
+        key: &CacheKey,
+        token: Option<&LeaseToken>,
         fence: FenceToken,
         mode: WriteMode<'_>,
     ) -> Result<WriteOutcome, StoreError> {
@@ -151,7 +175,7 @@ impl RedisStore {
             .key(&k.lock)
             .key(&k.fence)
             .key(&k.value)
-            .arg(token.as_str())
+            .arg(token.map_or("", LeaseToken::as_str))
             .arg(fence.0)
             .arg(mode_name)
             .arg(value)
@@ -167,7 +191,7 @@ impl RedisStore {
         let (accepted, released): (i64, i64) = match self.invoke("write_and_release", &inv).await {
             Ok(reply) => reply,
             Err(e) => {
-                if e.is_oom() {
+                if let (true, Some(token)) = (e.is_oom(), token) {
                     // Nothing was stored, but a full server still deletes:
                     // give the lease back so other instances need not wait
                     // it out (they serve from their own memory meanwhile).

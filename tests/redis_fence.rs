@@ -1,0 +1,125 @@
+//! The fence hash as the one-read fence keeps it: one HMGET and one PEXPIRE
+//! per token, `hw` taken from the stored entry when the hash was lost, and a
+//! hash life that a new token never shortens.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+use herdguard::{Cache, CacheKey, FencedStore, Freshness, RedisOptions};
+use support::RedisServer;
+
+const NS: &str = "fz";
+
+/// A missed reply means fail-open (computing locally), not what these
+/// tests look at: a loaded 2-core machine must not turn one into a failure.
+fn options(server: &RedisServer) -> RedisOptions {
+    RedisOptions::new(server.url())
+        .namespace(NS)
+        .response_timeout(Duration::from_secs(2))
+}
+
+fn fence_key(key: &CacheKey) -> String {
+    format!("{NS}:{{{}}}:fence", key.to_hex())
+}
+
+/// A new token never shortens the fence hash's life: after a write kept it for the value's lifetime, the next token leaves it that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_token_never_shortens_the_fence_hash() {
+    let server = RedisServer::start();
+    let store = FencedStore::new(options(&server))
+        .unwrap()
+        .keep(Duration::from_secs(600));
+    let t1 = store.next_fence("r").await.unwrap();
+    assert!(store.write("r", t1, b"v1").await.unwrap());
+    let mut c = server.connection().await;
+    let fence = fence_key(&CacheKey::new("r"));
+    let kept: i64 = redis::cmd("PTTL")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(kept > 600_000, "the write keeps it past the value: {kept}");
+    let t2 = store.next_fence("r").await.unwrap();
+    assert!(t2 > t1);
+    let left: i64 = redis::cmd("PTTL")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        left > kept - 5_000,
+        "the token cut the hash's life from {kept} to {left} ms"
+    );
+}
+
+/// After the fence hash is lost, a lease on a stale entry gets a token above the entry's own, even one ahead of the server clock (as after a failover to a server whose clock is behind): the refresh's write lands instead of being refused until the clock catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_fence_hash_restarts_above_the_entrys_token() {
+    let server = RedisServer::start();
+    let key = CacheKey::new("k");
+    let fence = fence_key(&key);
+    let value = format!("{NS}:{{{}}}:v", key.to_hex());
+    let mut c = server.connection().await;
+    // The fill's token: 30 s ahead of this server's clock.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+    let ahead = secs * 1_000_000 + micros + 30_000_000;
+    let _: () = redis::cmd("HSET")
+        .arg(&fence)
+        .arg("next")
+        .arg(ahead)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&fence)
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let fresh = Freshness::new(Duration::from_millis(500)).with_stale(Duration::from_secs(60));
+    let cache = || -> Cache<String> { Cache::builder().redis(options(&server)).build().unwrap() };
+    let a = cache();
+    let first = a
+        .get_or_compute(&key, fresh, || async {
+            Ok::<_, std::io::Error>("one".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.value, "one");
+    let gone: i64 = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(gone, 1, "the fence hash is lost");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // Another instance finds the entry stale, serves it, and refreshes it.
+    let b = cache();
+    let stale = b
+        .get_or_compute(&key, fresh, || async {
+            Ok::<_, std::io::Error>("two".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(stale.value, "one", "served stale while it refreshes");
+    let start = Instant::now();
+    loop {
+        let stored: Vec<u8> = redis::cmd("GET")
+            .arg(&value)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if stored.ends_with(b"two") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the refresh's write was refused: its token is below the entry's"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
