@@ -13,6 +13,8 @@
 //! reads its whole body, as `hot_path`'s `tower` group does.
 #![allow(missing_docs, reason = "a bench binary")]
 
+mod common;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::hint::black_box;
@@ -25,36 +27,13 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use herdguard::{CacheLayer, RequestBody};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
+
+use common::hit::{origin_response, request};
 
 const BODY_BYTES: usize = 512;
 const USAGE: &str = "hit_cost <bare|hit|bare-axum|hit-axum> <requests>";
-
-fn request() -> Request<Body> {
-    Request::builder()
-        .uri("/k/42?a=1&b=2")
-        .header(header::HOST, "bench.local")
-        .header(header::ACCEPT, "*/*")
-        .body(Body::empty())
-        .unwrap_or_else(|e| panic!("request: {e}"))
-}
-
-fn origin_response(body: Bytes) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body));
-    let h = r.headers_mut();
-    h.insert(
-        header::CACHE_CONTROL,
-        "max-age=3600".parse().unwrap_or_else(|_| unreachable!()),
-    );
-    h.insert(
-        header::CONTENT_TYPE,
-        "application/octet-stream"
-            .parse()
-            .unwrap_or_else(|_| unreachable!()),
-    );
-    r
-}
 
 /// Poll once; a hit must be ready at once, so a `Pending` is a finding.
 fn ready<F: Future>(fut: F) -> F::Output {

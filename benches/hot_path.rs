@@ -40,9 +40,11 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use herdguard::{
     Cache, CacheKey, CacheLayer, FencedStore, Freshness, RedisOptions, Redlock, RequestBody,
 };
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use tokio::runtime::Runtime;
 use tower::{Layer, ServiceExt};
+
+use common::hit::{origin_response, request};
 
 const BODY_BYTES: usize = 512;
 /// Tasks per coalesced miss.
@@ -64,31 +66,6 @@ fn run<F: Future>(rt: &Runtime, fut: F) -> F::Output {
         Poll::Ready(v) => v,
         Poll::Pending => rt.block_on(fut),
     }
-}
-
-fn request() -> Request<Body> {
-    Request::builder()
-        .uri("/k/42?a=1&b=2")
-        .header(header::HOST, "bench.local")
-        .header(header::ACCEPT, "*/*")
-        .body(Body::empty())
-        .unwrap_or_else(|e| panic!("request: {e}"))
-}
-
-fn origin_response(body: Bytes) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body));
-    let h = r.headers_mut();
-    h.insert(
-        header::CACHE_CONTROL,
-        "max-age=3600".parse().unwrap_or_else(|_| unreachable!()),
-    );
-    h.insert(
-        header::CONTENT_TYPE,
-        "application/octet-stream"
-            .parse()
-            .unwrap_or_else(|_| unreachable!()),
-    );
-    r
 }
 
 /// An L1 hit through the Tower service next to the same inner service alone;

@@ -7,6 +7,7 @@
 pub(crate) mod args;
 pub(crate) mod big;
 pub(crate) mod chart;
+pub(crate) mod hit;
 pub(crate) mod loadgen;
 pub(crate) mod origin;
 pub(crate) mod peers;

@@ -279,9 +279,7 @@ where
         if pass_unstored && head.is_none() && !is_error(parts_status) {
             if let Some(tx) = passthrough.take() {
                 match &verdict {
-                    policy::ResponseVerdict::Pass(reason) => {
-                        state.counters().not_stored(reason)
-                    }
+                    policy::ResponseVerdict::Pass(reason) => state.counters().not_stored(reason),
                     policy::ResponseVerdict::Share => {
                         state.counters().not_stored("no-freshness");
                     }
