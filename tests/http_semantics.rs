@@ -603,6 +603,46 @@ async fn client_if_modified_since_gets_304_from_cache() {
     assert_eq!(origin.calls(), 1);
 }
 
+/// Headers a 304 freshens reach the hits after it: the served head a hit
+/// built on the stored entry is not carried over to the freshened copy the
+/// background refresh (stale-while-revalidate) makes from it.
+#[tokio::test(start_paused = true)]
+async fn hits_after_a_304_carry_the_freshened_headers() {
+    let origin = Origin::new(|n, r| {
+        let version = format!("{n}");
+        let headers = [
+            ("etag", "\"v1\""),
+            ("cache-control", "max-age=5, stale-while-revalidate=30"),
+            ("x-version", version.as_str()),
+        ];
+        if r.headers().contains_key("if-none-match") {
+            resp(304, &headers, "")
+        } else {
+            resp(200, &headers, "full")
+        }
+    });
+    let svc = origin.service(&CacheLayer::new());
+    send(&svc, get(&[])).await;
+    let hit = send(&svc, get(&[])).await;
+    assert_eq!(
+        (hit.cache_status(), hit.header("x-version")),
+        ("herdguard; hit; ttl=5", "1")
+    );
+    advance(6).await;
+    let stale = send(&svc, get(&[])).await;
+    assert_eq!(stale.header("x-version"), "1", "{}", stale.cache_status());
+    for _ in 0..50 {
+        if origin.not_modified() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(origin.not_modified(), 1, "the background refresh ran");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let hit = send(&svc, get(&[])).await;
+    assert_eq!(hit.header("x-version"), "2", "{}", hit.cache_status());
+}
+
 /// Revalidation round trip: each expiry costs one conditional request, answered 304, and the stored body is served.
 #[tokio::test(start_paused = true)]
 async fn revalidation_round_trip_counts_304s() {
