@@ -87,6 +87,12 @@ impl<V: Value> Engine<V> {
                     fresh_left,
                     hard_left,
                 } => match decode_entry::<V>(bytes) {
+                    Ok((_, value)) if !remote.anchored(&key, &value.purge_groups()).await => {
+                        // No index lists it (evicted): a purge may have missed
+                        // it. Look past it for the lease and fill anew.
+                        tracing::debug!(key = %key.short(), "entry no longer indexed; refilled");
+                        skip_entry = true;
+                    }
                     Ok((meta, value))
                         if refresh && (first || refused.is_some_and(|r| meta.fence <= r)) =>
                     {
@@ -134,6 +140,16 @@ impl<V: Value> Engine<V> {
                         super::envelope::report_corrupt(&key, e);
                         self.counters.corrupt_entry();
                     }
+                    // As for a fresh entry no index lists: neither served
+                    // nor kept aside, as if it were not there.
+                    let listed = match &decoded {
+                        Ok((_, value)) => remote.anchored(&key, &value.purge_groups()).await,
+                        Err(_) => true,
+                    };
+                    if !listed {
+                        tracing::debug!(key = %key.short(), "stale entry no longer indexed; refilled");
+                    }
+                    let decoded = decoded.ok().filter(|_| listed);
                     // An entry stored without a stale window is never handed
                     // out stale: Redis reports one so only in the last
                     // millisecond of its freshness (PTTL rounds down to 0
@@ -156,7 +172,7 @@ impl<V: Value> Engine<V> {
                         (meta, value, servable, soft)
                     });
                     match (decoded, fence) {
-                        (Ok((meta, value, servable, soft)), Some(fence)) => {
+                        (Some((meta, value, servable, soft)), Some(fence)) => {
                             if servable {
                                 let entry = self.fill_l1_stale(key, value, meta, hard_left, soft);
                                 handle.publish_stale(entry);
@@ -166,7 +182,7 @@ impl<V: Value> Engine<V> {
                                 .lead_remote(remote, key, lease, fence, asked, fut)
                                 .await;
                         }
-                        (Ok((meta, value, servable, soft)), None) => {
+                        (Some((meta, value, servable, soft)), None) => {
                             let entry = servable
                                 .then(|| self.fill_l1_stale(key, value, meta, hard_left, soft));
                             // With Redlock the lookup never leases: try for the
@@ -206,13 +222,13 @@ impl<V: Value> Engine<V> {
                             }
                             read_entry = true;
                         }
-                        (Err(_), Some(fence)) => {
+                        (None, Some(fence)) => {
                             let lease = HeldLease::Single(token);
                             return self
                                 .lead_remote(remote, key, lease, fence, asked, fut)
                                 .await;
                         }
-                        (Err(_), None) => skip_entry = true,
+                        (None, None) => skip_entry = true,
                     }
                 }
                 RemoteLookup::Leased { fence } => {

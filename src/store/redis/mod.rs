@@ -21,7 +21,11 @@
 //! write (`HGET hw`, `SET`, `HSET`, `PEXPIRE GT`, `GET`+`DEL` of the lease,
 //! `SPUBLISH`), each behind its `EVALSHA`.
 //!
-//! One key per entry, so eviction takes an entry whole. Entry version 3
+//! One key per entry, so eviction takes an entry whole. On a server that
+//! may evict (a `maxmemory` and a policy other than `noeviction`), an entry is
+//! served only while its purge indexes still list it (one `ZSCORE` per group,
+//! after a lookup that found it), so an evicted index cannot hide an entry
+//! from a purge. Entry version 3
 //! kept freshness and the pass marker in keys of their own (`:fresh`,
 //! `:pass`); nothing writes them now and purges still delete them.
 //!
@@ -45,6 +49,7 @@
 //! purge.rs       purge by group (indexes walked in batches), purge notices sent
 //! store.rs       RedisStore, the facade: lookup-or-lease, fenced write, leases, fill waits
 //! purge_bus.rs   the listener that hears purge notices
+//! eviction.rs    whether the server may evict keys (INFO memory, read now and then)
 //! scripts.rs     the *.lua scripts, the write modes and the lookup reply
 //! keys.rs        the key names of one entry
 //! connection.rs  kept connections, reconnects, the breaker and error handling
@@ -60,6 +65,7 @@ mod breaker;
 mod cluster;
 mod connection;
 mod error;
+mod eviction;
 mod fills;
 mod keys;
 mod options;

@@ -32,6 +32,9 @@ use crate::key::CacheKey;
 /// timeout, so a group of any size never blocks Redis or trips the breaker.
 const PURGE_BATCH: usize = 256;
 
+/// How long an index lists an entry past the lifetime it was written with.
+const INDEX_MARGIN: Duration = Duration::from_secs(1);
+
 impl RedisStore {
     fn group_key(&self, group: &str) -> String {
         // Hashed: no request or tag text reaches a key name or picks a slot.
@@ -72,7 +75,13 @@ impl RedisStore {
         ttl: Duration,
         asked: Instant,
     ) -> Result<bool, StoreError> {
-        let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
+        // Past the entry's own expiry by a margin: it is written after this
+        // call, so it outlives a member scored by its lifetime alone, and a
+        // member trimmed while its entry is still there would make the entry
+        // unlisted (see `anchored`).
+        let ttl_ms = (ttl + INDEX_MARGIN)
+            .as_millis()
+            .clamp(1, u64::MAX as u128) as u64;
         let replies = join_all(groups.iter().map(|g| {
             let mut inv = INDEX_GROUP.prepare_invoke();
             inv.key(self.group_key(g))
@@ -95,6 +104,39 @@ impl RedisStore {
             purged |= r?;
         }
         Ok(purged)
+    }
+
+    /// Whether the entry Redis holds under `key` may be served: on a server
+    /// that may evict keys, only while each of its `groups` (URL, tags)
+    /// still lists it in its index. A purge finds an entry through those
+    /// indexes and drops it from them, so an entry none of them lists (its
+    /// index evicted, or the purge found it and a fill from before the purge
+    /// landed after its fence was evicted too) might have been purged: it
+    /// is taken as a miss and filled anew, which indexes it again. Eviction
+    /// so takes an entry whole. A server that cannot evict is spared the
+    /// round trip; one whose policy is not known yet, or whose index cannot
+    /// be read now, is not (the entry then counts as unlisted).
+    pub(crate) async fn anchored(&self, key: &CacheKey, groups: &[String]) -> bool {
+        if groups.is_empty() {
+            return true;
+        }
+        if self.eviction.claim_reading() {
+            let mut info = redis::cmd("INFO");
+            info.arg("memory");
+            let read: Result<String, _> = self.query("info", &info).await;
+            self.eviction.record(read.as_deref().ok());
+        }
+        if !self.eviction.may_evict() {
+            return true;
+        }
+        let member = key.to_hex();
+        let scores = join_all(groups.iter().map(|g| {
+            let mut cmd = redis::cmd("ZSCORE");
+            cmd.arg(self.group_key(g)).arg(&member);
+            async move { self.query::<Option<f64>>("anchored", &cmd).await }
+        }))
+        .await;
+        scores.into_iter().all(|s| matches!(s, Ok(Some(_))))
     }
 
     /// Delete every entry indexed under `group`, walking the index in

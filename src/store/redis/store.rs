@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::connection::Connection;
 use super::error::StoreError;
+use super::eviction::EvictionWatch;
 use super::fills::{run_subscriber, FillSource, FillSubscription, Fills};
 use super::keys::EntryKeys;
 use super::options::RedisOptions;
@@ -40,6 +41,9 @@ pub(crate) struct RedisStore {
     /// The lease is taken on Redlock nodes, so lookups never lease here.
     lease_elsewhere: bool,
     pub(crate) purge_bus: Arc<PurgeBus>,
+    /// Whether the server may evict keys (then entries are checked against
+    /// their purge indexes before they are served).
+    pub(super) eviction: EvictionWatch,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -72,6 +76,7 @@ impl RedisStore {
             shutdown: watch::channel(false).0,
             lease_elsewhere: false,
             purge_bus: Arc::default(),
+            eviction: EvictionWatch::default(),
             options,
         })
     }
