@@ -81,6 +81,25 @@ impl<V: Value> Engine<V> {
                     return self.compute_locally(key, fut).await;
                 }
             };
+            // A full server (noeviction at maxmemory) takes no lease: serve
+            // the stale copy it holds where allowed, and refresh here, one
+            // origin call per instance, as when Redis is down.
+            let (found, full) = match found {
+                RemoteLookup::Full { bytes, hard_left } if !bytes.is_empty() => {
+                    let stale = RemoteLookup::Stale {
+                        bytes,
+                        hard_left,
+                        fence: None,
+                        holder: Bytes::new(),
+                    };
+                    (stale, true)
+                }
+                RemoteLookup::Full { .. } => {
+                    tracing::debug!(key = %key.short(), "redis is full: no lease; computing locally");
+                    return self.compute_locally(key, fut).await;
+                }
+                found => (found, false),
+            };
             match found {
                 RemoteLookup::Fresh {
                     bytes,
@@ -171,6 +190,13 @@ impl<V: Value> Engine<V> {
                         }
                         (meta, value, servable, soft)
                     });
+                    if full {
+                        if let Some((meta, value, true, soft)) = decoded {
+                            let entry = self.fill_l1_stale(key, value, meta, hard_left, soft);
+                            handle.publish_stale(entry);
+                        }
+                        return self.compute_locally(key, fut).await;
+                    }
                     match (decoded, fence) {
                         (Some((meta, value, servable, soft)), Some(fence)) => {
                             if servable {
@@ -271,6 +297,8 @@ impl<V: Value> Engine<V> {
                         Err(back) => fut = back,
                     }
                 }
+                // Turned into a stale reply or answered above.
+                RemoteLookup::Full { .. } => return self.compute_locally(key, fut).await,
                 RemoteLookup::Pass { left } => {
                     self.memory.insert_pass(key, left.min(self.config.pass_ttl));
                     return Outcome::Pass(None);

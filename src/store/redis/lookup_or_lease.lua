@@ -11,7 +11,8 @@
 -- lookup_only = '1' when the lease lives elsewhere (Redlock): never lease here.
 -- ahead_ms > 0 (refresh-ahead): lease a fresh entry with at most that long left.
 -- Returns {status, value, fresh_ms, hard_ms, fence, lease_bound_ms, holder};
--- status is fresh, stale, stale_leased, leased, held, pass or miss. `holder`
+-- status is fresh, stale, stale_leased, leased, held, pass, miss, or, on a
+-- full server where no lease can be taken, stale_full or full. `holder`
 -- is the lease token of whoever holds the lease (held, stale), so a waiter
 -- can later check that lease alone instead of looking again.
 -- A value of another type (WRONGTYPE) is foreign: a miss, and the fill's
@@ -31,8 +32,18 @@ if v == prefix .. 'pass' then return {'pass', '', 0, 0, 0, redis.call('PTTL', KE
 if ARGV[3] == '1' then v = false end
 local lease_ms = tonumber(ARGV[2])
 -- SET NX GET: the lease if free, else the holder's token, in one command.
+-- A full server (noeviction at maxmemory) refuses it with OOM: then `full`
+-- is set and the lease counts as held (by no one), so what can be read is
+-- still answered.
+local full = false
 local function lease()
-  return redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', lease_ms, 'GET')
+  local r = redis.pcall('SET', KEYS[2], ARGV[1], 'NX', 'PX', lease_ms, 'GET')
+  if type(r) == 'table' and r.err then
+    if string.sub(r.err, 1, 3) ~= 'OOM' then error(r) end
+    full = true
+    return ''
+  end
+  return r
 end
 if v then
   local hard = redis.call('PTTL', KEYS[1])
@@ -54,6 +65,7 @@ if v then
   end
   if ARGV[6] == '1' then return {'stale', v, 0, hard, 0, 0, ''} end
   local holder = lease()
+  if full then return {'stale_full', v, 0, hard, 0, 0, ''} end
   if not holder then
     local f = fence()
     return {'stale_leased', v, 0, hard, f, 0, ''}
@@ -62,6 +74,7 @@ if v then
 end
 if ARGV[6] == '1' then return {'miss', '', 0, 0, 0, 0, ''} end
 local holder = lease()
+if full then return {'full', '', 0, 0, 0, 0, ''} end
 if not holder then
   local f = fence()
   return {'leased', '', 0, 0, f, 0, ''}

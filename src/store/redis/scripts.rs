@@ -39,6 +39,12 @@ pub(crate) enum RemoteLookup {
     },
     /// No entry, and the lease is not taken here (it lives on Redlock nodes).
     Miss,
+    /// The server is full (`noeviction` at `maxmemory`), so no lease can be
+    /// taken: `bytes` is the stale entry it holds (empty: none).
+    Full {
+        bytes: Bytes,
+        hard_left: Duration,
+    },
     Pass {
         left: Duration,
     },
@@ -202,6 +208,10 @@ pub(super) fn parse_lookup(reply: RedisValue) -> Option<RemoteLookup> {
         },
         b"pass" => RemoteLookup::Pass { left: pttl(other) },
         b"miss" => RemoteLookup::Miss,
+        b"stale_full" | b"full" => RemoteLookup::Full {
+            bytes: value,
+            hard_left: pttl(hard),
+        },
         _ => return None,
     })
 }
