@@ -297,3 +297,27 @@ async fn layers_in_one_process_make_one_call_when_the_fresh_marker_ends_first() 
     }
     assert_eq!(origin.calls(), 2);
 }
+
+/// A purge while a refresh ahead of expiry runs: a request after the purge joins that refresh but is never handed the copy it started from (the purged answer), in memory and with Redis alike.
+#[tokio::test(start_paused = true)]
+async fn a_purge_during_a_refresh_ahead_never_hands_out_the_purged_copy() {
+    let origin = Origin::new(&[("cache-control", "max-age=10")]).delay(Duration::from_secs(2));
+    let layer = CacheLayer::new();
+    let app = origin.app(layer.clone());
+    let (_, _, body) = send(&app, get_req("/p")).await;
+    assert!(body.starts_with(b"origin call=1 "));
+    // Past 75 % of its freshness: this hit starts the refresh (2 s long).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (_, h, _) = send(&app, get_req("/p")).await;
+    assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(origin.calls(), 2, "the refresh runs");
+    let url: axum::http::Uri = "http://example.test/p".parse().unwrap();
+    layer.purge_url(&url).await.unwrap();
+    let (_, h, body) = send(&app, get_req("/p")).await;
+    assert!(
+        !body.starts_with(b"origin call=1 "),
+        "the purged copy was served: {}",
+        cache_status(&h)
+    );
+}

@@ -166,6 +166,21 @@ impl<V> Flights<V> {
         })
     }
 
+    /// Mark purged every copy a running flight published (a stale copy, or
+    /// the fresh one a refresh ahead of expiry started from) for which
+    /// `matches` holds: a request that joins the flight after a hard purge
+    /// then waits for its outcome instead of taking the purged copy.
+    pub(crate) fn purge_published(&self, matches: impl Fn(&CacheKey, &V) -> bool) {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, (_, rx, _, _)) in map.iter() {
+            if let FlightState::Stale(e) | FlightState::Fresh(e) = &*rx.borrow() {
+                if matches(key, &e.value) {
+                    e.mark_purged();
+                }
+            }
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.map
             .lock()

@@ -74,7 +74,8 @@ impl<V: Value> Engine<V> {
     /// bounded by the Redis timeouts).
     pub(crate) fn invalidate(&self, key: &CacheKey) {
         self.flights.purges.record([key_name(key)]);
-        self.memory.remove(key);
+        self.flights.purge_published(|k, _| k == key);
+        self.memory.purge(key);
         if let Some(remote) = &self.remote {
             let remote = Arc::clone(remote);
             let key = *key;
@@ -95,6 +96,7 @@ impl<V: Value> Engine<V> {
         &self,
         matches: impl Fn(&CacheKey, &V) -> bool + Send + Sync + 'static,
     ) {
+        self.flights.purge_published(&matches);
         self.memory.purge_where(matches);
     }
 

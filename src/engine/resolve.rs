@@ -104,7 +104,8 @@ impl<V: Value> Engine<V> {
             remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
                 if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
                     fl.purges.record([key_name(&key)]);
-                    mem.remove(&key);
+                    fl.purge_published(|k, _| *k == key);
+                    mem.purge(&key);
                 }
             }));
         }
@@ -384,8 +385,8 @@ async fn settle<V: Value>(
     // stored copy; a caller that refuses stored copies waits for the refresh.
     let settled = |s: &FlightState<V>| match s {
         FlightState::Running => false,
-        FlightState::Fresh(e) => take_stale && e.fresh_by_meta(),
-        FlightState::Stale(_) => take_stale,
+        FlightState::Fresh(e) => take_stale && e.fresh_by_meta() && !e.is_purged(),
+        FlightState::Stale(e) => take_stale && !e.is_purged(),
         FlightState::Done(_) => true,
     };
     match rx.wait_for(settled).await {

@@ -305,7 +305,7 @@ impl LayerState {
             return;
         }
         if let PurgeTarget::Key(k) = &target {
-            self.engine.memory.remove(k);
+            self.engine.memory.purge(k);
             self.retained.remove(k);
         }
         let t = target.clone();

@@ -41,6 +41,9 @@ pub(crate) struct Stored<V> {
     /// every holder of the copy (memory, retained copies, a flight that
     /// published it) sees it at once.
     soft_purged: AtomicI64,
+    /// Set by a hard purge: the copy is neither fresh nor usable for anyone
+    /// who still holds it (a running flight that published it).
+    purged: AtomicBool,
 }
 
 const NOT_SOFT_PURGED: i64 = i64::MIN;
@@ -78,6 +81,7 @@ impl<V> Stored<V> {
             refresh_after: Duration::MAX,
             refresh_claimed: AtomicBool::new(false),
             soft_purged: AtomicI64::new(NOT_SOFT_PURGED),
+            purged: AtomicBool::new(false),
         }
     }
 
@@ -117,9 +121,19 @@ impl<V> Stored<V> {
         Some(Duration::from_nanos(since as u64))
     }
 
-    /// Fresh at `now`: before its deadline and not soft-purged.
+    /// A hard purge: no holder of this copy serves it from now on.
+    pub(crate) fn mark_purged(&self) {
+        self.purged.store(true, Ordering::Release);
+    }
+
+    /// Whether a hard purge marked this copy.
+    pub(crate) fn is_purged(&self) -> bool {
+        self.purged.load(Ordering::Acquire)
+    }
+
+    /// Fresh at `now`: before its deadline and not purged, soft or hard.
     pub(crate) fn is_fresh(&self, now: Instant) -> bool {
-        now < self.fresh_until && self.soft_purged_for().is_none()
+        now < self.fresh_until && self.soft_purged_for().is_none() && !self.is_purged()
     }
 
     /// Usable (fresh or stale within its grace) at `now`. A soft-purged copy
@@ -127,6 +141,7 @@ impl<V> Stored<V> {
     /// end it already had.
     pub(crate) fn is_usable(&self, now: Instant) -> bool {
         now < self.usable_until
+            && !self.is_purged()
             && self
                 .soft_purged_for()
                 .is_none_or(|since| since < self.meta.stale_for)
@@ -308,6 +323,15 @@ impl<V: Value> MemoryStore<V> {
         self.cache.invalidate(key);
     }
 
+    /// Remove `key`'s entry for a purge: marked purged first (see
+    /// [`Stored::mark_purged`]), so a copy someone still holds is not
+    /// served either.
+    pub(crate) fn purge(&self, key: &CacheKey) {
+        if let Some(Slot::Entry(e)) = self.cache.remove(key) {
+            e.mark_purged();
+        }
+    }
+
     pub(crate) fn entry_count(&self) -> u64 {
         self.cache.run_pending_tasks();
         self.cache.entry_count()
@@ -340,6 +364,7 @@ impl<V: Value> MemoryStore<V> {
         for (key, slot) in self.cache.iter() {
             if let Slot::Entry(e) = &slot {
                 if matches(&key, &e.value) {
+                    e.mark_purged();
                     self.cache.invalidate(&*key);
                 }
             }
