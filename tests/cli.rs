@@ -293,10 +293,12 @@ async fn bad_arguments_are_exit_2() {
 
 // ---------------------------------------------------------------- locks
 
+/// Lock nodes as an operator names them: the default user, since `locks`
+/// reads any key named, also other clients' locks outside a namespace.
 fn nodes(servers: &[RedisServer]) -> String {
     servers
         .iter()
-        .map(RedisServer::url)
+        .map(RedisServer::admin_url)
         .collect::<Vec<_>>()
         .join(",")
 }

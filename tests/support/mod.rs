@@ -30,6 +30,38 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
+const ACL_USER: &str = "herdguard";
+const ACL_PASSWORD: &str = "herdguard-test";
+
+/// The rules of the `ACL SETUSER herdguard ...` line of docs/operations.md,
+/// for any namespace, as `redis-server --user` takes them; on a cluster node
+/// with what the same page says to add on Redis Cluster.
+fn documented_user(cluster: bool) -> Vec<String> {
+    let doc = include_str!("../../docs/operations.md");
+    let line = doc
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("ACL SETUSER herdguard "))
+        .expect("docs/operations.md has the ACL SETUSER herdguard line");
+    let mut rules: Vec<String> = line
+        .split_whitespace()
+        .skip(2)
+        .map(|w| {
+            w.replace("NAMESPACE", "*")
+                .replace("PASSWORD", ACL_PASSWORD)
+        })
+        .collect();
+    if cluster {
+        let added = doc
+            .split("On Redis Cluster add `")
+            .nth(1)
+            .and_then(|rest| rest.split('`').next())
+            .expect("docs/operations.md says what to add on Redis Cluster");
+        rules.extend(added.split_whitespace().map(str::to_owned));
+    }
+    rules
+}
+
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
     l.local_addr().expect("local addr").port()
@@ -91,6 +123,13 @@ impl RedisServer {
         ])
         .arg("--dir")
         .arg(&self.dir)
+        // The user the layers under test connect as: exactly the commands
+        // docs/operations.md lists, so every Redis test runs on that list
+        // and the list cannot drift (admin work uses the default user).
+        .arg("--user")
+        .args(documented_user(
+            self.extra.iter().any(|a| a == "--cluster-enabled"),
+        ))
         .args(&self.extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -113,7 +152,15 @@ impl RedisServer {
         self.port
     }
 
+    /// The URL of the documented ACL user (see [`documented_user`]): what
+    /// the code under test connects with.
     pub fn url(&self) -> String {
+        format!("redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{}", self.port)
+    }
+
+    /// The default user, allowed everything: for the test's own inspection
+    /// and tampering, and for tools that need more than the cache does.
+    pub fn admin_url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
@@ -150,7 +197,7 @@ impl RedisServer {
 
     /// A direct connection for inspecting or tampering with keys.
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        let client = redis::Client::open(self.url()).expect("client");
+        let client = redis::Client::open(self.admin_url()).expect("client");
         client
             .get_multiplexed_async_connection()
             .await

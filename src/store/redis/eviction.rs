@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
+use deadpool_redis::redis;
 use tokio::time::Instant;
 
 /// How often the server's policy is read again (it can be changed at run
@@ -50,18 +51,20 @@ impl EvictionWatch {
     /// must then call [`record`](Self::record).
     pub(super) fn claim_reading(&self) -> bool {
         let now = self.now_ms();
-        now >= self.due_ms.load(Ordering::Acquire)
-            && !self.reading.swap(true, Ordering::AcqRel)
+        now >= self.due_ms.load(Ordering::Acquire) && !self.reading.swap(true, Ordering::AcqRel)
     }
 
     /// Record what `INFO memory` said (`None`: it could not be read, so
     /// eviction is assumed), and when to read it again.
-    pub(super) fn record(&self, info: Option<&str>) {
-        let evicts = info.is_none_or(may_evict);
-        self.state.store(
-            if evicts { EVICTS } else { KEEPS_KEYS },
-            Ordering::Release,
-        );
+    pub(super) fn record(&self, info: Option<&redis::Value>) {
+        let mut texts = Vec::new();
+        if let Some(v) = info {
+            texts_of(v, &mut texts);
+        }
+        // Every node must be one that cannot evict (a cluster answers for each).
+        let evicts = texts.is_empty() || texts.iter().any(|t| may_evict(t));
+        self.state
+            .store(if evicts { EVICTS } else { KEEPS_KEYS }, Ordering::Release);
         let next = self.now_ms().saturating_add(RECHECK.as_millis() as u64);
         self.due_ms.store(next, Ordering::Release);
         self.reading.store(false, Ordering::Release);
@@ -69,6 +72,21 @@ impl EvictionWatch {
 
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis().min(u64::MAX as u128) as u64
+    }
+}
+
+/// The texts in an `INFO` reply: one for a server, one per node from a
+/// cluster (a map or an array of them).
+fn texts_of(v: &redis::Value, out: &mut Vec<String>) {
+    match v {
+        redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => out.push(s.clone()),
+        redis::Value::VerbatimString { text, .. } => out.push(text.clone()),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().for_each(|i| texts_of(i, out));
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(_, i)| texts_of(i, out)),
+        _ => {}
     }
 }
 
@@ -117,12 +135,29 @@ mod tests {
         assert!(w.may_evict());
         assert!(w.claim_reading());
         assert!(!w.claim_reading(), "one reader at a time");
-        w.record(Some("maxmemory:0\r\nmaxmemory_policy:noeviction\r\n"));
+        let text = |t: &str| redis::Value::BulkString(t.as_bytes().to_vec());
+        w.record(Some(&text(
+            "maxmemory:0\r\nmaxmemory_policy:noeviction\r\n",
+        )));
         assert!(!w.may_evict());
         assert!(!w.claim_reading(), "not due again yet");
         let w = EvictionWatch::default();
         assert!(w.claim_reading());
         w.record(None);
+        assert!(w.may_evict());
+        // A cluster: one node that may evict is enough.
+        let w = EvictionWatch::default();
+        assert!(w.claim_reading());
+        w.record(Some(&redis::Value::Map(vec![
+            (
+                text("a"),
+                text("maxmemory:0\r\nmaxmemory_policy:noeviction\r\n"),
+            ),
+            (
+                text("b"),
+                text("maxmemory:9\r\nmaxmemory_policy:allkeys-lru\r\n"),
+            ),
+        ])));
         assert!(w.may_evict());
     }
 }

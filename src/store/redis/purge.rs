@@ -79,9 +79,7 @@ impl RedisStore {
         // call, so it outlives a member scored by its lifetime alone, and a
         // member trimmed while its entry is still there would make the entry
         // unlisted (see `anchored`).
-        let ttl_ms = (ttl + INDEX_MARGIN)
-            .as_millis()
-            .clamp(1, u64::MAX as u128) as u64;
+        let ttl_ms = (ttl + INDEX_MARGIN).as_millis().clamp(1, u64::MAX as u128) as u64;
         let replies = join_all(groups.iter().map(|g| {
             let mut inv = INDEX_GROUP.prepare_invoke();
             inv.key(self.group_key(g))
@@ -123,8 +121,10 @@ impl RedisStore {
         if self.eviction.claim_reading() {
             let mut info = redis::cmd("INFO");
             info.arg("memory");
-            let read: Result<String, _> = self.query("info", &info).await;
-            self.eviction.record(read.as_deref().ok());
+            // A cluster answers for each node (a map); any reply counts as
+            // a success for the breaker, whatever its shape.
+            let read: Result<redis::Value, _> = self.query("info", &info).await;
+            self.eviction.record(read.ok().as_ref());
         }
         if !self.eviction.may_evict() {
             return true;
