@@ -21,7 +21,7 @@ use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;
 use crate::metrics::{Counters, Source};
 use crate::store::memory::{MemoryStore, Probe, Stored};
-use crate::store::redis::RedisStore;
+use crate::store::redis::{RedisStore, MISSED_NOTICES};
 
 /// The result of the miss path, for the caller to turn into an answer.
 #[derive(Debug)]
@@ -102,7 +102,10 @@ impl<V: Value> Engine<V> {
             // richer handler for URL and tag purges.)
             let (mem, fl) = (memory.clone(), Arc::clone(&flights));
             remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
-                if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
+                if payload == MISSED_NOTICES {
+                    // Purges may have gone by unheard: keep no copy from before.
+                    mem.purge_where(|_, _| true);
+                } else if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
                     fl.purges.record([key_name(&key)]);
                     fl.purge_published(|k, _| *k == key);
                     mem.purge(&key);

@@ -20,7 +20,7 @@ use crate::error::StoreFailure;
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::key::CacheKey;
-use crate::store::redis::{redact_error, RedisStore, StoreError};
+use crate::store::redis::{redact_error, RedisStore, StoreError, MISSED_NOTICES};
 
 /// What a purge removes. Plain data, so it can travel over pub/sub.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,6 +283,12 @@ impl LayerState {
     /// Apply a purge notice published by any instance.
     pub(crate) fn apply_notice(&self, payload: &[u8]) {
         tracing::debug!(notice = %String::from_utf8_lossy(payload), "purge notice");
+        if payload == MISSED_NOTICES {
+            // Purges may have gone by unheard: keep no copy from before.
+            self.engine.purge_where(|_, _| true);
+            self.retained.purge_where(|_, _| true);
+            return;
+        }
         if let Some((target, mode)) = PurgeTarget::from_notice(payload) {
             self.purge_local(target, mode);
         }

@@ -427,10 +427,14 @@ impl Drop for Monitor {
 
 /// A stand-in for a DNS name or virtual IP in front of Redis: a loopback TCP
 /// forwarder whose target can be switched. Connections already open stay
-/// with the old target, as they do when a VIP moves.
+/// with the old target, as they do when a VIP moves; [`blackhole`](Self::blackhole)
+/// silences them as a failover's network often does.
 pub struct Vip {
     port: u16,
     target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    /// How many blackholes so far; a connection remembers the count it was
+    /// accepted at.
+    cut: tokio::sync::watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -444,19 +448,39 @@ impl Vip {
         let port = listener.local_addr().expect("local addr").port();
         let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(target));
         let to = target.clone();
+        let cut = tokio::sync::watch::channel(0u64).0;
+        let cuts = cut.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let port = to.load(Ordering::SeqCst);
+                let mut cut = cuts.subscribe();
+                let born = *cut.borrow_and_update();
                 tokio::spawn(async move {
-                    if let Ok(mut outbound) =
+                    let Ok(mut outbound) =
                         tokio::net::TcpStream::connect(("127.0.0.1", port)).await
-                    {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    else {
+                        return;
+                    };
+                    let silenced = tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => false,
+                        _ = cut.wait_for(|c| *c > born) => true,
+                    };
+                    if silenced {
+                        // Both sockets stay open and nothing moves: each peer
+                        // waits for an answer that never comes, until the
+                        // Vip is dropped.
+                        while cut.changed().await.is_ok() {}
+                        drop((inbound, outbound));
                     }
                 });
             }
         });
-        Self { port, target, task }
+        Self {
+            port,
+            target,
+            cut,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -466,6 +490,12 @@ impl Vip {
     /// Send new connections to `port` from now on.
     pub fn point_to(&self, port: u16) {
         self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Stop forwarding bytes on every connection open now, both ways,
+    /// without closing it (no FIN, no RST). New connections still go through.
+    pub fn blackhole(&self) {
+        self.cut.send_modify(|c| *c += 1);
     }
 }
 

@@ -10,6 +10,7 @@
 //! ASK, and refreshes the slot map and reconnects by itself, so a pool would
 //! add nothing but a checkout round trip.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use deadpool_redis::redis::{
@@ -63,8 +64,12 @@ pub(crate) fn client(
 /// The data connection of a store on Redis Cluster, opened on first use.
 pub(crate) struct ClusterLink {
     client: ClusterClient,
-    /// A std `Mutex`: held only to clone or replace the handle, never across `.await`.
-    connection: Mutex<Option<ClusterConnection>>,
+    /// A std `Mutex`: held only to clone or replace the handle, never across
+    /// `.await`. With its id, so a failure seen on an older connection does
+    /// not replace a newer one.
+    connection: Mutex<Option<(u64, ClusterConnection)>>,
+    /// The id of the next connection.
+    ids: AtomicU64,
     /// One connect at a time: a burst on a cold store must not open one
     /// connection per request to every node.
     connecting: tokio::sync::Mutex<()>,
@@ -81,11 +86,12 @@ impl ClusterLink {
         Ok(Self {
             client: client(options, None)?,
             connection: Mutex::new(None),
+            ids: AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
         })
     }
 
-    fn current(&self) -> Option<ClusterConnection> {
+    fn current(&self) -> Option<(u64, ClusterConnection)> {
         self.connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -94,7 +100,7 @@ impl ClusterLink {
 
     /// The shared connection, connecting if there is none. The caller bounds
     /// the wait (the connect itself is bounded by the connection timeout).
-    pub(crate) async fn get(&self) -> redis::RedisResult<ClusterConnection> {
+    pub(crate) async fn get(&self) -> redis::RedisResult<(u64, ClusterConnection)> {
         if let Some(c) = self.current() {
             return Ok(c);
         }
@@ -103,15 +109,28 @@ impl ClusterLink {
             return Ok(c);
         }
         let c = self.client.get_async_connection().await?;
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
         *self
             .connection
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(c.clone());
-        Ok(c)
+            .unwrap_or_else(PoisonError::into_inner) = Some((id, c.clone()));
+        Ok((id, c))
     }
 
-    /// Forget the connection after an error it cannot recover from by itself.
-    pub(crate) fn reset(&self) {
+    /// Forget connection `id` after an error it cannot recover from by
+    /// itself, unless a newer one replaced it already.
+    pub(crate) fn reset(&self, id: u64) {
+        let mut c = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if c.as_ref().is_some_and(|(kept, _)| *kept == id) {
+            *c = None;
+        }
+    }
+
+    /// Forget whatever connection there is.
+    pub(crate) fn reset_any(&self) {
         *self
             .connection
             .lock()

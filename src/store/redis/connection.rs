@@ -2,7 +2,7 @@
 //! connection), their reconnects, and the breaker and error handling every
 //! command goes through. Knows no entry, key or script.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -30,18 +30,34 @@ enum Link {
         /// Multiplexed connections kept checked out, used in turn.
         slots: Vec<Arc<Slot>>,
         next: AtomicUsize,
+        /// The id of the next connect, in the order connects start.
+        ids: Arc<AtomicU64>,
+        /// Connections with a smaller id are not used any more: a call on
+        /// one of them timed out (see [`Connection::drop_silent`]).
+        fresh_from: AtomicU64,
     },
     Cluster(Box<ClusterLink>),
 }
 
 /// A connect that runs in its own task, shared by everyone waiting for it.
-type PendingConnect = Shared<BoxFuture<'static, Result<MultiplexedConnection, Arc<str>>>>;
+type PendingConnect = Shared<BoxFuture<'static, Result<Kept, Arc<str>>>>;
+
+/// A kept connection and its id, so a failure replaces the connection it
+/// happened on and not a newer one made meanwhile.
+type Kept = (u64, MultiplexedConnection);
+
+/// The connection a call went out on.
+#[derive(Debug, Clone, Copy)]
+struct Used {
+    slot: usize,
+    id: u64,
+}
 
 /// One kept connection and its (re)connect.
 #[derive(Default)]
 struct Slot {
     /// A std `Mutex`: only held to clone or replace a handle, never across `.await`.
-    conn: Mutex<Option<MultiplexedConnection>>,
+    conn: Mutex<Option<Kept>>,
     /// The connect under way. Its own task drives it, so a caller that stops
     /// waiting (its bound ran out) does not cancel it: a later call finds the
     /// connection ready instead of starting over against a slow server.
@@ -49,19 +65,34 @@ struct Slot {
 }
 
 impl Slot {
-    fn current(&self) -> Option<MultiplexedConnection> {
+    /// The kept connection, unless there is none or it is older than `fresh_from`.
+    fn current(&self, fresh_from: u64) -> Option<Kept> {
         self.conn
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .filter(|(id, _)| *id >= fresh_from)
+            .cloned()
     }
 
-    fn clear(&self) {
-        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    /// Forget the connections older than `fresh_from` (all: `u64::MAX`).
+    fn clear_older(&self, fresh_from: u64) {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if conn.as_ref().is_some_and(|(id, _)| *id < fresh_from) {
+            *conn = None;
+        }
+    }
+
+    /// Forget connection `id`, if this slot still keeps it.
+    fn clear(&self, id: u64) {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if conn.as_ref().is_some_and(|(kept, _)| *kept == id) {
+            *conn = None;
+        }
     }
 
     /// The connect of this slot, started now unless one is under way.
-    fn connect(self: &Arc<Self>, pool: &Pool, bound: Duration) -> PendingConnect {
+    fn connect(self: &Arc<Self>, pool: &Pool, bound: Duration, ids: &AtomicU64) -> PendingConnect {
         let mut pending = self
             .connecting
             .lock()
@@ -69,13 +100,15 @@ impl Slot {
         if let Some(p) = pending.as_ref() {
             return p.clone();
         }
+        let id = ids.fetch_add(1, Ordering::SeqCst);
         let (slot, pool) = (Arc::clone(self), pool.clone());
         let task = tokio::spawn(async move {
             let result = match tokio::time::timeout(bound, pool.get()).await {
                 Ok(Ok(pooled)) => {
                     let conn = deadpool_redis::Connection::take(pooled);
-                    *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-                    Ok(conn)
+                    *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some((id, conn.clone()));
+                    Ok((id, conn))
                 }
                 Ok(Err(deadpool_redis::PoolError::Backend(e))) => Err(Arc::from(describe(&e))),
                 Ok(Err(other)) => Err(Arc::from(redact_error(&other))),
@@ -247,6 +280,8 @@ impl Connection {
                 pool,
                 slots: (0..n).map(|_| Arc::default()).collect(),
                 next: AtomicUsize::new(0),
+                ids: Arc::default(),
+                fresh_from: AtomicU64::new(0),
             },
             FillSource::Standalone(Box::new(subscriber)),
         ))
@@ -261,9 +296,9 @@ impl Connection {
         if !self.breaker.allow() {
             return Err(StoreError::Unavailable);
         }
-        let (slot, mut conn) = self.connection(op).await?;
+        let (used, mut conn) = self.connection(op).await?;
         let result = tokio::time::timeout(self.response_timeout, inv.invoke_async(&mut conn)).await;
-        self.settle(op, slot, result)
+        self.settle(op, used, result)
     }
 
     /// A command under the store's timeouts and breaker.
@@ -275,15 +310,15 @@ impl Connection {
         if !self.breaker.allow() {
             return Err(StoreError::Unavailable);
         }
-        let (slot, mut conn) = self.connection(op).await?;
+        let (used, mut conn) = self.connection(op).await?;
         let result = tokio::time::timeout(self.response_timeout, cmd.query_async(&mut conn)).await;
-        self.settle(op, slot, result)
+        self.settle(op, used, result)
     }
 
     fn settle<T>(
         &self,
         op: &'static str,
-        slot: usize,
+        used: Used,
         result: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
     ) -> Result<T, StoreError> {
         match result {
@@ -295,14 +330,17 @@ impl Connection {
                 let class = ErrorClass::of(&e);
                 match class {
                     ErrorClass::Connection => {
-                        self.drop_connection(slot, &e);
+                        self.drop_connection(used, &e);
                         self.failure(op, class, &describe(&e));
                     }
                     ErrorClass::Role => {
                         self.failure(op, class, &describe(&e));
                         self.drop_all_connections();
                     }
-                    ErrorClass::Timeout => self.failure(op, class, &describe(&e)),
+                    ErrorClass::Timeout => {
+                        self.failure(op, class, &describe(&e));
+                        self.drop_silent(used);
+                    }
                     // A reply error about one key, or a full server that
                     // still reads, says nothing about Redis being down: no
                     // breaker trip, and the caller serves from memory.
@@ -315,6 +353,7 @@ impl Connection {
             }
             Err(_) => {
                 self.failure(op, ErrorClass::Timeout, "timed out");
+                self.drop_silent(used);
                 Err(StoreError::Timeout)
             }
         }
@@ -365,23 +404,33 @@ impl Connection {
         }
     }
 
-    async fn connection(&self, op: &'static str) -> Result<(usize, Multiplexed), StoreError> {
+    async fn connection(&self, op: &'static str) -> Result<(Used, Multiplexed), StoreError> {
         let connect_bound = self.connect_bound;
         match &self.link {
-            Link::Standalone { pool, slots, next } => {
+            Link::Standalone {
+                pool,
+                slots,
+                next,
+                ids,
+                fresh_from,
+            } => {
+                let fresh_from = fresh_from.load(Ordering::SeqCst);
+                let kept = |slot: usize, (id, conn): Kept| {
+                    (Used { slot, id }, Multiplexed::Standalone(conn))
+                };
                 let i = next.fetch_add(1, Ordering::Relaxed) % slots.len();
-                if let Some(conn) = slots[i].current() {
-                    return Ok((i, Multiplexed::Standalone(conn)));
+                if let Some(k) = slots[i].current(fresh_from) {
+                    return Ok(kept(i, k));
                 }
-                let pending = slots[i].connect(pool, connect_bound);
+                let pending = slots[i].connect(pool, connect_bound, ids);
                 // Another kept connection serves meanwhile: nobody waits for
                 // a reconnect while one connection is up.
-                if let Some((j, conn)) = slots
+                if let Some((j, k)) = slots
                     .iter()
                     .enumerate()
-                    .find_map(|(j, s)| s.current().map(|c| (j, c)))
+                    .find_map(|(j, s)| s.current(fresh_from).map(|k| (j, k)))
                 {
-                    return Ok((j, Multiplexed::Standalone(conn)));
+                    return Ok(kept(j, k));
                 }
                 // None is up. A probe of an open breaker waits no longer than
                 // a reply would; the connect goes on in its task regardless.
@@ -391,7 +440,7 @@ impl Connection {
                     self.response_timeout
                 };
                 match tokio::time::timeout(wait, pending).await {
-                    Ok(Ok(conn)) => Ok((i, Multiplexed::Standalone(conn))),
+                    Ok(Ok(k)) => Ok(kept(i, k)),
                     Ok(Err(why)) => {
                         self.failure(op, ErrorClass::Connection, &why);
                         Err(StoreError::Unavailable)
@@ -406,7 +455,7 @@ impl Connection {
                 // The connect is bounded by the connection timeout; waiting
                 // behind another caller's connect, by the pool wait.
                 match tokio::time::timeout(connect_bound, link.get()).await {
-                    Ok(Ok(conn)) => Ok((0, Multiplexed::Cluster(conn))),
+                    Ok(Ok((id, conn))) => Ok((Used { slot: 0, id }, Multiplexed::Cluster(conn))),
                     Ok(Err(e)) => {
                         self.failure(op, ErrorClass::Connection, &describe(&e));
                         Err(StoreError::Unavailable)
@@ -420,16 +469,45 @@ impl Connection {
         }
     }
 
-    fn drop_connection(&self, slot: usize, e: &redis::RedisError) {
+    fn drop_connection(&self, used: Used, e: &redis::RedisError) {
         match &self.link {
-            Link::Standalone { slots, .. } => slots[slot].clear(),
+            Link::Standalone { slots, .. } => slots[used.slot].clear(used.id),
             // A cluster connection reconnects to nodes and refreshes slots by
             // itself; only an error it cannot get past calls for a new one.
             Link::Cluster(link) => {
                 if e.is_unrecoverable_error() {
-                    link.reset();
+                    link.reset(used.id);
                 }
             }
+        }
+    }
+
+    /// A call got no reply in time: replace every connection kept so far,
+    /// each on its next use. A server that went silent leaves all of them
+    /// silent (its path blackholed after a failover, a frozen process), and
+    /// a kept one would time out for ever, while a new connection follows
+    /// a moved DNS name or virtual IP. Only a call on a current connection
+    /// does this, so the calls that time out together on the old ones
+    /// replace them once; and the breaker, open from this timeout on, lets
+    /// one probe at a time through, so reconnects follow its back-off.
+    fn drop_silent(&self, used: Used) {
+        match &self.link {
+            Link::Standalone {
+                slots,
+                ids,
+                fresh_from,
+                ..
+            } => {
+                if used.id < fresh_from.load(Ordering::SeqCst) {
+                    return;
+                }
+                let from = ids.load(Ordering::SeqCst);
+                fresh_from.fetch_max(from, Ordering::SeqCst);
+                slots.iter().for_each(|s| s.clear_older(from));
+            }
+            // The cluster connection keeps one connection per node and
+            // reconnects only when one breaks, not when one goes silent.
+            Link::Cluster(link) => link.reset(used.id),
         }
     }
 
@@ -450,10 +528,19 @@ impl Connection {
             *last = Some(now);
         }
         match &self.link {
-            Link::Standalone { slots, .. } => slots.iter().for_each(|s| s.clear()),
+            Link::Standalone {
+                slots,
+                ids,
+                fresh_from,
+                ..
+            } => {
+                let from = ids.load(Ordering::SeqCst);
+                fresh_from.fetch_max(from, Ordering::SeqCst);
+                slots.iter().for_each(|s| s.clear_older(from));
+            }
             // The cluster client follows READONLY to the new master by
             // itself; one that still surfaces means its view is stale.
-            Link::Cluster(link) => link.reset(),
+            Link::Cluster(link) => link.reset_any(),
         }
         self.renew.notify_waiters();
     }

@@ -74,9 +74,10 @@ pub(super) enum ErrorClass {
     /// The connection is broken (reset, I/O, unrecoverable): replace it,
     /// open the breaker.
     Connection,
-    /// No reply in time. The connection is kept (a frozen or slow server
-    /// answers on it later; a new one would make callers wait for a
-    /// connect); the breaker opens.
+    /// No reply in time. The breaker opens, and every kept connection is
+    /// replaced on its next use: a silent path (blackholed after a
+    /// failover) would stay silent, while a new connection follows a moved
+    /// name or address.
     Timeout,
     /// The server answers but is no writable master: READONLY (demoted by a
     /// failover), LOADING, MASTERDOWN. Every kept connection leads to that

@@ -78,5 +78,6 @@ mod tls;
 pub(crate) use self::error::{redact_error, StoreError};
 pub(crate) use self::fills::{FillSubscription, Woken};
 pub use self::options::RedisOptions;
+pub(crate) use self::purge_bus::MISSED as MISSED_NOTICES;
 pub(crate) use self::scripts::{RemoteLookup, WriteMode};
 pub(crate) use self::store::RedisStore;

@@ -153,6 +153,8 @@ impl RedisOptions {
     /// slots move). Same defaults as [`RedisOptions::new`], except that one
     /// multiplexed cluster connection is used whatever
     /// [`connections`](Self::connections) says, and no pool is involved.
+    /// Purge notices are heard on any one seed that is up (tried in turn),
+    /// so give more than one.
     pub fn cluster<I, U>(urls: I) -> Self
     where
         I: IntoIterator<Item = U>,

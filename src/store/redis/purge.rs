@@ -23,7 +23,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::error::StoreError;
-use super::purge_bus::{listen, PurgeHandler};
+use super::purge_bus::{listen, Listener, PurgeHandler};
 use super::scripts::{millis, INDEX_GROUP, PURGE_GROUP};
 use super::store::RedisStore;
 use crate::key::CacheKey;
@@ -338,18 +338,22 @@ impl RedisStore {
             return;
         }
         if !self.purge_bus.started.swap(true, Ordering::SeqCst) {
-            let client = match self.pubsub_client() {
+            let clients = match self.pubsub_clients() {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "no purge listener: other instances' purges reach this one only through L1 expiry");
                     return;
                 }
             };
+            let listener = Listener {
+                clients,
+                channel: self.purge_channel(),
+                connect_timeout: self.options.connect_timeout,
+                response_timeout: self.options.response_timeout,
+            };
             tokio::spawn(listen(
                 Arc::downgrade(&self.purge_bus),
-                client,
-                self.purge_channel(),
-                self.options.connect_timeout,
+                listener,
                 self.shutdown_signal(),
                 self.connection.renew_signal(),
             ));

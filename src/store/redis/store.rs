@@ -336,22 +336,26 @@ impl RedisStore {
         self.connection.query(op, cmd).await
     }
 
-    /// A client for classic pub/sub (purge notices) on the first URL. On a
-    /// cluster, PUBLISH reaches every node, so one seed node is enough.
-    pub(crate) fn pubsub_client(&self) -> Result<redis::Client, StoreError> {
-        let url = self
-            .options
-            .urls
-            .first()
-            .map(String::as_str)
-            .unwrap_or_default();
-        let info =
-            redis::IntoConnectionInfo::into_connection_info(url).map_err(StoreError::Redis)?;
-        #[cfg(feature = "tls")]
-        let root_cert = self.options.tls_root_cert.as_deref();
-        #[cfg(not(feature = "tls"))]
-        let root_cert = None;
-        tls::client(info, root_cert).map_err(StoreError::Redis)
+    /// Clients for classic pub/sub (purge notices): on the URL of a
+    /// standalone Redis, or one per seed of a cluster, where a PUBLISH
+    /// reaches every node, so any live one will do.
+    pub(crate) fn pubsub_clients(&self) -> Result<Vec<redis::Client>, StoreError> {
+        let urls = if self.options.cluster {
+            &self.options.urls[..]
+        } else {
+            &self.options.urls[..self.options.urls.len().min(1)]
+        };
+        urls.iter()
+            .map(|url| {
+                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                    .map_err(StoreError::Redis)?;
+                #[cfg(feature = "tls")]
+                let root_cert = self.options.tls_root_cert.as_deref();
+                #[cfg(not(feature = "tls"))]
+                let root_cert = None;
+                tls::client(info, root_cert).map_err(StoreError::Redis)
+            })
+            .collect()
     }
 
     pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
