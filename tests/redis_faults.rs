@@ -320,3 +320,48 @@ async fn foreign_values_at_entry_keys_are_overwritten() {
         );
     }
 }
+
+/// A lookup whose reply is lost (the server stalls past the reply timeout, then runs it and takes the lease for the instance that gave up): that instance computes the answer and still stores it in Redis and gives the lease back, so another instance waiting on that lease is answered by it. One origin call, not a second fill after the lease's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_whose_reply_was_lost_still_fills_the_cluster_once() {
+    const REPLY: Duration = Duration::from_millis(300);
+    let server = RedisServer::start();
+    let origin = Origin::new(CACHEABLE).delay(Duration::from_secs(1));
+    let lease = Duration::from_secs(20);
+    let opts = |o: RedisOptions| o.response_timeout(REPLY).lease_ttl(lease);
+    let (a, b) = (
+        origin.app(layer(&server.url(), opts)),
+        origin.app(layer(&server.url(), opts)),
+    );
+    // Both connected and their scripts loaded.
+    send(&a, get_req("/warm-a")).await;
+    send(&b, get_req("/warm-b")).await;
+    let calls = origin.calls();
+
+    server.freeze();
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { send(&a, get_req("/lost")).await }
+    });
+    // A's lookup waits in the stalled server past its reply timeout, and
+    // runs (taking the lease for A) once the server goes on.
+    tokio::time::sleep(REPLY * 2).await;
+    server.thaw();
+    tokio::time::sleep(REPLY).await;
+    let start = Instant::now();
+    let (_, h, body_b) = send(&b, get_req("/lost")).await;
+    let (code, _, body_a) = first.await.unwrap();
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        body_a,
+        body_b,
+        "B was answered by A's fill: {}",
+        cache_status(&h)
+    );
+    assert_eq!(origin.calls(), calls + 1, "one origin call for both");
+    assert!(
+        start.elapsed() < lease / 2,
+        "B did not wait out A's lease: {:?}",
+        start.elapsed()
+    );
+}

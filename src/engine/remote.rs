@@ -76,9 +76,15 @@ impl<V: Value> Engine<V> {
             });
             let found = match remote.lookup_or_lease_ahead(&key, &token, skip, lead).await {
                 Ok(found) => found,
-                Err(e) => {
+                Err(e) if e.did_nothing() => {
                     tracing::debug!(key = %key.short(), error = %e, "redis lookup failed; computing locally");
                     return self.compute_locally(key, fut).await;
+                }
+                Err(e) => {
+                    tracing::debug!(key = %key.short(), error = %e, "redis lookup's reply lost; computing here, then storing in redis");
+                    return self
+                        .compute_after_lost_reply(remote, key, token, asked, fut)
+                        .await;
                 }
             };
             // A full server (noeviction at maxmemory) takes no lease: serve
@@ -741,6 +747,69 @@ impl<V: Value> Engine<V> {
             .collect()
     }
 
+    /// After a lookup whose reply was lost (a timeout: it may have run and
+    /// taken the lease for `token`): compute here, as when Redis is down,
+    /// and also store a storable answer in Redis outside the flight (fenced,
+    /// indexed and checked against purges since `asked`; its notice wakes
+    /// other instances' waiters), then give back the lease it may hold.
+    /// Otherwise every other instance waits on that lease until its TTL and
+    /// then leads a second fill: the first flight after a slow start split.
+    async fn compute_after_lost_reply(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        token: LeaseToken,
+        asked: Instant,
+        fut: ComputeFuture<V>,
+    ) -> Outcome<V> {
+        self.counters.origin_call();
+        let started = Instant::now();
+        let fill = match self.run_compute(fut).await {
+            Ok(fill) => self.unless_purged(key, fill),
+            Err(error) => {
+                tracing::debug!(key = %key.short(), %error, "computation failed");
+                self.write_then_release(remote, key, None, asked, token);
+                return Outcome::Failed(error);
+            }
+        };
+        let shared = match &fill {
+            Fill::Store {
+                value,
+                fresh_for,
+                stale_for,
+                copies,
+            } => Some(Fill::Store {
+                value: value.clone(),
+                fresh_for: *fresh_for,
+                stale_for: *stale_for,
+                copies: copies.clone(),
+            }),
+            _ => None,
+        };
+        self.write_then_release(remote, key, shared, asked, token);
+        self.fill_memory(key, fill, 0, started.elapsed(), None)
+    }
+
+    /// In the background: [`write_outside_flight`](Self::write_outside_flight)'s
+    /// work for `fill` (if any), then release `token`'s lease, in that order,
+    /// so no other instance takes the lease before the answer is there.
+    fn write_then_release(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        fill: Option<Fill<V>>,
+        asked: Instant,
+        token: LeaseToken,
+    ) {
+        let remote = Arc::clone(remote);
+        tokio::spawn(async move {
+            if let Some(fill) = fill {
+                Self::write_unfenced_fill(&remote, key, fill, asked).await;
+            }
+            let _ = remote.release(&key, &token).await;
+        });
+    }
+
     /// The Redis half of [`store_outside_flight`](Self::store_outside_flight),
     /// in the background: a fence token, the purge index and its check
     /// against `asked` (when the origin call started), the fenced write (no
@@ -753,25 +822,38 @@ impl<V: Value> Engine<V> {
         fill: Fill<V>,
         asked: Instant,
     ) {
-        let Fill::Store {
+        if !matches!(fill, Fill::Store { .. }) {
+            return;
+        }
+        let remote = Arc::clone(remote);
+        tokio::spawn(async move { Self::write_unfenced_fill(&remote, key, fill, asked).await });
+    }
+
+    /// A fill written under no lease: a fence token of its own, the purge
+    /// index and its check against `asked`, the fenced write, its copies.
+    async fn write_unfenced_fill(
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        fill: Fill<V>,
+        asked: Instant,
+    ) {
+        if let Fill::Store {
             fresh_for,
             stale_for,
             ..
         } = &fill
-        else {
-            return;
-        };
-        if fresh_for.saturating_add(*stale_for).is_zero() {
-            return;
+        {
+            if fresh_for.saturating_add(*stale_for).is_zero() {
+                return;
+            }
         }
-        let remote = Arc::clone(remote);
-        tokio::spawn(async move {
+        {
             // Taken before the index: a purge that finds the keys there
             // raises their fences above it.
             let Ok(fence) = remote.next_fence(&key).await else {
                 return;
             };
-            let (fill, checked) = Self::index_before_write(&remote, key, fill, asked).await;
+            let (fill, checked) = Self::index_before_write(remote, key, fill, asked).await;
             let Fill::Store {
                 value,
                 fresh_for,
@@ -794,10 +876,10 @@ impl<V: Value> Engine<V> {
             };
             if let Ok(w) = remote.write_unleased(&key, fence, mode).await {
                 if w.accepted {
-                    Self::write_copies(&remote, fence, &meta, &value, copies).await;
+                    Self::write_copies(remote, fence, &meta, &value, copies).await;
                 }
             }
-        });
+        }
     }
 
     /// The L1 lifetime, when Redis is configured.
