@@ -273,8 +273,10 @@
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
-//! - **Invalidation:** [`CacheLayer::purge_url`], [`CacheLayer::purge_key`]
-//!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags). A
+//! - **Invalidation:** [`CacheLayer::purge_url`] (a `&str` or a `Uri`),
+//!   [`CacheLayer::purge_key`] (with [`CacheLayer::route_key`], every entry a
+//!   [`RoutePolicy::key`] function named) and [`CacheLayer::purge_tag`]
+//!   (space-separated `Surrogate-Key` tags). A
 //!   URL key ignores the scheme; host and port count, as in the cache key.
 //!   With Redis, a purge also deletes the
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
@@ -672,7 +674,7 @@ pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFai
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};
-pub use http::purge::{PurgeError, PurgeHandle, Purged};
+pub use http::purge::{AsUri, PurgeError, PurgeHandle, Purged};
 pub use http::request_body::RequestBody;
 pub use http::response::CachedResponse;
 pub use http::route::{DefaultPredicate, Predicate, RoutePolicy};
