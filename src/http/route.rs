@@ -154,7 +154,9 @@ impl RoutePolicy {
     /// a key function returning `"report:7"` named (see
     /// [`CacheLayer::route_key`](crate::CacheLayer::route_key)). Purging by
     /// URL finds an entry by the URL of the request that stored it only,
-    /// where requests for other URLs may share it.
+    /// where requests for other URLs may share it. With Redis the route key
+    /// is one more purge index beside the URL's, as a `Surrogate-Key` tag
+    /// is: a leader's fill costs 25 Redis commands instead of 20.
     #[must_use]
     pub fn key<F, K>(mut self, key: F) -> Self
     where
