@@ -204,6 +204,7 @@ mod tests {
             vary: Vec::new(),
             initial_age: 0,
             url: CacheKey::new("u"),
+            route: None,
             rules: Default::default(),
             revalidated: false,
             not_stored: None,

@@ -158,7 +158,7 @@
 //!   (`fallback_limit`); with the cap full it keeps waiting on the flight
 //!   instead, at most one more origin timeout. See *Bounds and timeouts*.
 //! - **Uncacheable response:** waiters go to the origin on their own (see
-//!   [who may receive an answer](#who-may-receive-an-answer)).
+//!   [what is shared between users](#what-is-shared-between-users)).
 //! - **Response without freshness information:** not stored and not handed
 //!   to waiters (unless you opt in); give it a
 //!   [`default_ttl`](CacheLayerBuilder::default_ttl) to store and share it.
@@ -273,8 +273,10 @@
 //! - **Unsafe methods:** a 2xx/3xx answer to POST, PUT, PATCH or DELETE
 //!   purges the target URL (every variant) and same-origin `Location` /
 //!   `Content-Location`.
-//! - **Invalidation:** [`CacheLayer::purge_url`], [`CacheLayer::purge_key`]
-//!   and [`CacheLayer::purge_tag`] (space-separated `Surrogate-Key` tags). A
+//! - **Invalidation:** [`CacheLayer::purge_url`] (a `&str` or a `Uri`),
+//!   [`CacheLayer::purge_key`] (with [`CacheLayer::route_key`], every entry a
+//!   [`RoutePolicy::key`] function named) and [`CacheLayer::purge_tag`]
+//!   (space-separated `Surrogate-Key` tags). A
 //!   URL key ignores the scheme; host and port count, as in the cache key.
 //!   With Redis, a purge also deletes the
 //!   Redis copies (entries are indexed by URL and tag) and publishes a notice
@@ -360,9 +362,74 @@
 //! capacity fed distinct 200 KB entries stays below 1.25 × capacity + 64 MiB
 //! RSS (`cargo bench --bench soak -- --large`).
 //!
-//! ## Who may receive an answer
+//! ## What is shared between users
 //!
-//! A shared cache never hands one user's answer to another:
+//! This section is the one description of what the cache hands from one
+//! user to another; the README and docs/operations.md link here.
+//!
+//! herdguard is a **shared** cache (RFC 9111): a stored response is served to
+//! every request with the same key. The key is made of the **host**
+//! (lowercased) with its **port**, the **path**, the **query**, **whether**
+//! the request carries `Authorization`, the values of any
+//! [`key_header`](CacheLayerBuilder::key_header) you configure, and the
+//! values of the request headers the response named in `Vary` (credentials
+//! too, when the answer may only be reused for them: see the table). A
+//! route's [key function](RoutePolicy::key) replaces host, path and query,
+//! and nothing else. Nothing else is in it: in particular **`Cookie` is not
+//! part of the key.**
+//!
+//! So the origin decides what is shared, through its response headers:
+//!
+//! | request | response | stored? | shared with other users? |
+//! |---|---|---|---|
+//! | no `Authorization` | `max-age` / `s-maxage` / `Expires` | yes | **yes**: everyone with the same URL (and `Vary` values) |
+//! | no `Authorization` | `Cache-Control: private` | no | no (pass marker for `pass_ttl`; the next GET asks again and stores a storable answer: hit-for-miss) |
+//! | any | `Cache-Control: no-store` | no | no |
+//! | any | `Set-Cookie` | no; a stored entry for the URL stays | no: this answer goes to its own request only |
+//! | any | `Vary: *` | no | no |
+//! | any | `Vary: Cookie` + `max-age` | yes, one entry per cookie value | only with requests carrying the *same* `Cookie`, on every instance (the variant's names live in Redis beside it) |
+//! | any | no `max-age` / `s-maxage` / `Expires` | no (unless `default_ttl` or `heuristic_freshness`) | no: each waiter calls the origin itself, unless you opt in with `share_uncacheable_with_waiters` |
+//! | `Authorization` | `public` or `s-maxage` | yes | with other **authorized** requests |
+//! | `Authorization` | `max-age` only | no | no: this answer goes to its own request only |
+//! | `Authorization` | `max-age, must-revalidate` | yes (RFC 9111 §3.5), keyed by a digest of the credentials | only with requests carrying the *same* credentials |
+//! | `GET` with `Range` | any | as for a plain GET: the fill asks for the whole object | the whole object; each range request gets its own slice |
+//! | `GET`/`HEAD` with `If-Match`, `Upgrade`, or a body | any | no | no: bypassed untouched |
+//! | `GET`/`HEAD` with an invalid `Host`, or a method or URL override header | any | no | no: bypassed untouched (below) |
+//! | `POST`, `PUT`, `PATCH`, `DELETE` | 2xx/3xx | no | no; the URL (every variant) is purged |
+//! | `Cache-Control: no-store` in the request | any | no | no |
+//!
+//! What **never** crosses between users:
+//!
+//! - A response with `Set-Cookie`, `private` or `no-store`, or `Vary: *`,
+//!   whether stored or handed to coalesced waiters.
+//! - An answer to an authorized request reaching an anonymous one, or the
+//!   other way round; an answer reused for other credentials, unless it
+//!   says `public` or `s-maxage`.
+//! - Anything from a request that bypassed the cache (unsafe methods,
+//!   conditional `If-Match`, request `no-store`, an invalid `Host`, a method
+//!   or URL override).
+//! - A 206 or 416: it is cut for its own request from the whole 200 and
+//!   never stored; a plain GET never receives one.
+//!
+//! What **is** shared, and so must be marked by your handlers:
+//!
+//! - **A per-user response with `max-age` and no `Vary`.** It is stored and
+//!   served to everyone. Add `Cache-Control: private` (then it is never
+//!   stored), or `Vary: Cookie` / `Vary: Authorization`, or make the user
+//!   part of the key with [`key_header`](CacheLayerBuilder::key_header).
+//! - **Anything, with
+//!   [`share_uncacheable_with_waiters(true)`](CacheLayerBuilder::share_uncacheable_with_waiters).**
+//!   The opt-in hands even a `private` or headerless answer to every request
+//!   that waited on the same key. Use it only for endpoints that answer
+//!   everyone alike.
+//!
+//! If you only remember one rule: **per-user responses say `private`.** And
+//! the layer goes inside your authentication middleware, never outside it: a
+//! hit is answered by the layer, so nothing inside it runs (in axum the
+//! layer added last is the outermost: `.layer(cache).layer(auth)`;
+//! docs/operations.md, "Where the layer goes", has the diagram).
+//!
+//! ### How the rules hold
 //!
 //! - **Waiters** coalesced behind one origin call get its answer only if the
 //!   cache could have stored it and served it to them: storable by a shared
@@ -610,7 +677,7 @@
 //! headerless answers, a maximum TTL, and a mode that ignores the origin's
 //! freshness directives. Routes whose keys agree coalesce into one origin
 //! call; see the example there. A key function only names the resource: the
-//! rules of [who may receive an answer](#who-may-receive-an-answer) still
+//! rules of [what is shared between users](#what-is-shared-between-users) still
 //! apply on top of it.
 //!
 //! ## Any request body: a bare hyper server
@@ -672,7 +739,7 @@ pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFai
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};
-pub use http::purge::{PurgeError, PurgeHandle, Purged};
+pub use http::purge::{AsUri, PurgeError, PurgeHandle, Purged};
 pub use http::request_body::RequestBody;
 pub use http::response::CachedResponse;
 pub use http::route::{DefaultPredicate, Predicate, RoutePolicy};

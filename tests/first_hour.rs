@@ -229,3 +229,36 @@ async fn cookie_answer_is_not_blamed_on_freshness() -> Result<(), BuildError> {
     assert!(warnings("cookie").is_empty(), "{:?}", warnings("cookie"));
     Ok(())
 }
+
+/// `purge_url` takes the string at hand: a bad one is an error to branch on
+/// when awaited, and a WARN when the handle is dropped, never a panic.
+#[tokio::test]
+async fn purge_url_takes_a_str_and_says_when_it_is_bad() {
+    captured();
+    let bad_url_warnings = || {
+        let log = captured().log.0.lock().unwrap().clone();
+        String::from_utf8(log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains("nothing purged: invalid url"))
+            .count()
+    };
+    let cache = CacheLayer::new();
+    assert_eq!(
+        cache
+            .purge_url("http://shop.test/products/7")
+            .await
+            .unwrap(),
+        herdguard::Purged::Local
+    );
+    let e = cache.soft_purge_url("http://shop test/").await.unwrap_err();
+    assert!(e.is_invalid_url(), "{e}");
+    assert_eq!(
+        bad_url_warnings(),
+        0,
+        "an awaited error is the caller's, not the log's"
+    );
+
+    drop(cache.purge_url(&String::from("http://shop test/")));
+    assert_eq!(bad_url_warnings(), 1);
+}

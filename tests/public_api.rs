@@ -98,9 +98,7 @@ async fn awaited_purge_has_deleted_the_redis_copy() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    let outcome = cache
-        .purge_url(&"http://example.test/item".parse().unwrap())
-        .await;
+    let outcome = cache.purge_url("http://example.test/item").await;
     assert_eq!(outcome.unwrap(), Purged::Redis);
     assert!(
         !exists(&server, &value).await,

@@ -15,7 +15,7 @@ use axum::http::{Response, Uri};
 use axum::routing::get;
 use axum::Router;
 use deadpool_redis::redis;
-use herdguard::{CacheLayer, RedisOptions};
+use herdguard::{CacheLayer, RedisOptions, RoutePolicy};
 use support::origin::{get_req, send};
 use support::RedisServer;
 use tokio::sync::Semaphore;
@@ -243,6 +243,26 @@ async fn a_waiting_instance_costs_redis_six_commands() {
     // purge-stamp check (5) and the fenced write (8): BENCHMARKS.md lists
     // them. The goal of 15 is not met; this keeps it from growing.
     assert_eq!(total(&leader), 20, "the leader's whole fill: {leader:?}");
+}
+
+/// A route's own key is one more purge group: the leader's fill costs the URL's 20 commands and the route key's index, as a tag's; waiters cost the same 6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_keyed_fill_costs_one_more_purge_group() {
+    let server = RedisServer::start();
+    let origin = Gated::new(512);
+    let apps: Vec<Router> = (0..4)
+        .map(|_| {
+            let l = layer(&server, |o| o.poll_interval(Duration::from_secs(5)));
+            origin.app(l.with_policy(
+                RoutePolicy::new().key(|p: &axum::http::request::Parts| p.uri.path().to_owned()),
+            ))
+        })
+        .collect();
+    let (leader, waiter) = leader_and_waiter_costs(&server, &origin, &apps).await;
+    assert_eq!(waiter, 6, "per waiting instance (leader {leader:?})");
+    // The 20 of a URL-keyed fill, and one more index script for the route
+    // key's group: EVALSHA, its TIME, the purge-stamp GET, ZADD, PEXPIRE.
+    assert_eq!(total(&leader), 25, "the leader's whole fill: {leader:?}");
 }
 
 /// An entry over `notice_entry_limit` is not in the notice: each waiting instance reads it once (one lookup script: EVALSHA, GET, PTTL), 9 commands in all.

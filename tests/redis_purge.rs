@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 use axum::Router;
-use herdguard::{CacheLayer, RedisOptions};
+use herdguard::{CacheLayer, Purged, RedisOptions, RoutePolicy};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::RedisServer;
 
@@ -58,7 +58,7 @@ async fn purge_by_url_reaches_every_instance() {
     assert!(is_hit(&b, "/item/1").await, "and keeps it in its L1");
     assert_eq!(origin.calls(), 1);
 
-    drop(la.purge_url(&"http://example.test/item/1".parse().unwrap()));
+    drop(la.purge_url("http://example.test/item/1"));
     let delay = until_not_hit(&b, "/item/1").await;
     assert!(delay < Duration::from_secs(2));
     assert_eq!(origin.calls(), 2, "B went back to the origin");
@@ -67,6 +67,37 @@ async fn purge_by_url_reaches_every_instance() {
         is_hit(&fresh, "/item/1").await,
         "B's refill is in Redis, the purged copy is not"
     );
+}
+
+/// A purge by a route's key on one instance removes what that key named from another instance's L1 and from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_by_route_key_reaches_every_instance() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60")]);
+    // Every URL ending in /7 is the one resource "item:7".
+    let item = |l: &CacheLayer| {
+        l.with_policy(RoutePolicy::new().key(|p: &http::request::Parts| {
+            format!("item:{}", p.uri.path().rsplit('/').next().unwrap_or(""))
+        }))
+    };
+    let (la, lb) = (layer(&server), layer(&server));
+    let (a, b) = (origin.app(item(&la)), origin.app(item(&lb)));
+    server.wait_for_subscribers("p:purge", 2).await;
+    send(&a, get_req("/a/7")).await;
+    assert!(is_hit(&b, "/b/7").await, "B reads A's fill from Redis");
+    assert!(is_hit(&b, "/b/7").await, "and keeps it in its L1");
+    assert_eq!(origin.calls(), 1);
+
+    let purged = la.purge_key(&la.route_key("item:7")).await;
+    assert_eq!(purged.unwrap(), Purged::Redis);
+    until_not_hit(&b, "/b/7").await;
+    assert_eq!(origin.calls(), 2, "B went back to the origin");
+    let fresh = origin.app(item(&layer(&server)));
+    assert!(
+        is_hit(&fresh, "/c/7").await,
+        "B's refill is in Redis, the purged entry is not"
+    );
+    assert_eq!(origin.calls(), 2);
 }
 
 /// A tag purge removes every tagged entry on every instance and leaves untagged ones.
@@ -128,7 +159,7 @@ async fn purge_outside_a_runtime_does_not_panic() {
     let app = origin.app(l.clone());
     send(&app, get_req("/plain")).await;
     let joined = std::thread::spawn(move || {
-        drop(l.purge_url(&"http://example.test/plain".parse().unwrap()));
+        drop(l.purge_url("http://example.test/plain"));
         drop(l.purge_tag("anything"));
     })
     .join();

@@ -231,6 +231,31 @@ async fn key_function_keeps_vary_variants_apart() {
     );
 }
 
+/// A purge by the route's key removes every entry it named: each Vary variant, filled from any URL, and no other key's.
+#[tokio::test(start_paused = true)]
+async fn purge_by_route_key_removes_every_variant() {
+    let origin = Origin::default();
+    let cache = CacheLayer::new();
+    let (app, a, b) = two_routes(&origin, &cache, "cc=max-age%3D60&vary=cookie");
+    let other = "/a/8?cc=max-age%3D60";
+    send(&app, &a, &[("cookie", "u=alice")]).await;
+    send(&app, &a, &[("cookie", "u=bob")]).await;
+    send(&app, other, &[]).await;
+    // Stored: route b hits both variants route a filled, and item 8 hits.
+    send(&app, &b, &[("cookie", "u=alice")]).await;
+    send(&app, &b, &[("cookie", "u=bob")]).await;
+    send(&app, other, &[]).await;
+    assert_eq!(origin.calls(), 3);
+
+    let purged = cache.purge_key(&cache.route_key("item:7")).await;
+    assert_eq!(purged.unwrap(), herdguard::Purged::Local);
+    send(&app, &b, &[("cookie", "u=alice")]).await;
+    send(&app, &b, &[("cookie", "u=bob")]).await;
+    assert_eq!(origin.calls(), 5, "both variants of item:7 were purged");
+    send(&app, other, &[]).await;
+    assert_eq!(origin.calls(), 5, "item:8 is another key: still stored");
+}
+
 /// A predicate's "no" stores nothing: the next request goes to the origin again.
 #[tokio::test(start_paused = true)]
 async fn predicate_refusal_is_not_stored() {

@@ -93,13 +93,16 @@ pub(crate) fn write(dir: &Path) -> Result<Vec<PathBuf>, String> {
 
 type ChartResult = Result<(), Box<dyn std::error::Error>>;
 
-const COLORS: [RGBColor; 6] = [
+/// One per row of the largest scenario (the cold burst has 7), so no two
+/// lines of one chart share a colour.
+const COLORS: [RGBColor; 7] = [
     RGBColor(120, 120, 120),
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
     RGBColor(255, 127, 14),
+    RGBColor(140, 86, 75),
 ];
 
 /// Cumulative distribution: share of requests answered within x ms, x on a

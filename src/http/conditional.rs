@@ -191,6 +191,7 @@ mod tests {
             vary: Vec::new(),
             initial_age: 0,
             url: crate::key::CacheKey::new("u"),
+            route: None,
             rules: Default::default(),
             revalidated: false,
             not_stored: None,

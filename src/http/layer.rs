@@ -7,9 +7,10 @@ use http::{HeaderName, Uri};
 use tower_layer::Layer;
 
 use crate::engine::retained::RetainedStore;
+use crate::engine::Internal;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::BuildError;
-use crate::http::purge::{url_key, PurgeHandle, PurgeMode, PurgeTarget};
+use crate::http::purge::{url_key, AsUri, PurgeHandle, PurgeMode, PurgeTarget};
 use crate::http::route::RoutePolicy;
 use crate::http::service::CacheService;
 use crate::http::state::{HttpConfig, LayerState, MemoryBudget, ReloadMode, VARY_URL_BYTES};
@@ -64,7 +65,7 @@ impl CacheLayer {
     /// The policy of the request that leads a flight decides how its answer
     /// is stored; routes that share keys should share policies. Waiters from
     /// any route get the answer only under the rules of
-    /// [who may receive an answer](crate#who-may-receive-an-answer).
+    /// [what is shared between users](crate#what-is-shared-between-users).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -745,15 +746,70 @@ impl CacheLayer {
         )
     }
 
+    /// The key a [`RoutePolicy::key`](crate::RoutePolicy::key) function
+    /// that returns `key` names its entries by: what
+    /// [`purge_key`](Self::purge_key) and
+    /// [`soft_purge_key`](Self::soft_purge_key) take to remove every entry
+    /// stored under it (every variant, with and without Authorization, on
+    /// every route whose key function returned these bytes).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use herdguard::{CacheLayer, Purged, RoutePolicy};
+    ///
+    /// let cache = CacheLayer::new();
+    /// let reports = cache.with_policy(RoutePolicy::new().key(|req: &http::request::Parts| {
+    ///     format!("report:{}", req.uri.path().trim_start_matches("/report/"))
+    /// }));
+    /// # let _ = reports;
+    /// // Later, when report 7 changes:
+    /// let purged = cache.purge_key(&cache.route_key("report:7")).await;
+    /// assert_eq!(purged.unwrap(), Purged::Local);
+    /// # }
+    /// ```
+    pub fn route_key(&self, key: impl AsRef<[u8]>) -> CacheKey {
+        crate::http::route::route_key(key.as_ref())
+    }
+
     /// Remove every stored variant of `url` (with and without Authorization,
     /// every Vary variant): from this process at once, and from Redis and
     /// every instance through the returned [`PurgeHandle`].
-    pub fn purge_url(&self, url: &Uri) -> PurgeHandle {
-        self.purge_key(&self.url_key(url))
+    ///
+    /// `url` is what you have at hand, borrowed: a `&str`, a `&String` or a
+    /// `&`[`Uri`] (see [`AsUri`]). Give it the host the requests carried
+    /// (`http://shop.test/products/7`): a URL without one names only
+    /// entries stored for requests without a host (see
+    /// [`url_key`](Self::url_key)). A string that is not a URL purges
+    /// nothing: the handle resolves to a [`PurgeError`](crate::PurgeError)
+    /// whose [`is_invalid_url`](crate::PurgeError::is_invalid_url) is true
+    /// (logged as a warning if the handle is dropped instead), as reqwest's
+    /// `get` reports a bad URL when the request is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use herdguard::{CacheLayer, Purged};
+    ///
+    /// let cache = CacheLayer::new();
+    /// assert_eq!(cache.purge_url("http://shop.test/products/7").await.unwrap(), Purged::Local);
+    /// let uri: http::Uri = "http://shop.test/products/8".parse().unwrap();
+    /// assert_eq!(cache.purge_url(&uri).await.unwrap(), Purged::Local);
+    ///
+    /// let bad = cache.purge_url("http://shop test/").await.unwrap_err();
+    /// assert!(bad.is_invalid_url());
+    /// # }
+    /// ```
+    pub fn purge_url<U: AsUri + ?Sized>(&self, url: &U) -> PurgeHandle {
+        match url.sealed_uri(Internal) {
+            Ok(url) => self.purge_key(&self.url_key(&url)),
+            Err(e) => PurgeHandle::invalid_url(e),
+        }
     }
 
     /// Remove the entry with `key`, or every entry of the URL whose
-    /// [`url_key`](Self::url_key) it is. See [`PurgeHandle`].
+    /// [`url_key`](Self::url_key) it is, or every entry stored under the
+    /// [`route_key`](Self::route_key) it is. See [`PurgeHandle`].
     pub fn purge_key(&self, key: &CacheKey) -> PurgeHandle {
         self.state.purge(PurgeTarget::Key(*key))
     }
@@ -785,7 +841,8 @@ impl CacheLayer {
     /// the soft purge is handed to the requests waiting on it but stored
     /// nowhere, and a soft-purged copy counts as stale on every instance
     /// (its `Age` says so too). The stale copies' responses are never
-    /// fresh again: only the refresh's answer is.
+    /// fresh again: only the refresh's answer is. `url` is taken as by
+    /// [`purge_url`](Self::purge_url), a bad one included.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -793,17 +850,20 @@ impl CacheLayer {
     /// use herdguard::{CacheLayer, Purged};
     ///
     /// let cache = CacheLayer::new();
-    /// let url = "http://example.test/products/7".parse().unwrap();
-    /// assert_eq!(cache.soft_purge_url(&url).await.unwrap(), Purged::Local);
+    /// assert_eq!(cache.soft_purge_url("http://example.test/products/7").await.unwrap(), Purged::Local);
     /// # }
     /// ```
-    pub fn soft_purge_url(&self, url: &Uri) -> PurgeHandle {
-        self.soft_purge_key(&self.url_key(url))
+    pub fn soft_purge_url<U: AsUri + ?Sized>(&self, url: &U) -> PurgeHandle {
+        match url.sealed_uri(Internal) {
+            Ok(url) => self.soft_purge_key(&self.url_key(&url)),
+            Err(e) => PurgeHandle::invalid_url(e),
+        }
     }
 
     /// [`purge_key`](Self::purge_key), soft: the entry with `key` (or every
-    /// entry of the URL whose [`url_key`](Self::url_key) it is) is marked
-    /// stale and kept. See [`soft_purge_url`](Self::soft_purge_url).
+    /// entry of the URL whose [`url_key`](Self::url_key) it is, or stored
+    /// under the [`route_key`](Self::route_key) it is) is marked stale and
+    /// kept. See [`soft_purge_url`](Self::soft_purge_url).
     pub fn soft_purge_key(&self, key: &CacheKey) -> PurgeHandle {
         self.state
             .purge_with(PurgeTarget::Key(*key), PurgeMode::Soft)

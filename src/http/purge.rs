@@ -6,6 +6,7 @@
 //! store extends it to delete its copies and publish the purge to every
 //! instance, which then runs the same [`PurgeTarget`] on its own memory.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,6 +17,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::Uri;
 use tokio::sync::oneshot;
 
+use crate::engine::Internal;
 use crate::error::StoreFailure;
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
@@ -25,7 +27,8 @@ use crate::store::redis::{redact_error, RedisStore, StoreError, MISSED_NOTICES};
 /// What a purge removes. Plain data, so it can travel over pub/sub.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum PurgeTarget {
-    /// The entry with this key, and every entry whose URL key it is.
+    /// The entry with this key, and every entry whose URL key or route key
+    /// it is.
     Key(CacheKey),
     /// Every entry whose response carries this `Surrogate-Key` tag.
     Tag(Box<str>),
@@ -34,7 +37,7 @@ pub(crate) enum PurgeTarget {
 impl PurgeTarget {
     pub(crate) fn matches(&self, key: &CacheKey, value: &CachedResponse) -> bool {
         match self {
-            PurgeTarget::Key(k) => key == k || value.url == *k,
+            PurgeTarget::Key(k) => key == k || value.url == *k || value.route == Some(*k),
             PurgeTarget::Tag(t) => value.has_tag(t),
         }
     }
@@ -42,7 +45,7 @@ impl PurgeTarget {
 
 impl PurgeTarget {
     /// Its names in the purge log: a key purge also names the URL group
-    /// whose URL key it is, as [`matches`](Self::matches) does.
+    /// whose URL key (or route key) it is, as [`matches`](Self::matches) does.
     fn names(&self) -> Vec<String> {
         match self {
             PurgeTarget::Key(k) => {
@@ -91,6 +94,44 @@ pub(crate) enum PurgeMode {
     Soft,
 }
 
+/// What [`CacheLayer::purge_url`](crate::CacheLayer::purge_url) and
+/// [`soft_purge_url`](crate::CacheLayer::soft_purge_url) take a reference
+/// to: a parsed [`Uri`], or a URL as text ([`str`], [`String`]), parsed
+/// when the purge is asked for. Implemented by this crate only.
+///
+/// ```
+/// let cache = herdguard::CacheLayer::new();
+/// let uri: http::Uri = "http://shop.test/a".parse().unwrap();
+/// let text = String::from("http://shop.test/b");
+/// drop(cache.purge_url(&uri));
+/// drop(cache.purge_url("http://shop.test/c"));
+/// drop(cache.purge_url(&text));
+/// ```
+pub trait AsUri {
+    /// The URL, parsed if it is text. Sealed: the argument cannot be named
+    /// outside this crate.
+    #[doc(hidden)]
+    fn sealed_uri(&self, _: Internal) -> Result<Cow<'_, Uri>, http::Error>;
+}
+
+impl AsUri for Uri {
+    fn sealed_uri(&self, _: Internal) -> Result<Cow<'_, Uri>, http::Error> {
+        Ok(Cow::Borrowed(self))
+    }
+}
+
+impl AsUri for str {
+    fn sealed_uri(&self, _: Internal) -> Result<Cow<'_, Uri>, http::Error> {
+        Ok(Cow::Owned(Uri::try_from(self)?))
+    }
+}
+
+impl AsUri for String {
+    fn sealed_uri(&self, i: Internal) -> Result<Cow<'_, Uri>, http::Error> {
+        self.as_str().sealed_uri(i)
+    }
+}
+
 /// How far a purge reached, once its [`PurgeHandle`] resolves: it is done
 /// everywhere there is to reach. A purge that is not is a [`PurgeError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +148,9 @@ pub enum Purged {
 }
 
 /// A purge that is not done everywhere. This process's memory was purged
-/// either way. [`local_only`](PurgeError::local_only) tells the two cases
+/// either way, unless the URL given did not parse
+/// ([`is_invalid_url`](PurgeError::is_invalid_url)): then nothing was.
+/// [`local_only`](PurgeError::local_only) tells the other two cases
 /// apart: Redis was not reached at all (nothing there changed, other
 /// instances still serve their copies: retry), or it failed part-way or
 /// with an unknown result (a timeout).
@@ -119,6 +162,9 @@ pub struct PurgeError {
     reason: String,
     local_only: bool,
     failure: Option<StoreFailure>,
+    /// Why the URL given to `purge_url` did not parse (`http::Error` is not
+    /// `Clone`, this error is).
+    invalid_url: Option<Arc<http::Error>>,
 }
 
 impl PurgeError {
@@ -135,10 +181,35 @@ impl PurgeError {
     pub fn store_failure(&self) -> Option<&StoreFailure> {
         self.failure.as_ref()
     }
+
+    /// Whether the URL given to [`purge_url`](crate::CacheLayer::purge_url)
+    /// or [`soft_purge_url`](crate::CacheLayer::soft_purge_url) did not
+    /// parse, so nothing was purged anywhere. The parse error is the
+    /// `source()`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::error::Error as _;
+    ///
+    /// let cache = herdguard::CacheLayer::new();
+    /// let e = cache.purge_url("http://shop test/").await.unwrap_err();
+    /// assert!(e.is_invalid_url() && !e.local_only());
+    /// assert_eq!(e.to_string(), "nothing purged: invalid url");
+    /// assert!(e.source().is_some());
+    /// # }
+    /// ```
+    pub fn is_invalid_url(&self) -> bool {
+        self.invalid_url.is_some()
+    }
 }
 
 impl fmt::Display for PurgeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.invalid_url.is_some() {
+            // The parse error is the source.
+            return f.write_str("nothing purged: invalid url");
+        }
         let what = if self.local_only {
             "purged in this process only, redis unreachable"
         } else {
@@ -154,9 +225,11 @@ impl fmt::Display for PurgeError {
 
 impl std::error::Error for PurgeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.failure
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        match (&self.failure, &self.invalid_url) {
+            (Some(e), _) => Some(e),
+            (None, Some(e)) => Some(&**e),
+            (None, None) => None,
+        }
     }
 }
 
@@ -181,6 +254,22 @@ impl std::error::Error for PurgeError {
 /// assert_eq!(cache.purge_tag("product-7").await.unwrap(), Purged::Local);
 /// # }
 /// ```
+///
+/// The handle is `#[must_use]`: leaving it unused is a warning that says
+/// dropping it purges in the background. Drop it on purpose instead:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// fn changed(cache: &herdguard::CacheLayer) {
+///     cache.purge_tag("product-7"); // error: unused `PurgeHandle` that must be used
+/// }
+/// ```
+/// ```
+/// fn changed(cache: &herdguard::CacheLayer) {
+///     drop(cache.purge_tag("product-7")); // in the background; failures are logged
+/// }
+/// # changed(&herdguard::CacheLayer::new());
+/// ```
 #[derive(Debug)]
 #[must_use = "dropping a PurgeHandle purges in the background; await it to learn whether Redis was reached"]
 pub struct PurgeHandle {
@@ -197,6 +286,30 @@ impl PurgeHandle {
     fn ready(outcome: Result<Purged, PurgeError>) -> Self {
         Self {
             state: HandleState::Ready(Some(outcome)),
+        }
+    }
+
+    /// A purge that never started: `purge_url` was given a string that is
+    /// not a URL.
+    pub(crate) fn invalid_url(error: http::Error) -> Self {
+        Self::ready(Err(PurgeError {
+            reason: error.to_string(),
+            local_only: false,
+            failure: None,
+            invalid_url: Some(Arc::new(error)),
+        }))
+    }
+}
+
+impl Drop for PurgeHandle {
+    /// A handle dropped unawaited is a purge in the background, whose
+    /// failures are logged: a URL that did not parse is one, caught before
+    /// any task could log it.
+    fn drop(&mut self) {
+        if let HandleState::Ready(Some(Err(e))) = &self.state {
+            if e.invalid_url.is_some() {
+                tracing::warn!(error = %e.reason, "purge_url: nothing purged: invalid url");
+            }
         }
     }
 }
@@ -217,6 +330,7 @@ impl Future for PurgeHandle {
                     reason: "the purge task ended early (runtime shut down)".to_owned(),
                     local_only: false,
                     failure: None,
+                    invalid_url: None,
                 }),
             }),
         }
@@ -245,6 +359,7 @@ impl LayerState {
                 reason: "no tokio runtime to run it on".to_owned(),
                 local_only: true,
                 failure: None,
+                invalid_url: None,
             }));
         };
         let remote = Arc::clone(remote);
@@ -257,6 +372,7 @@ impl LayerState {
                     reason: redact_error(&e),
                     local_only: did_nothing,
                     failure: Some(StoreFailure::from(&e)),
+                    invalid_url: None,
                 });
             // Nobody awaits the handle: the log is the only place left to say it.
             if let Err(Err(e)) = tx.send(result) {

@@ -16,6 +16,11 @@ use crate::key::CacheKey;
 /// reader knows a payload that does not decode as one is corrupt.
 pub(crate) const FLAG_RESPONSE: u8 = 1;
 
+/// A bit of the encoded rules' flags byte, never set in [`StoredRules`]
+/// itself: a route key (16 bytes) follows the flags. An entry without a
+/// route key encodes as before this bit existed.
+const ENCODED_ROUTE: u8 = 0x80;
+
 /// A buffered HTTP response as the layer stores it.
 ///
 /// The body is [`Bytes`]: serving a hit clones a reference count, never the body.
@@ -31,6 +36,10 @@ pub struct CachedResponse {
     /// The key of the URL alone (authority, path, query): purge by URL
     /// matches every variant through it.
     pub(crate) url: CacheKey,
+    /// The route's own key ([`RoutePolicy::key`](crate::RoutePolicy::key)),
+    /// when one named the entry: purge by key matches every variant
+    /// through it, as through `url`.
+    pub(crate) route: Option<CacheKey>,
     /// Freshness and stale permissions, computed once when stored.
     pub(crate) rules: StoredRules,
     /// This value is a stored response refreshed by an origin 304. Not
@@ -129,8 +138,14 @@ impl Value for CachedResponse {
         Duration::from_secs(u64::from(self.rules.sie)).min(STALE_IF_ERROR_KEEP_MAX)
     }
 
+    /// The URL's group, the route key's (under the same `url:` prefix, so
+    /// a purge by key finds it as it finds a URL's: route keys are hashed
+    /// apart from URL keys, so none equals one), and one per tag.
     fn sealed_purge_groups(&self, _: Internal) -> Vec<String> {
         let mut groups = vec![format!("url:{}", self.url.to_hex())];
+        if let Some(route) = &self.route {
+            groups.push(format!("url:{}", route.to_hex()));
+        }
         let tags = self
             .headers
             .get_all("surrogate-key")
@@ -148,7 +163,13 @@ impl Value for CachedResponse {
         out.put_u32_le(self.rules.lifetime);
         out.put_u32_le(self.rules.swr);
         out.put_u32_le(self.rules.sie);
-        out.put_u8(self.rules.flags);
+        match &self.route {
+            Some(route) => {
+                out.put_u8(self.rules.flags | ENCODED_ROUTE);
+                out.put_slice(route.as_bytes());
+            }
+            None => out.put_u8(self.rules.flags),
+        }
         let n = self.headers.len().min(u16::MAX as usize);
         out.put_u16_le(n as u16);
         for (name, value) in self.headers.iter().take(n) {
@@ -176,11 +197,20 @@ impl Value for CachedResponse {
         let raw = take(&mut b, 16)?;
         let mut url = [0u8; 16];
         url.copy_from_slice(&raw);
-        let rules = StoredRules {
+        let mut rules = StoredRules {
             lifetime: get_u32(&mut b)?,
             swr: get_u32(&mut b)?,
             sie: get_u32(&mut b)?,
             flags: take(&mut b, 1)?[0],
+        };
+        let route = if rules.has(ENCODED_ROUTE) {
+            rules.flags &= !ENCODED_ROUTE;
+            let raw = take(&mut b, 16)?;
+            let mut route = [0u8; 16];
+            route.copy_from_slice(&raw);
+            Some(CacheKey::from_bytes(route))
+        } else {
+            None
         };
         // Counts come from the input: each capacity is bounded by what the
         // bytes left could hold (a header takes at least 7 of them), so no
@@ -217,6 +247,7 @@ impl Value for CachedResponse {
             vary,
             initial_age,
             url: CacheKey::from_bytes(url),
+            route,
             rules,
             revalidated: false,
             not_stored: None,
@@ -307,6 +338,7 @@ mod tests {
             )],
             initial_age: 3,
             url: CacheKey::new("example.test/r"),
+            route: None,
             rules: StoredRules {
                 lifetime: 60,
                 swr: 5,
@@ -333,6 +365,23 @@ mod tests {
         assert_eq!(r.initial_age, 3);
         assert_eq!(r.url, CacheKey::new("example.test/r"));
         assert_eq!(r.rules, sample().rules);
+    }
+
+    /// A route key survives the round trip beside the URL key and leaves the rules' flags as they were.
+    #[test]
+    fn route_key_round_trips() {
+        let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_secs(30), 7);
+        let mut value = sample();
+        value.route = Some(CacheKey::new("report:7"));
+        let (_, r): (EntryMeta, CachedResponse) =
+            decode_entry(encode_entry(&meta, &value)).unwrap();
+        assert_eq!(r.route, Some(CacheKey::new("report:7")));
+        assert_eq!(r.url, CacheKey::new("example.test/r"));
+        assert_eq!(r.rules, sample().rules);
+        assert_eq!(r.body, Bytes::from_static(b"hello"));
+        let (_, plain): (EntryMeta, CachedResponse) =
+            decode_entry(encode_entry(&meta, &sample())).unwrap();
+        assert_eq!(plain.route, None);
     }
 
     /// Every truncation of a valid entry, and foreign bytes, decode to an error, never a panic.

@@ -991,6 +991,7 @@ mod tests {
             vary: Vec::new(),
             initial_age: 0,
             url: key,
+            route: None,
             rules: crate::http::policy::StoredRules::default(),
             revalidated: false,
             not_stored: None,

@@ -478,6 +478,7 @@ mod tests {
             vary: Vec::new(),
             initial_age: 0,
             url: CacheKey::new("example.test/x"),
+            route: None,
             rules: StoredRules {
                 lifetime,
                 swr: 0,

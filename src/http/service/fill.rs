@@ -191,6 +191,7 @@ impl LayerState {
             base: target.base,
             key,
             miss: Forward::VaryMiss,
+            route: target.route,
         })
     }
 }

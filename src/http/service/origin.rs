@@ -261,7 +261,7 @@ where
             .collect();
         strip_not_stored(&mut parts.headers);
         // Only a response the cache could store is streamed to waiters.
-        let mut head = stream_head(&verdict, &parts, &vary, url);
+        let mut head = stream_head(&verdict, &parts, &vary, url, target.route);
         let mut passthrough = passthrough;
 
         let parts_status = parts.status;
@@ -429,6 +429,7 @@ where
             vary,
             initial_age: 0,
             url,
+            route: target.route,
             rules: StoredRules::default(),
             revalidated: false,
             not_stored: None,

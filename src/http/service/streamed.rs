@@ -40,6 +40,7 @@ pub(super) fn stream_head(
     parts: &http::response::Parts,
     vary: &[(HeaderName, Vec<HeaderValue>)],
     url: CacheKey,
+    route: Option<CacheKey>,
 ) -> Option<Arc<Stored<CachedResponse>>> {
     let ResponseVerdict::Store {
         fresh_for,
@@ -57,6 +58,7 @@ pub(super) fn stream_head(
         vary: vary.to_vec(),
         initial_age: initial_age.as_secs().min(u64::from(u32::MAX)) as u32,
         url,
+        route,
         rules: *rules,
         revalidated: false,
         not_stored: None,

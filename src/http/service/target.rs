@@ -21,6 +21,9 @@ pub(crate) struct Target {
     pub(crate) key: CacheKey,
     /// What a miss is reported as: `vary-miss` when other variants are known.
     pub(super) miss: Forward,
+    /// The route's own key, when it has a key function: stored with the
+    /// entry, so a purge by that key finds it.
+    pub(super) route: Option<CacheKey>,
 }
 
 impl LayerState {
@@ -59,11 +62,13 @@ impl LayerState {
                 base,
                 key: variant_key(&base, &names, req.headers()),
                 miss: Forward::VaryMiss,
+                route: route_key,
             },
             None => Target {
                 base,
                 key: base,
                 miss: Forward::UriMiss,
+                route: route_key,
             },
         }
     }
