@@ -99,11 +99,10 @@ fn may_evict(info: &str) -> bool {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .map(str::trim)
     };
-    match (field("maxmemory"), field("maxmemory_policy")) {
-        (Some("0"), Some(_)) => false,
-        (Some(_), Some("noeviction")) => false,
-        _ => true,
-    }
+    !matches!(
+        (field("maxmemory"), field("maxmemory_policy")),
+        (Some("0"), Some(_)) | (Some(_), Some("noeviction"))
+    )
 }
 
 #[cfg(test)]
