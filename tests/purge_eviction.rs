@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::http::Uri;
 use deadpool_redis::redis;
 use herdguard::{CacheKey, CacheLayer, Purged, RedisOptions};
-use support::origin::{cache_status, get_req, req, send, Origin};
-use support::{Monitor, RedisServer};
+use support::origin::{cache_status, call_of, get_req, req, send, Origin};
+use support::{until_indexed, Monitor, RedisServer};
 
 const NS: &str = "evict";
 
@@ -45,37 +45,9 @@ fn url_index(path: &str) -> String {
     index_of(&format!("url:{}", CacheLayer::new().url_key(&url).to_hex()))
 }
 
-/// Wait (at most 5 s) until `index` lists `n` members.
-async fn until_indexed(conn: &mut redis::aio::MultiplexedConnection, index: &str, n: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let card: usize = redis::cmd("ZCARD")
-            .arg(index)
-            .query_async(conn)
-            .await
-            .unwrap();
-        if card >= n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{index} never reached {n} members"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 async fn evict(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
     let n: i64 = redis::cmd("DEL").arg(key).query_async(conn).await.unwrap();
     assert_eq!(n, 1, "{key} was there to evict");
-}
-
-fn call(body: &[u8]) -> String {
-    String::from_utf8_lossy(body)
-        .split_whitespace()
-        .find(|w| w.starts_with("call="))
-        .unwrap_or_default()
-        .to_owned()
 }
 
 /// A tag purge after the tag's index was evicted: the tagged entry Redis still holds is not served to an instance that reads it afterwards.
@@ -85,7 +57,7 @@ async fn an_entry_whose_tag_index_was_evicted_is_not_served_after_a_tag_purge() 
     let origin = Origin::new(&[("cache-control", "max-age=60"), ("surrogate-key", "shelf")]);
     let a = origin.app(layer(&server));
     let (_, _, body) = send(&a, get_req("/t")).await;
-    assert_eq!(call(&body), "call=1");
+    assert_eq!(call_of(&body), "call=1");
     let mut conn = server.connection().await;
     until_indexed(&mut conn, &index_of("tag:shelf"), 1).await;
     evict(&mut conn, &index_of("tag:shelf")).await;
@@ -97,7 +69,7 @@ async fn an_entry_whose_tag_index_was_evicted_is_not_served_after_a_tag_purge() 
     let c = origin.app(layer(&server));
     let (_, headers, body) = send(&c, get_req("/t")).await;
     assert_eq!(
-        call(&body),
+        call_of(&body),
         "call=2",
         "the purged answer was served: {}",
         cache_status(&headers)
@@ -113,7 +85,7 @@ async fn a_variant_whose_url_index_was_evicted_is_not_served_after_a_url_purge()
     let lang = |l: &'static str| req(axum::http::Method::GET, "/v", &[("accept-language", l)]);
     let a = origin.app(layer(&server));
     let (_, _, body) = send(&a, lang("de")).await;
-    assert_eq!(call(&body), "call=1");
+    assert_eq!(call_of(&body), "call=1");
     let mut conn = server.connection().await;
     // The variant and the URL's own key.
     until_indexed(&mut conn, &url_index("/v"), 2).await;
@@ -125,11 +97,11 @@ async fn a_variant_whose_url_index_was_evicted_is_not_served_after_a_url_purge()
     let c = origin.app(layer(&server));
     // Another language fills the URL's key again (the purge deleted it) ...
     let (_, _, body) = send(&c, lang("fr")).await;
-    assert_eq!(call(&body), "call=2");
+    assert_eq!(call_of(&body), "call=2");
     // ... and the `de` variant from before the purge is not served.
     let (_, headers, body) = send(&c, lang("de")).await;
     assert_eq!(
-        call(&body),
+        call_of(&body),
         "call=3",
         "the purged variant was served: {}",
         cache_status(&headers)
@@ -189,7 +161,7 @@ async fn a_listed_entry_is_a_hit_on_an_evicting_server() {
     until_indexed(&mut conn, &url_index("/v"), 2).await;
     let b = origin.app(layer(&server));
     let (_, headers, body) = send(&b, lang("de")).await;
-    assert_eq!(call(&body), "call=1");
+    assert_eq!(call_of(&body), "call=1");
     assert!(cache_status(&headers).contains("hit"), "{headers:?}");
     assert_eq!(origin.calls(), 1);
 }

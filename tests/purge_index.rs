@@ -12,7 +12,7 @@ use axum::Router;
 use deadpool_redis::redis;
 use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
-use support::RedisServer;
+use support::{until_indexed, RedisServer};
 
 fn layer(server: &RedisServer, backoff: Duration) -> CacheLayer {
     CacheLayer::builder()
@@ -48,26 +48,6 @@ fn tag_index(tag: &str) -> String {
         "p:g:{{{}}}",
         herdguard::CacheKey::new(format!("tag:{tag}")).to_hex()
     )
-}
-
-/// Wait (bounded) until the background index write for `n` members landed.
-async fn until_indexed(conn: &mut redis::aio::MultiplexedConnection, index: &str, n: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let card: usize = redis::cmd("ZCARD")
-            .arg(index)
-            .query_async(conn)
-            .await
-            .unwrap();
-        if card >= n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "index never reached {n} members"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A group index holds only live entries: members are scored by their entry's expiry, and an expired member is trimmed by the next write to the group.

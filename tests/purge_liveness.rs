@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 
 use axum::http::Uri;
 use axum::Router;
-use bytes::Bytes;
 use deadpool_redis::redis;
 use herdguard::{CacheLayer, Purged, RedisOptions};
 use support::cluster::{cli, RedisCluster};
-use support::origin::{get_req, req, send, Origin};
+use support::origin::{call_of, get_req, req, send, Origin};
 use support::{RedisServer, Vip};
 
 const NS: &str = "live";
@@ -42,14 +41,6 @@ fn layer(url: String, cluster: Option<Vec<String>>) -> CacheLayer {
 }
 
 /// The `call=N` of an origin answer.
-fn call(body: &Bytes) -> String {
-    String::from_utf8_lossy(body)
-        .split_whitespace()
-        .find(|w| w.starts_with("call="))
-        .unwrap_or_default()
-        .to_owned()
-}
-
 fn url(path: &str) -> Uri {
     format!("http://example.test{path}").parse().unwrap()
 }
@@ -100,7 +91,7 @@ async fn until_miss(app: &Router, uri: &str, seen: &str, bound: Duration) -> Str
     loop {
         let (code, _, body) = send(app, get_req(uri)).await;
         assert_eq!(code, 200);
-        let c = call(&body);
+        let c = call_of(&body);
         if c != seen {
             return c;
         }
@@ -122,9 +113,9 @@ async fn a_blackholed_failover_heals_calls_and_purge_listeners() {
     let (la, lb) = (layer(vip.url(), None), layer(vip.url(), None));
     let (a, b) = (origin.app(la), origin.app(lb.clone()));
     old.wait_for_subscribers(CHANNEL, 2).await;
-    assert_eq!(call(&send(&a, get_req("/p")).await.2), "call=1");
+    assert_eq!(call_of(&send(&a, get_req("/p")).await.2), "call=1");
     let (_, _, body) = send(&b, get_req("/p")).await;
-    assert_eq!(call(&body), "call=1", "B reads A's fill from Redis");
+    assert_eq!(call_of(&body), "call=1", "B reads A's fill from Redis");
     old.wait_replicated(1).await;
 
     vip.blackhole();
@@ -177,9 +168,13 @@ async fn a_blackholed_failover_heals_calls_and_purge_listeners() {
     new.wait_for_subscribers(CHANNEL, 2).await;
     let (_, _, body) = send(&a, get_req("/q")).await;
     calls += 1;
-    assert_eq!(call(&body), format!("call={calls}"));
+    assert_eq!(call_of(&body), format!("call={calls}"));
     let (_, _, body) = send(&a, get_req("/q")).await;
-    assert_eq!(call(&body), format!("call={calls}"), "kept in A's memory");
+    assert_eq!(
+        call_of(&body),
+        format!("call={calls}"),
+        "kept in A's memory"
+    );
     assert_eq!(lb.purge_url(&url("/q")).await.unwrap(), Purged::Redis);
     let seen = format!("call={calls}");
     calls += 1;
@@ -257,9 +252,9 @@ async fn cluster_purge_listener_survives_its_first_seed() {
     wait_cluster_subscribers(&cluster, 2, HEAL);
 
     let de = || req(axum::http::Method::GET, "/v", &[("accept-language", "de")]);
-    assert_eq!(call(&send(&a, de()).await.2), "call=1");
+    assert_eq!(call_of(&send(&a, de()).await.2), "call=1");
     assert_eq!(
-        call(&send(&a, de()).await.2),
+        call_of(&send(&a, de()).await.2),
         "call=1",
         "kept in A's memory"
     );
@@ -273,7 +268,7 @@ async fn cluster_purge_listener_survives_its_first_seed() {
     loop {
         let (code, _, body) = send(&a, de()).await;
         assert_eq!(code, 200);
-        if call(&body) == "call=2" {
+        if call_of(&body) == "call=2" {
             break;
         }
         assert!(

@@ -12,7 +12,7 @@ use std::time::Duration;
 use deadpool_redis::redis;
 use futures_util::future::join_all;
 use herdguard::{CacheLayer, RedisOptions};
-use support::origin::{cache_status, get_req, send, Origin};
+use support::origin::{cache_status, call_of, get_req, send, Origin};
 use support::RedisServer;
 
 fn layer(server: &RedisServer) -> CacheLayer {
@@ -46,14 +46,6 @@ async fn fill_up(server: &RedisServer) {
     );
 }
 
-fn call(body: &[u8]) -> String {
-    String::from_utf8_lossy(body)
-        .split_whitespace()
-        .find(|w| w.starts_with("call="))
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// On a full server, 5 concurrent requests for a stale entry (on an instance with nothing in memory) are all answered with the stale copy, and the origin is called exactly once more, to refresh it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_server_still_serves_its_stale_entry() {
@@ -62,7 +54,7 @@ async fn a_full_server_still_serves_its_stale_entry() {
         .delay(Duration::from_millis(500));
     let a = origin.app(layer(&server));
     let (_, _, body) = send(&a, get_req("/s")).await;
-    assert_eq!(call(&body), "call=1");
+    assert_eq!(call_of(&body), "call=1");
     fill_up(&server).await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
 
@@ -71,7 +63,7 @@ async fn a_full_server_still_serves_its_stale_entry() {
     for (status, headers, body) in &answers {
         assert_eq!(status.as_u16(), 200);
         assert_eq!(
-            call(body),
+            call_of(body),
             "call=1",
             "served stale, not after the origin: {}",
             cache_status(headers)
@@ -86,7 +78,7 @@ async fn a_full_server_still_serves_its_stale_entry() {
     let start = tokio::time::Instant::now();
     loop {
         let (_, headers, body) = send(&b, get_req("/s")).await;
-        if call(&body) == "call=2" {
+        if call_of(&body) == "call=2" {
             assert!(cache_status(&headers).contains("hit"), "{headers:?}");
             break;
         }
@@ -109,7 +101,7 @@ async fn a_full_server_still_coalesces_each_instance() {
     let answers = join_all((0..5).map(|_| send(&a, get_req("/cold")))).await;
     for (status, _, body) in &answers {
         assert_eq!(status.as_u16(), 200);
-        assert_eq!(call(body), "call=1");
+        assert_eq!(call_of(body), "call=1");
     }
     assert_eq!(origin.calls(), 1);
 }

@@ -522,3 +522,24 @@ pub async fn info_field(
         .trim()
         .to_owned()
 }
+
+/// Wait (at most 5 s) until the purge index `index` lists `n` members (the
+/// fill that indexes them may still be writing in the background).
+pub async fn until_indexed(conn: &mut redis::aio::MultiplexedConnection, index: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let card: usize = redis::cmd("ZCARD")
+            .arg(index)
+            .query_async(conn)
+            .await
+            .expect("ZCARD");
+        if card >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{index} never reached {n} members"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

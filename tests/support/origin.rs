@@ -113,3 +113,12 @@ pub fn cache_status(h: &HeaderMap) -> &str {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
 }
+
+/// The `call=N` word of a body this origin answered (empty if none).
+pub fn call_of(body: &[u8]) -> String {
+    String::from_utf8_lossy(body)
+        .split_whitespace()
+        .find(|w| w.starts_with("call="))
+        .unwrap_or_default()
+        .to_owned()
+}
