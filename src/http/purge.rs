@@ -142,9 +142,16 @@ pub enum Purged {
     /// Everywhere: the entries are deleted in Redis (or, for a soft purge,
     /// made stale there), their fences raised and their groups stamped (so no fill that started before the purge
     /// stores its answer, on any instance, heard the notice or not), and
-    /// the notice is published. An instance that misses the notice stops
-    /// answering from its copy when its L1 lifetime ends.
+    /// the notice is published, and every instance listening for notices
+    /// acknowledged it: none of them still answers from a copy the purge
+    /// named. An instance that was not listening (its connection lost) drops
+    /// every copy it holds when it listens again.
     Redis,
+    /// Done in Redis as for [`Redis`](Self::Redis), but not every listening
+    /// instance acknowledged the notice within a few reply timeouts (one is
+    /// slow or its connection went silent, or it runs an older version). Such
+    /// an instance answers from its copy at most until its L1 lifetime ends.
+    Unconfirmed,
 }
 
 /// A purge that is not done everywhere. This process's memory was purged
@@ -279,7 +286,7 @@ pub struct PurgeHandle {
 #[derive(Debug)]
 enum HandleState {
     Ready(Option<Result<Purged, PurgeError>>),
-    Waiting(oneshot::Receiver<Result<(), PurgeError>>),
+    Waiting(oneshot::Receiver<Result<Purged, PurgeError>>),
 }
 
 impl PurgeHandle {
@@ -325,7 +332,7 @@ impl Future for PurgeHandle {
                 None => Poll::Pending,
             },
             HandleState::Waiting(rx) => Pin::new(rx).poll(cx).map(|r| match r {
-                Ok(result) => result.map(|()| Purged::Redis),
+                Ok(result) => result,
                 Err(_) => Err(PurgeError {
                     reason: "the purge task ended early (runtime shut down)".to_owned(),
                     local_only: false,
@@ -391,7 +398,7 @@ impl LayerState {
     #[cfg(feature = "redis")]
     pub(crate) async fn purge_and_wait(&self, target: PurgeTarget) -> Result<bool, String> {
         match self.purge(target).await {
-            Ok(p) => Ok(p == Purged::Redis),
+            Ok(p) => Ok(p != Purged::Local),
             Err(e) => Err(e.reason),
         }
     }
@@ -443,7 +450,7 @@ async fn purge_remote(
     remote: &RedisStore,
     target: &PurgeTarget,
     mode: PurgeMode,
-) -> Result<(), (StoreError, bool)> {
+) -> Result<Purged, (StoreError, bool)> {
     let result = match (target, mode) {
         (PurgeTarget::Key(k), PurgeMode::Hard) => match remote.purge(k).await {
             Ok(()) => remote
@@ -469,7 +476,8 @@ async fn purge_remote(
     match (result, published) {
         (Err(e), _) => Err(e),
         (Ok(()), Err(e)) => Err((e, false)),
-        (Ok(()), Ok(())) => Ok(()),
+        (Ok(()), Ok(true)) => Ok(Purged::Redis),
+        (Ok(()), Ok(false)) => Ok(Purged::Unconfirmed),
     }
 }
 

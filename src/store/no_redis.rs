@@ -92,7 +92,7 @@ impl RedisStore {
         match *self {}
     }
 
-    pub(crate) async fn publish_purge(&self, _payload: &[u8]) -> Result<(), StoreError> {
+    pub(crate) async fn publish_purge(&self, _payload: &[u8]) -> Result<bool, StoreError> {
         match *self {}
     }
 }

@@ -543,3 +543,59 @@ pub async fn until_indexed(conn: &mut redis::aio::MultiplexedConnection, index: 
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A loopback TCP forwarder to 127.0.0.1:`target` that holds every chunk the
+/// server sends for `delay` before passing it on: a slow network path to
+/// one client (what it sends goes through at once).
+pub struct SlowLink {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SlowLink {
+    pub async fn start(target: u16, delay: Duration) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let port = listener.local_addr().expect("local addr").port();
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (mut in_r, mut in_w) = inbound.into_split();
+                    let (mut out_r, mut out_w) = outbound.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut in_r, &mut out_w).await;
+                    });
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = out_r.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        tokio::time::sleep(delay).await;
+                        if in_w.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    up.abort();
+                });
+            }
+        });
+        Self { port, task }
+    }
+
+    /// As the documented ACL user, like [`RedisServer::url`].
+    pub fn url(&self) -> String {
+        format!("redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for SlowLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

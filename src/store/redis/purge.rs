@@ -23,7 +23,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::error::StoreError;
-use super::purge_bus::{listen, Listener, PurgeHandler};
+use super::purge_bus::{frame, listen, Listener, PurgeHandler};
 use super::scripts::{millis, INDEX_GROUP, PURGE_GROUP};
 use super::store::RedisStore;
 use crate::key::CacheKey;
@@ -316,12 +316,34 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Tell every instance (this one too) to apply `payload` to its memory.
-    pub(crate) async fn publish_purge(&self, payload: &[u8]) -> Result<(), StoreError> {
+    /// Tell every instance (this one too) to apply `payload` to its memory,
+    /// and wait (at most [`ack_wait`](Self::ack_wait)) until each listener
+    /// that received it has acknowledged it. `Ok(true)`: every one did, so
+    /// no listening instance still holds a copy the notice names; `Ok(false)`:
+    /// some did not within the bound (slow, silent, or an older version
+    /// that does not acknowledge). See `purge_bus.rs`.
+    pub(crate) async fn publish_purge(&self, payload: &[u8]) -> Result<bool, StoreError> {
+        self.ensure_purge_listener();
+        let id: u64 = rand::random();
+        let acks = self.purge_bus.expect_acks(id);
         let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(self.purge_channel()).arg(payload);
-        let _: i64 = self.query("publish_purge", &cmd).await?;
-        Ok(())
+        cmd.arg(self.purge_channel()).arg(frame(id, payload));
+        let receivers: Result<i64, _> = self.query("publish_purge", &cmd).await;
+        let confirmed = match receivers {
+            Ok(n) => Ok(acks.wait(n.max(0) as usize, self.ack_wait()).await),
+            Err(e) => Err(e),
+        };
+        self.purge_bus.forget(id);
+        confirmed
+    }
+
+    /// How long a purge waits for the other instances' acknowledgements: a
+    /// few replies' worth.
+    fn ack_wait(&self) -> Duration {
+        self.options
+            .response_timeout
+            .saturating_mul(4)
+            .max(Duration::from_millis(100))
     }
 
     /// Install what applies purge notices here, and start listening.

@@ -19,14 +19,23 @@
 //! On Redis Cluster a `PUBLISH` reaches every node, so the listener may
 //! subscribe on any of them: it tries the seed URLs in turn, moving on when
 //! one fails or its connection is lost.
+//!
+//! Acknowledged purges: a notice is framed with an id (`@<16 hex>|notice`).
+//! Each listener applies it, then publishes the id on the ack channel
+//! (`{channel}:ack`, which every listener also hears). The purging instance
+//! counts the acks for its id until it has one per receiver `PUBLISH`
+//! reported, within a bound: then every listening instance has dropped its
+//! copies before the purge answers. On a cluster `PUBLISH` counts only the
+//! receivers on the node it ran on, so there the count is a lower bound.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use deadpool_redis::redis;
 use futures_util::{FutureExt, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// Applies a purge notice (raw payload) to this process.
 pub(crate) type PurgeHandler = Arc<dyn Fn(&[u8]) + Send + Sync>;
@@ -44,6 +53,62 @@ pub(crate) struct PurgeBus {
     /// A std `Mutex`: only cloned out or replaced, never held across `.await`.
     handler: Mutex<Option<PurgeHandler>>,
     pub(super) started: AtomicBool,
+    /// This process's purges waiting for acknowledgements, by id. Entries
+    /// live only while their purge waits (bounded), so the map holds at most
+    /// the purges running now. A std `Mutex`, never held across `.await`.
+    pending: Mutex<HashMap<u64, Arc<Acks>>>,
+}
+
+/// The acknowledgements one purge has received.
+#[derive(Debug, Default)]
+pub(crate) struct Acks {
+    count: AtomicUsize,
+    arrived: Notify,
+}
+
+impl Acks {
+    /// Wait until `want` acks arrived, at most `bound`: whether they did.
+    pub(crate) async fn wait(&self, want: usize, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let arrived = self.arrived.notified();
+            if self.count.load(Ordering::Acquire) >= want {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return self.count.load(Ordering::Acquire) >= want;
+            }
+        }
+    }
+}
+
+/// A notice framed with the id its acks carry: `@<16 hex>|payload`.
+pub(crate) fn frame(id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = format!("@{id:016x}|").into_bytes();
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The id and the notice of a framed payload; an unframed one (an older
+/// instance's) has no id.
+fn unframe(payload: &[u8]) -> (Option<u64>, &[u8]) {
+    match payload {
+        [b'@', rest @ ..] if rest.len() >= 17 && rest[16] == b'|' => {
+            match std::str::from_utf8(&rest[..16])
+                .ok()
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                Some(id) => (Some(id), &rest[17..]),
+                None => (None, payload),
+            }
+        }
+        _ => (None, payload),
+    }
+}
+
+/// The ack channel of a purge channel.
+pub(crate) fn ack_channel(channel: &str) -> String {
+    format!("{channel}:ack")
 }
 
 impl std::fmt::Debug for PurgeBus {
@@ -57,6 +122,43 @@ impl std::fmt::Debug for PurgeBus {
 impl PurgeBus {
     pub(crate) fn set_handler(&self, handler: PurgeHandler) {
         *self.handler.lock().unwrap_or_else(PoisonError::into_inner) = Some(handler);
+    }
+
+    /// Start counting the acks for purge `id` (until [`forget`](Self::forget)).
+    pub(crate) fn expect_acks(&self, id: u64) -> Arc<Acks> {
+        let acks = Arc::new(Acks::default());
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, Arc::clone(&acks));
+        acks
+    }
+
+    pub(crate) fn forget(&self, id: u64) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// An ack heard on the ack channel (any instance's, for any purge).
+    fn acked(&self, payload: &[u8]) {
+        let Some(id) = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        else {
+            return;
+        };
+        let acks = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+            .cloned();
+        if let Some(a) = acks {
+            a.count.fetch_add(1, Ordering::AcqRel);
+            a.arrived.notify_waiters();
+        }
     }
 
     fn apply(&self, payload: &[u8]) {
@@ -98,6 +200,7 @@ pub(super) async fn listen(
     if clients.is_empty() {
         return;
     }
+    let acks = ack_channel(&channel);
     let mut backoff = Duration::from_millis(100);
     let mut seed = 0;
     // Notices may have gone by unheard: not subscribed yet since a loss.
@@ -108,13 +211,13 @@ pub(super) async fn listen(
     loop {
         let mut renewed = false;
         let client = &clients[seed];
-        let subscribed = subscribe(client, &channel, connect_timeout).await;
+        let subscribed = subscribe(client, [&channel, &acks], connect_timeout).await;
         if let Some((_, old)) = previous.take() {
             if subscribed.is_none() {
                 deaf = true;
             }
             // What came on the old one while the new one subscribed.
-            drain(old, &bus);
+            drain(old, &bus, &acks);
         }
         match subscribed {
             Some((mut sink, mut messages)) => {
@@ -127,13 +230,14 @@ pub(super) async fn listen(
                 }
                 let mut ping = tokio::time::interval(PING_EVERY);
                 ping.reset();
+                let mut acker: Option<redis::aio::MultiplexedConnection> = None;
                 loop {
                     tokio::select! {
                         msg = messages.next() => match (msg, bus.upgrade()) {
                             (Some(m), Some(b)) => {
-                                let payload = m.get_payload_bytes();
-                                if payload != MISSED {
-                                    b.apply(payload);
+                                if let Some(id) = handle(&b, &m, &acks) {
+                                    drop(b);
+                                    ack(client, &mut acker, &acks, id, (connect_timeout, response_timeout)).await;
                                 }
                             }
                             (Some(_), None) => return,
@@ -189,21 +293,59 @@ pub(super) async fn listen(
 /// A subscribed connection: the sink (for PING) and the messages.
 type Subscribed = (redis::aio::PubSubSink, redis::aio::PubSubStream);
 
-/// Apply the messages `old` received so far, then close it.
-fn drain(mut old: redis::aio::PubSubStream, bus: &Weak<PurgeBus>) {
-    let Some(b) = bus.upgrade() else { return };
-    while let Some(Some(m)) = old.next().now_or_never() {
-        let payload = m.get_payload_bytes();
-        if payload != MISSED {
-            b.apply(payload);
-        }
+/// Apply one message: a notice (whose id is returned, to acknowledge once
+/// applied) or an ack for a purge of this process.
+fn handle(bus: &PurgeBus, m: &redis::Msg, ack_channel: &str) -> Option<u64> {
+    let payload = m.get_payload_bytes();
+    if m.get_channel_name() == ack_channel {
+        bus.acked(payload);
+        return None;
+    }
+    let (id, notice) = unframe(payload);
+    if notice != MISSED {
+        bus.apply(notice);
+    }
+    id
+}
+
+/// Acknowledge notice `id` on the ack channel, on a connection of its own
+/// (kept; dropped when a publish fails), every step bounded. A lost ack
+/// only makes the purging instance wait out its bound.
+async fn ack(
+    client: &redis::Client,
+    conn: &mut Option<redis::aio::MultiplexedConnection>,
+    channel: &str,
+    id: u64,
+    (connect_timeout, response_timeout): (Duration, Duration),
+) {
+    if conn.is_none() {
+        let made =
+            tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection()).await;
+        *conn = made.ok().and_then(Result::ok);
+    }
+    let Some(c) = conn.as_mut() else { return };
+    let mut cmd = redis::cmd("PUBLISH");
+    cmd.arg(channel).arg(format!("{id:016x}"));
+    let sent = tokio::time::timeout(response_timeout, cmd.query_async::<i64>(c)).await;
+    if !matches!(sent, Ok(Ok(_))) {
+        *conn = None;
     }
 }
 
-/// A connection subscribed to `channel`, both steps bounded.
+/// Apply the messages `old` received so far, then close it. Notices taken
+/// here are not acknowledged (a move is rare; their purges wait out the
+/// bound).
+fn drain(mut old: redis::aio::PubSubStream, bus: &Weak<PurgeBus>, ack_channel: &str) {
+    let Some(b) = bus.upgrade() else { return };
+    while let Some(Some(m)) = old.next().now_or_never() {
+        handle(&b, &m, ack_channel);
+    }
+}
+
+/// A connection subscribed to `channels`, both steps bounded.
 async fn subscribe(
     client: &redis::Client,
-    channel: &str,
+    channels: [&str; 2],
     connect_timeout: Duration,
 ) -> Option<Subscribed> {
     let pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
@@ -211,7 +353,7 @@ async fn subscribe(
         .ok()?
         .ok()?;
     let (mut sink, stream) = pubsub.split();
-    tokio::time::timeout(connect_timeout, sink.subscribe(channel))
+    tokio::time::timeout(connect_timeout, sink.subscribe(&channels[..]))
         .await
         .ok()?
         .ok()?;

@@ -36,7 +36,10 @@
 //!   `Soft-Purge: 1` (Fastly's convention) either marks the entries stale
 //!   instead ([`CacheLayer::soft_purge_url`]): one refresh, everyone served
 //!   stale meanwhile, within the entry's stale window. The
-//!   answer says what happened: 200 when the purge is done everywhere, 503
+//!   answer says what happened: 200 when the purge is done everywhere (every
+//!   instance acknowledged dropping its copies), 202 when it is done in Redis
+//!   but some instance did not acknowledge in time (its copies end with its L1
+//!   lifetime), 503
 //!   when it is done on this instance only because Redis was unreachable
 //!   (retry it), 500 when it failed part-way or its outcome in Redis is
 //!   unknown (a timeout; retry it too).
@@ -532,14 +535,20 @@ enum PurgeAnswer {
     Wait(herdguard::PurgeHandle, &'static str, String),
 }
 
-/// The status of a purge that ran: 200 done everywhere, 503 done on this
-/// instance only (Redis unreachable), 500 failed part-way or unknown.
+/// The status of a purge that ran: 200 done everywhere, 202 done in Redis
+/// but not every instance confirmed dropping its copies (they go within
+/// their L1 lifetime), 503 done on this instance only (Redis unreachable),
+/// 500 failed part-way or unknown.
 fn purge_status(
     outcome: Result<herdguard::Purged, herdguard::PurgeError>,
     done: &str,
     what: &str,
 ) -> Response<ProxyBody> {
     match outcome {
+        Ok(herdguard::Purged::Unconfirmed) => status(
+            StatusCode::ACCEPTED,
+            &format!("{done} {what} in redis; not every instance confirmed it yet (their copies end with their L1 lifetime)"),
+        ),
         Ok(_) => status(StatusCode::OK, &format!("{done} {what}")),
         Err(e) if e.local_only() => status(
             StatusCode::SERVICE_UNAVAILABLE,
