@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis;
 use herdguard::{CacheKey, CacheLayer, RedisOptions, Redlock};
 use serde_json::Value as Json;
-use support::origin::{get_req, send, Origin};
+use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
 use tokio::time::Instant;
 
@@ -593,6 +593,96 @@ async fn purge_by_tag_removes_tagged_entries() {
         assert!(!exists(&server, &value_key(&cache.key_for(&get_req(path)))).await);
     }
     assert!(exists(&server, &value_key(&cache.key_for(&get_req("/c")))).await);
+}
+
+/// `purge --soft` by URL keeps the entry in Redis, stale from now on: an
+/// instance with no copy of its own is answered it stale (one refresh
+/// started), and another URL stays a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_purge_by_url_keeps_the_entry_stale() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=60, stale-while-revalidate=30")]);
+    let cache = layer(&server);
+    let app = origin.app(cache.clone());
+    for path in ["/item/1", "/item/2"] {
+        send(&app, get_req(path)).await;
+        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
+    }
+    let url = server.url();
+    let run = cli(&[
+        "purge",
+        "--soft",
+        "https://example.test/item/1",
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.starts_with("soft-purged every variant"),
+        "{}",
+        run.stdout
+    );
+    assert!(exists(&server, &value_key(&cache.key_for(&get_req("/item/1")))).await);
+    let other = origin.app(layer(&server));
+    let (_, h, _) = send(&other, get_req("/item/1")).await;
+    let status = cache_status(&h);
+    assert!(
+        status.contains("fwd=stale") && status.contains("detail=soft-purge"),
+        "{status}"
+    );
+    let (_, h, _) = send(&other, get_req("/item/2")).await;
+    assert!(
+        cache_status(&h).starts_with("herdguard; hit"),
+        "{}",
+        cache_status(&h)
+    );
+}
+
+/// `purge --soft --tag` marks only the tagged entries stale, and says so in its JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_purge_by_tag_marks_tagged_entries_stale() {
+    let server = RedisServer::start();
+    let swr = ("cache-control", "max-age=60, stale-while-revalidate=30");
+    let tagged = Origin::new(&[swr, ("surrogate-key", "sale")]);
+    let plain = Origin::new(&[swr]);
+    let cache = layer(&server);
+    let (ta, pa) = (tagged.app(cache.clone()), plain.app(cache.clone()));
+    for (app, path) in [(&ta, "/a"), (&pa, "/c")] {
+        send(app, get_req(path)).await;
+        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
+    }
+    let url = server.url();
+    let run = cli(&[
+        "--json",
+        "purge",
+        "--tag",
+        "sale",
+        "--soft",
+        "--redis",
+        &url,
+        "--namespace",
+        "cli",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["purged"]["tag"], "sale");
+    assert_eq!(run.json()["soft"], true);
+    let fresh = layer(&server);
+    let (_, h, _) = send(&tagged.app(fresh.clone()), get_req("/a")).await;
+    assert!(
+        cache_status(&h).contains("detail=soft-purge"),
+        "{}",
+        cache_status(&h)
+    );
+    let (_, h, _) = send(&plain.app(fresh), get_req("/c")).await;
+    assert!(
+        cache_status(&h).starts_with("herdguard; hit"),
+        "{}",
+        cache_status(&h)
+    );
 }
 
 /// A purge against a Redis that is down is exit 2 with the reason, within the timeout.

@@ -174,6 +174,28 @@ impl<V: Value> Engine<V> {
         }
     }
 
+    /// [`unless_purged`](Self::unless_purged) for a fill about to be
+    /// written to Redis, where the fences and purge stamps date it against
+    /// every soft purge that reached Redis, exactly (the local log only
+    /// knows when a soft purge's notice arrived here, which may be after a
+    /// refresh that leased once the entry was stale: refusing that refresh
+    /// ran a second one). Hard purges still count here: one that reached
+    /// only this process's memory holds against the fills running here.
+    #[cfg(feature = "redis")]
+    pub(super) fn unless_hard_purged(&self, key: CacheKey, fill: Fill<V>) -> Fill<V> {
+        match fill {
+            Fill::Store { value, .. }
+                if self
+                    .flights
+                    .hard_purged_during(&key, || value.purge_groups()) =>
+            {
+                tracing::debug!(key = %key.short(), "purged while filling: shared, not stored");
+                Fill::Share(value)
+            }
+            other => other,
+        }
+    }
+
     /// Insert into memory (under `key` and the copies kept in memory), then
     /// look at the purge log again: a purge that recorded itself between
     /// our check and our insert may have removed the key before we
@@ -207,6 +229,16 @@ impl<V: Value> Engine<V> {
             self.memory.remove(&key);
             for k in kept() {
                 self.memory.remove(&k);
+            }
+            // A copy kept aside from before is older still: were it left,
+            // the next request here would find no entry but that copy, and
+            // be answered it (stale after a soft purge) while a newer entry
+            // waits in Redis.
+            if let Some(retained) = &self.retained {
+                retained.remove(&key);
+                for k in kept() {
+                    retained.remove(&k);
+                }
             }
         }
     }

@@ -151,6 +151,25 @@ impl<V> Flights<V> {
         key: &CacheKey,
         groups: impl FnOnce() -> Vec<String>,
     ) -> bool {
+        self.purged_during_as(key, groups, false)
+    }
+
+    /// [`purged_during`](Self::purged_during), counting hard purges only.
+    #[cfg(feature = "redis")]
+    pub(crate) fn hard_purged_during(
+        &self,
+        key: &CacheKey,
+        groups: impl FnOnce() -> Vec<String>,
+    ) -> bool {
+        self.purged_during_as(key, groups, true)
+    }
+
+    fn purged_during_as(
+        &self,
+        key: &CacheKey,
+        groups: impl FnOnce() -> Vec<String>,
+        hard_only: bool,
+    ) -> bool {
         let started = self
             .map
             .lock()
@@ -158,11 +177,16 @@ impl<V> Flights<V> {
             .get(key)
             .map(|(_, _, _, generation)| *generation);
         started.is_some_and(|since| {
-            self.purges.purged_since(since, || {
+            let names = || {
                 let mut names = groups();
                 names.push(key_name(key));
                 names
-            })
+            };
+            if hard_only {
+                self.purges.hard_purged_since(since, names)
+            } else {
+                self.purges.purged_since(since, names)
+            }
         })
     }
 

@@ -105,4 +105,9 @@ impl<V: Value> Engine<V> {
     pub(crate) fn record_purge(&self, names: impl IntoIterator<Item = String>) {
         self.flights.purges.record(names);
     }
+
+    /// [`record_purge`](Self::record_purge) for a soft purge.
+    pub(crate) fn record_soft_purge(&self, names: impl IntoIterator<Item = String>) {
+        self.flights.purges.record_soft(names);
+    }
 }

@@ -33,8 +33,8 @@ pub(crate) struct PurgeLog {
 struct LogState {
     /// Purges recorded so far.
     generation: u64,
-    /// Each name's last purge.
-    by_name: HashMap<Box<str>, u64>,
+    /// Each name's last purge, and its last hard one (0: none remembered).
+    by_name: HashMap<Box<str>, (u64, u64)>,
     /// Oldest first, to forget in order.
     order: VecDeque<(u64, Box<str>)>,
     /// The newest generation forgotten.
@@ -48,19 +48,31 @@ impl PurgeLog {
 
     /// One purge of everything `names` names.
     pub(crate) fn record(&self, names: impl IntoIterator<Item = String>) {
+        self.record_as(names, true);
+    }
+
+    /// One soft purge of everything `names` names: it counts for
+    /// [`purged_since`](Self::purged_since), not for
+    /// [`hard_purged_since`](Self::hard_purged_since).
+    pub(crate) fn record_soft(&self, names: impl IntoIterator<Item = String>) {
+        self.record_as(names, false);
+    }
+
+    fn record_as(&self, names: impl IntoIterator<Item = String>, hard: bool) {
         let mut s = self.lock();
         s.generation += 1;
         let g = s.generation;
         for name in names {
             let name: Box<str> = name.into();
-            s.by_name.insert(name.clone(), g);
+            let last = s.by_name.entry(name.clone()).or_default();
+            *last = (g, if hard { g } else { last.1 });
             s.order.push_back((g, name));
         }
         while s.order.len() > KEEP {
             let Some((old, name)) = s.order.pop_front() else {
                 break;
             };
-            if s.by_name.get(&name) == Some(&old) {
+            if s.by_name.get(&name).is_some_and(|&(last, _)| last == old) {
                 s.by_name.remove(&name);
             }
             s.forgotten = s.forgotten.max(old);
@@ -70,6 +82,25 @@ impl PurgeLog {
     /// Whether a purge after generation `since` named any of `names` (asked
     /// for only when some purge happened since).
     pub(crate) fn purged_since(&self, since: u64, names: impl FnOnce() -> Vec<String>) -> bool {
+        self.purged_since_as(since, names, false)
+    }
+
+    /// [`purged_since`](Self::purged_since), counting hard purges only
+    /// (and, as there, every purge the log has forgotten).
+    pub(crate) fn hard_purged_since(
+        &self,
+        since: u64,
+        names: impl FnOnce() -> Vec<String>,
+    ) -> bool {
+        self.purged_since_as(since, names, true)
+    }
+
+    fn purged_since_as(
+        &self,
+        since: u64,
+        names: impl FnOnce() -> Vec<String>,
+        hard_only: bool,
+    ) -> bool {
         {
             let s = self.lock();
             if s.generation == since {
@@ -82,9 +113,11 @@ impl PurgeLog {
         let names = names();
         let s = self.lock();
         since < s.forgotten
-            || names
-                .iter()
-                .any(|n| s.by_name.get(n.as_str()).is_some_and(|&g| g > since))
+            || names.iter().any(|n| {
+                s.by_name
+                    .get(n.as_str())
+                    .is_some_and(|&(last, hard)| (if hard_only { hard } else { last }) > since)
+            })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -107,6 +140,24 @@ mod tests {
         assert!(log.purged_since(start, || vec!["key:x".into(), "url:a".into()]));
         assert!(!log.purged_since(start, || vec!["key:x".into(), "url:b".into()]));
         assert!(!log.purged_since(log.generation(), || vec!["url:a".into()]));
+    }
+
+    /// A soft purge counts for every flight's question but the hard-only
+    /// one; a hard purge after it counts for both.
+    #[test]
+    fn soft_purges_count_only_when_asked_for() {
+        let log = PurgeLog::default();
+        let start = log.generation();
+        log.record_soft(["url:a".to_owned()]);
+        let names = || vec!["url:a".into()];
+        assert!(log.purged_since(start, names));
+        assert!(!log.hard_purged_since(start, names));
+        let later = log.generation();
+        log.record(["url:a".to_owned()]);
+        log.record_soft(["url:a".to_owned()]);
+        assert!(log.hard_purged_since(start, names));
+        assert!(log.hard_purged_since(later, names));
+        assert!(!log.hard_purged_since(log.generation() - 1, names));
     }
 
     /// A flight older than what the log still remembers counts as purged.

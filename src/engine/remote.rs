@@ -505,7 +505,9 @@ impl<V: Value> Engine<V> {
         // can take it between our compute and our fill.
         let redlock = stopped.redlock;
         let fill = match result {
-            Ok(fill) => self.unless_purged(key, fill),
+            // Soft purges are dated by Redis (see `unless_hard_purged`); one
+            // heard here still counts if the answer ends up in memory only.
+            Ok(fill) => self.unless_hard_purged(key, fill),
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 // Release and wake waiters: the next request elects a new leader.
@@ -521,7 +523,7 @@ impl<V: Value> Engine<V> {
                 return Outcome::Failed(error);
             }
         };
-        let (fill, checked) = Self::index_before_write(remote, key, fill, asked).await;
+        let (fill, checked) = Self::index_before_write(remote, key, fill, asked, Some(fence)).await;
         let written = match (&fill, checked) {
             (_, Err(e)) => {
                 let _ = remote
@@ -575,6 +577,7 @@ impl<V: Value> Engine<V> {
             Err(e) => {
                 // Redis went away mid-flight: memory carries the entry.
                 tracing::debug!(key = %key.short(), error = %e, "fenced write failed; keeping the value in memory");
+                let fill = self.unless_purged(key, fill);
                 self.fill_memory(key, fill, fence.0, took, None)
             }
             Ok((w, meta)) => {
@@ -656,11 +659,15 @@ impl<V: Value> Engine<V> {
     /// The order matters: a purge either finds these keys in the index (and
     /// raises their fences) or stamped the group before we looked (and we
     /// store nothing), so it holds without its notice reaching us.
+    /// `leased`: the lease's fence token, when it was issued after `asked`
+    /// and before the computation (it dates the fill exactly on a single
+    /// server; see [`RedisStore::index_before_write`]).
     async fn index_before_write(
         remote: &Arc<RedisStore>,
         key: CacheKey,
         fill: Fill<V>,
         asked: Instant,
+        leased: Option<FenceToken>,
     ) -> (Fill<V>, Result<(), crate::store::redis::StoreError>) {
         let Fill::Store {
             value,
@@ -686,7 +693,7 @@ impl<V: Value> Engine<V> {
             .collect();
         let hard = shared_lifetime(&value, fresh_for, stale_for);
         match remote
-            .index_before_write(&members, &groups, hard, asked)
+            .index_before_write(&members, &groups, hard, asked, leased)
             .await
         {
             Ok(true) => {
@@ -853,7 +860,9 @@ impl<V: Value> Engine<V> {
             let Ok(fence) = remote.next_fence(&key).await else {
                 return;
             };
-            let (fill, checked) = Self::index_before_write(remote, key, fill, asked).await;
+            // Taken after the origin call, so it says nothing of when
+            // that started: the time rule alone decides.
+            let (fill, checked) = Self::index_before_write(remote, key, fill, asked, None).await;
             let Fill::Store {
                 value,
                 fresh_for,

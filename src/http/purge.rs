@@ -421,7 +421,11 @@ impl LayerState {
     /// Fills running here that it names then store nothing (see
     /// [`crate::purge_log`]): a soft purge beats an older fill as a purge does.
     fn purge_local(&self, target: PurgeTarget, mode: PurgeMode) {
-        self.engine.record_purge(target.names());
+        if mode == PurgeMode::Soft {
+            self.engine.record_soft_purge(target.names());
+        } else {
+            self.engine.record_purge(target.names());
+        }
         if mode == PurgeMode::Soft {
             // Marked in place, so a copy a running flight handed out is
             // stale for everyone who holds it too.

@@ -7,7 +7,7 @@
 //! herdguard inspect <url-or-key> [--raw] --redis URL [--namespace NS]
 //! herdguard locks <lock-key-or-resource> [--raw] --nodes URL,URL,... [--namespace NS]
 //! herdguard clock-skew --nodes URL,URL,... [--samples N] [--budget-ms MS]
-//! herdguard purge <url-or-key | --tag TAG> --redis URL [--namespace NS]
+//! herdguard purge <url-or-key | --tag TAG> [--soft] --redis URL [--namespace NS]
 //! herdguard proxy --upstream URL [--listen ADDR] [--admin ADDR] ...
 //! ```
 //!
@@ -142,7 +142,8 @@ enum Command {
         diagnostic: Diagnostic,
     },
     /// Delete entries from Redis through the layer's own purge path and tell
-    /// every instance to drop its memory copies.
+    /// every instance to drop its memory copies (with --soft: mark them
+    /// stale instead, so one refresh runs while they are served stale).
     #[command(group(ArgGroup::new("what").required(true).args(["target", "tag"])))]
     Purge {
         /// A URL (every stored variant of it) or a 32-hex cache key.
@@ -150,6 +151,12 @@ enum Command {
         /// Purge every entry tagged with this Surrogate-Key tag.
         #[arg(long)]
         tag: Option<String>,
+        /// Soft purge: keep the entries, stale from now on, on every
+        /// instance (as `CacheLayer::soft_purge_url` / `soft_purge_key` /
+        /// `soft_purge_tag`); entries that may not be served stale
+        /// (must-revalidate, no-cache, no stale window) are deleted.
+        #[arg(long)]
+        soft: bool,
         /// The Redis the layer uses.
         #[arg(long)]
         redis: String,
@@ -239,9 +246,17 @@ async fn run(command: Command, timeout: Duration) -> Result<Report, Failure> {
         Command::Purge {
             target,
             tag,
+            soft,
             redis,
             namespace,
             ..
-        } => purge::purge(target.as_deref(), tag, &redis, &namespace, timeout).await,
+        } => {
+            let what = purge::Target {
+                target: target.as_deref(),
+                tag,
+                soft,
+            };
+            purge::purge(what, &redis, &namespace, timeout).await
+        }
     }
 }

@@ -1,5 +1,7 @@
 //! `herdguard purge`: deletes entries through the library's own purge path
-//! (`herdguard::inspect::purge_and_wait`), never by deleting keys itself.
+//! (`herdguard::inspect::purge_and_wait`), never by deleting keys itself;
+//! `--soft` marks them stale through the layer's soft purge
+//! (`CacheLayer::soft_purge_key` / `soft_purge_tag`), awaited.
 
 use std::time::Duration;
 
@@ -12,13 +14,22 @@ use crate::conn::{bounded, check_namespace, connect};
 use crate::inspect::parse_url;
 use crate::report::{redact, redact_text, source_text, Failure, Report, Verdict};
 
+/// What to purge, and how.
+pub(crate) struct Target<'a> {
+    /// A URL or a cache key.
+    pub(crate) target: Option<&'a str>,
+    pub(crate) tag: Option<String>,
+    /// Mark stale instead of deleting.
+    pub(crate) soft: bool,
+}
+
 pub(crate) async fn purge(
-    target: Option<&str>,
-    tag: Option<String>,
+    what: Target<'_>,
     url: &str,
     namespace: &str,
     timeout: Duration,
 ) -> Result<Report, Failure> {
+    let Target { target, tag, soft } = what;
     check_namespace(namespace)?;
     let (what, described) = match (target, tag) {
         (_, Some(tag)) if tag.is_empty() || tag.contains(char::is_whitespace) => {
@@ -57,15 +68,22 @@ pub(crate) async fn purge(
         .map_err(|e| Failure(redact_text(&format!("{e}: {}", source_text(&e)))))?;
     // A purge is a handful of sequential calls, each bounded by `timeout`.
     let bound = timeout * 8;
-    match tokio::time::timeout(bound, inspect::purge_and_wait(&layer, what)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            return Err(Failure(format!(
-                "{} ({})",
-                redact_text(&e.to_string()),
-                redact(url)
-            )))
+    let done = async {
+        if !soft {
+            return inspect::purge_and_wait(&layer, what)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string());
         }
+        let handle = match what {
+            Purge::Key(key) => layer.soft_purge_key(&key),
+            Purge::Tag(tag) => layer.soft_purge_tag(&tag),
+        };
+        handle.await.map(|_| ()).map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(bound, done).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(Failure(format!("{} ({})", redact_text(&e), redact(url)))),
         Err(_) => {
             return Err(Failure(format!(
                 "purge at {} did not finish within {bound:?}",
@@ -73,26 +91,28 @@ pub(crate) async fn purge(
             )))
         }
     }
+    let done = if soft { "soft-purged" } else { "purged" };
     let text = match &described {
         d if d.get("tag").is_some() => format!(
-            "purged every entry tagged {} in {} namespace {namespace}; purge notice published\n",
+            "{done} every entry tagged {} in {} namespace {namespace}; purge notice published\n",
             d["tag"],
             redact(url)
         ),
         d if d.get("url").is_some() => format!(
-            "purged every variant of {} (url key {}) in {} namespace {namespace}; purge notice published\n",
+            "{done} every variant of {} (url key {}) in {} namespace {namespace}; purge notice published\n",
             d["url"],
             d["url_key"],
             redact(url)
         ),
         d => format!(
-            "purged key {} in {} namespace {namespace}; purge notice published\n",
+            "{done} key {} in {} namespace {namespace}; purge notice published\n",
             d["key"],
             redact(url)
         ),
     };
     let json = json!({
         "purged": described,
+        "soft": soft,
         "redis": redact(url),
         "namespace": namespace,
         "notice_published": true,

@@ -27,6 +27,7 @@ use super::purge_bus::{frame, listen, Listener, PurgeHandler};
 use super::scripts::{millis, INDEX_GROUP, PURGE_GROUP};
 use super::store::RedisStore;
 use crate::key::CacheKey;
+use crate::lock::FenceToken;
 
 /// Members purged per batch: each batch is a few round trips under the reply
 /// timeout, so a group of any size never blocks Redis or trips the breaker.
@@ -34,6 +35,22 @@ const PURGE_BATCH: usize = 256;
 
 /// How long an index lists an entry past the lifetime it was written with.
 const INDEX_MARGIN: Duration = Duration::from_secs(1);
+
+/// How far above a purge stamp (server clock, µs) a lease's fence token
+/// must be to count as issued after it on the same server: a token runs
+/// ahead of that clock only by the tokens of its key issued within one
+/// microsecond (one per script run, so by a few at most), and one issued
+/// in the stamp's own microsecond before it is one above.
+const STAMP_MARGIN_US: u64 = 1_000;
+
+/// How long a soft purge waits between stamping its group and marking the
+/// entries stale, on a single server: longer than [`STAMP_MARGIN_US`] by
+/// this process's clock, so the server's clock has passed it too, and every
+/// refresh that leases once an entry is stale holds a token above the
+/// stamp by more than the margin (see
+/// [`index_before_write`](RedisStore::index_before_write)). Measured on the
+/// real clock: under paused tokio time a timer would fire at once.
+const SOFT_PURGE_GAP: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl RedisStore {
     fn group_key(&self, group: &str) -> String {
@@ -67,13 +84,24 @@ impl RedisStore {
     ///
     /// The comparison is made on each group's own server clock: its time
     /// now, less the time this process saw pass since `asked` (measured
-    /// after the reply, so it is never less than what passed there).
+    /// after the reply, so it is never less than what passed there). That
+    /// errs on the safe side by the reply time, so a fill that asked just
+    /// after the stamp would count as older. `leased` settles it on a
+    /// single server: the fence token of the lease, issued there after
+    /// `asked` and before the computation started, is a reading of the
+    /// same clock the stamp was (see fence.lua), so a token more than
+    /// [`STAMP_MARGIN_US`] above the stamp was issued after it and the fill
+    /// is stored. A cluster keeps the index and the entry on different
+    /// nodes, whose clocks are not comparable: there, and for a fill whose
+    /// token was taken after its computation (`None`), the time rule alone
+    /// decides.
     pub(crate) async fn index_before_write(
         &self,
         members: &[CacheKey],
         groups: &[String],
         ttl: Duration,
         asked: Instant,
+        leased: Option<FenceToken>,
     ) -> Result<bool, StoreError> {
         // Past the entry's own expiry by a margin: it is written after this
         // call, so it outlives a member scored by its lifetime alone, and a
@@ -92,7 +120,10 @@ impl RedisStore {
                 let reply: Result<(i64, i64), _> = self.invoke("index", &inv).await;
                 reply.map(|(stamp, now)| {
                     let since = asked.elapsed().as_micros().min(i64::MAX as u128) as i64;
-                    stamp > 0 && stamp >= now.saturating_sub(since)
+                    let after = leased.filter(|_| !self.options.cluster).is_some_and(|t| {
+                        t.0 > (stamp.max(0) as u64).saturating_add(STAMP_MARGIN_US)
+                    });
+                    stamp > 0 && stamp >= now.saturating_sub(since) && !after
                 })
             }
         }))
@@ -172,7 +203,10 @@ impl RedisStore {
     /// The group is stamped first, as for [`purge_group`](Self::purge_group),
     /// so a fill that asked for its lease before stores nothing; a refresh
     /// that asks after the stamp (after the entry went stale) stores its
-    /// answer. Members stay in the index (their entries are still there,
+    /// answer. On a single server the entries are marked only
+    /// [`SOFT_PURGE_GAP`] after the stamp, so that refresh's token dates it
+    /// after the stamp beyond doubt: exactly one refresh runs. Members stay
+    /// in the index (their entries are still there,
     /// and a later purge must find them), so the walk is a `ZSCAN`: every
     /// member indexed for the whole walk is visited, whatever fills and
     /// trims do to the index meanwhile. `first` is not visited twice: a
@@ -198,6 +232,16 @@ impl RedisStore {
             }
         };
         let fail = |e| (e, false);
+        if !self.options.cluster {
+            let until = std::time::Instant::now() + SOFT_PURGE_GAP;
+            loop {
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left).await;
+            }
+        }
         if let Some(k) = first {
             self.soft_purge(k).await.map_err(fail)?;
         }
