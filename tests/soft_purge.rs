@@ -21,7 +21,7 @@ use bytes::Bytes;
 use deadpool_redis::redis;
 use herdguard::{CacheLayer, Purged, RedisOptions};
 use support::origin::{cache_status, req, send};
-use support::RedisServer;
+use support::{RedisServer, SlowLink};
 use tokio::sync::Semaphore;
 
 const NS: &str = "soft";
@@ -285,70 +285,6 @@ async fn right_after_a_soft_purge_exactly_one_refresh_lands() {
     }
 }
 
-/// A loopback forwarder to Redis that delays every reply by a fixed time
-/// (a pure delay line: replies keep their order and their rate), standing
-/// in for a loaded host where a reply waits before its task runs.
-struct SlowReplies {
-    port: u16,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl SlowReplies {
-    async fn start(target: u16, delay: Duration) -> Self {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let task = tokio::spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
-                    else {
-                        return;
-                    };
-                    let (mut client_rx, mut client_tx) = inbound.into_split();
-                    let (mut server_rx, mut server_tx) = outbound.into_split();
-                    let (line, mut due) =
-                        tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(1024);
-                    let up = tokio::io::copy(&mut client_rx, &mut server_tx);
-                    let read = async move {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        while let Ok(n @ 1..) = server_rx.read(&mut buf).await {
-                            let at = tokio::time::Instant::now() + delay;
-                            if line.send((at, buf[..n].to_vec())).await.is_err() {
-                                break;
-                            }
-                        }
-                    };
-                    let write = async move {
-                        while let Some((at, bytes)) = due.recv().await {
-                            tokio::time::sleep_until(at).await;
-                            if client_tx.write_all(&bytes).await.is_err() {
-                                break;
-                            }
-                        }
-                    };
-                    tokio::select! {
-                        _ = up => {}
-                        _ = async { tokio::join!(read, write) } => {}
-                    }
-                });
-            }
-        });
-        Self { port, task }
-    }
-
-    /// `url` (a URL of the server this forwards to) through this forwarder.
-    fn url(&self, url: &str, server_port: u16) -> String {
-        url.replace(&format!(":{server_port}"), &format!(":{}", self.port))
-    }
-}
-
-impl Drop for SlowReplies {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// A refresh that leases right after a soft purge and whose Redis replies
 /// are slow (30 ms each, on an instance with no copy of its own) is stored:
 /// its lease's fence token dates it after the purge's stamp, where the time
@@ -358,7 +294,7 @@ impl Drop for SlowReplies {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_with_slow_replies_is_dated_by_its_token() {
     let server = RedisServer::start();
-    let slow = SlowReplies::start(server.port(), Duration::from_millis(30)).await;
+    let slow = SlowLink::start(server.port(), Duration::from_millis(30)).await;
     let origin = Gated::holding_from(2, SWR);
     let purger = layer(server.url());
     let pa = origin.app(purger.clone());
@@ -369,7 +305,7 @@ async fn a_refresh_with_slow_replies_is_dated_by_its_token() {
         // aside; it reads Redis on every request.
         let reader = CacheLayer::builder()
             .redis(
-                RedisOptions::new(slow.url(&server.url(), server.port()))
+                RedisOptions::new(slow.url())
                     .namespace(NS)
                     .l1_ttl(Duration::ZERO),
             )

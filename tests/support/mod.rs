@@ -544,9 +544,10 @@ pub async fn until_indexed(conn: &mut redis::aio::MultiplexedConnection, index: 
     }
 }
 
-/// A loopback TCP forwarder to 127.0.0.1:`target` that holds every chunk the
-/// server sends for `delay` before passing it on: a slow network path to
-/// one client (what it sends goes through at once).
+/// A loopback TCP forwarder to 127.0.0.1:`target` that delays everything the
+/// server sends by `delay` (a pure delay line: replies keep their order and
+/// their rate; what the client sends goes through at once): a slow path to
+/// one client, or a loaded host where a reply waits before its task runs.
 pub struct SlowLink {
     port: u16,
     task: tokio::task::JoinHandle<()>,
@@ -566,22 +567,32 @@ impl SlowLink {
                     else {
                         return;
                     };
-                    let (mut in_r, mut in_w) = inbound.into_split();
-                    let (mut out_r, mut out_w) = outbound.into_split();
-                    let up = tokio::spawn(async move {
-                        let _ = tokio::io::copy(&mut in_r, &mut out_w).await;
-                    });
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(n) = out_r.read(&mut buf).await {
-                        if n == 0 {
-                            break;
+                    let (mut client_rx, mut client_tx) = inbound.into_split();
+                    let (mut server_rx, mut server_tx) = outbound.into_split();
+                    let (line, mut due) =
+                        tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(1024);
+                    let up = tokio::io::copy(&mut client_rx, &mut server_tx);
+                    let read = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n @ 1..) = server_rx.read(&mut buf).await {
+                            let at = tokio::time::Instant::now() + delay;
+                            if line.send((at, buf[..n].to_vec())).await.is_err() {
+                                break;
+                            }
                         }
-                        tokio::time::sleep(delay).await;
-                        if in_w.write_all(&buf[..n]).await.is_err() {
-                            break;
+                    };
+                    let write = async move {
+                        while let Some((at, bytes)) = due.recv().await {
+                            tokio::time::sleep_until(at).await;
+                            if client_tx.write_all(&bytes).await.is_err() {
+                                break;
+                            }
                         }
+                    };
+                    tokio::select! {
+                        _ = up => {}
+                        _ = async { tokio::join!(read, write) } => {}
                     }
-                    up.abort();
                 });
             }
         });
