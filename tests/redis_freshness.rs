@@ -164,3 +164,58 @@ async fn a_burst_at_the_end_of_freshness_shares_one_refresh() {
     send(&reader, get_req("/edge")).await;
     assert_eq!(origin.calls(), 3, "the fill, the warm-up and one refresh");
 }
+
+/// An instance without L1 (`l1_ttl` zero) whose own older copy (kept for revalidation) has gone stale, while Redis holds a newer fresh entry another instance stored: after the one stale answer that starts its refresh, it answers the newer entry, not its old copy again for the whole stale window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_l1_an_old_kept_copy_gives_way_to_the_newer_redis_entry() {
+    let server = RedisServer::start();
+    let origin = Origin::new(&[("cache-control", "max-age=2, stale-while-revalidate=30")]);
+    let no_l1 = CacheLayer::builder()
+        .redis(
+            RedisOptions::new(server.url())
+                .namespace("t")
+                .response_timeout(Duration::from_secs(2))
+                .l1_ttl(Duration::ZERO),
+        )
+        .build()
+        .unwrap();
+    let b = origin.app(no_l1);
+    let a = origin.app(layer(&server));
+    let (_, _, body) = send(&b, get_req("/k")).await;
+    assert!(body.starts_with(b"origin call=1 "));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reload = support::origin::req(
+        axum::http::Method::GET,
+        "/k",
+        &[("cache-control", "no-cache")],
+    );
+    let (_, _, body) = send(&a, reload).await;
+    assert!(body.starts_with(b"origin call=2 "));
+    // B's call=1 copy is stale now (age 2.5 s), call=2 in Redis fresh.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (_, h, body) = send(&b, get_req("/k")).await;
+    assert!(
+        body.starts_with(b"origin call=1 ") && cache_status(&h).contains("detail=stale"),
+        "the stale copy answers once, and starts the refresh: {}",
+        cache_status(&h)
+    );
+    // The refresh finds call=2 in Redis; from then on B answers it.
+    let start = tokio::time::Instant::now();
+    loop {
+        let (_, h, body) = send(&b, get_req("/k")).await;
+        if body.starts_with(b"origin call=2 ") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "B kept answering its old copy: {}",
+            cache_status(&h)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..3 {
+        let (_, _, body) = send(&b, get_req("/k")).await;
+        assert!(body.starts_with(b"origin call=2 "));
+    }
+    assert_eq!(origin.calls(), 2);
+}

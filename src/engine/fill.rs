@@ -157,6 +157,12 @@ impl<V: Value> Engine<V> {
         if !usable.is_zero() {
             self.insert_checked(key, &entry, &[], None);
         }
+        // A copy this process kept from an older fill of its own (for
+        // revalidation) gives way to the newer one Redis holds: with no L1
+        // copy in front of it, it would otherwise answer stale over it.
+        if let Some(retained) = &self.retained {
+            retained.replace_older(key, &entry, hard_left);
+        }
         entry
     }
 

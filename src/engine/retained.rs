@@ -99,6 +99,31 @@ impl<V: Value> RetainedStore<V> {
         self.cache.insert(key, Retained { entry, until });
     }
 
+    /// Replace the copy kept for `key`, if there is one and it was stored
+    /// no later than `entry` (a newer write read from the shared store), so
+    /// an older copy never answers stale over it. Kept for `left` from now.
+    #[cfg(feature = "redis")]
+    pub(crate) fn replace_older(&self, key: CacheKey, entry: &Arc<Stored<V>>, left: Duration) {
+        let Some(r) = self.cache.get(&key) else {
+            return;
+        };
+        if Arc::ptr_eq(&r.entry, entry) || r.entry.meta.stored_at_ms > entry.meta.stored_at_ms {
+            return;
+        }
+        if left.is_zero() {
+            self.cache.invalidate(&key);
+            return;
+        }
+        let until = Instant::now() + left;
+        self.cache.insert(
+            key,
+            Retained {
+                entry: Arc::clone(entry),
+                until,
+            },
+        );
+    }
+
     pub(crate) fn get(&self, key: &CacheKey) -> Option<Arc<Stored<V>>> {
         let r = self.cache.get(key)?;
         (Instant::now() < r.until).then_some(r.entry)
