@@ -587,6 +587,41 @@ async fn trusted_forwarded_headers_are_kept() {
     assert_eq!(line(&body, "xfp"), "https", "{body}");
 }
 
+/// The scheme the upstream is told is part of the key: an answer made for a trusted front's plain-HTTP request (`X-Forwarded-Proto: http`) is never served to its HTTPS requests, and each scheme's answer is still cached.
+#[tokio::test]
+async fn the_forwarded_scheme_is_keyed() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--trusted-proxies",
+        "127.0.0.0/8",
+    ])
+    .await;
+    let url = proxy.url("/echo-cached");
+    let (_, _, plain) = get(&url, &[("x-forwarded-proto", "http")]).await;
+    assert_eq!(line(&plain, "xfp"), "http", "{plain}");
+    let (_, _, tls) = get(&url, &[("x-forwarded-proto", "HTTPS")]).await;
+    assert_eq!(
+        line(&tls, "xfp"),
+        "https",
+        "the http answer was served over https: {tls}"
+    );
+    let (_, h, again) = get(&url, &[("x-forwarded-proto", "https")]).await;
+    assert_eq!(again, tls);
+    assert!(cache_status(&h).contains("hit"), "{h:?}");
+    // A value that is no scheme counts as this connection's own (http).
+    let (_, h, odd) = get(&url, &[("x-forwarded-proto", "gopher")]).await;
+    assert_eq!(odd, plain);
+    assert!(cache_status(&h).contains("hit"), "{h:?}");
+    assert_eq!(
+        seen.0.load(Ordering::SeqCst),
+        2,
+        "one upstream call per scheme"
+    );
+}
+
 /// From an untrusted peer, Forwarded is replaced by the proxy's own and every forwarding header the proxy does not set is removed.
 #[tokio::test]
 async fn untrusted_foreign_forwarding_headers_are_removed() {

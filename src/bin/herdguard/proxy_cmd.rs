@@ -333,7 +333,11 @@ impl ProxyArgs {
     }
 
     fn cache(&self) -> Result<CacheLayer, String> {
-        let mut builder = CacheLayer::builder();
+        // The scheme the upstream is told is part of the key (settled per
+        // request in `normalize`): an answer for plain HTTP (a redirect to
+        // HTTPS, http:// links) is never served to HTTPS clients.
+        let mut builder =
+            CacheLayer::builder().key_header(http::HeaderName::from_static("x-forwarded-proto"));
         if let Some(grace) = self.grace {
             builder = builder.grace(grace);
         }

@@ -93,6 +93,31 @@ pub(crate) fn strip_untrusted(headers: &mut HeaderMap) {
     }
 }
 
+/// Settle `X-Forwarded-Proto` before the cache keys the request (the proxy
+/// keys on it: an origin that redirects plain HTTP to HTTPS must not have
+/// that redirect served to HTTPS clients). A trusted peer's first value
+/// when it is `http` or `https`, else this connection's own scheme; no
+/// peer (a test calling the service): none.
+pub(crate) fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted: &[Cidr]) {
+    let Some(p) = peer else {
+        headers.remove("x-forwarded-proto");
+        return;
+    };
+    let theirs = is_trusted(Some(p), trusted)
+        .then(|| headers.get("x-forwarded-proto"))
+        .flatten()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(str::trim);
+    let scheme = match theirs {
+        Some(t) if t.eq_ignore_ascii_case("https") => "https",
+        Some(t) if t.eq_ignore_ascii_case("http") => "http",
+        _ if p.tls => "https",
+        _ => "http",
+    };
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
+}
+
 /// Set Forwarded, X-Forwarded-For and -Proto on an upstream request. A
 /// trusted peer's chains are extended and its proto kept; anyone else's
 /// are replaced, so a client cannot claim an address, a scheme or a host

@@ -428,9 +428,11 @@ fn normalize(
     let bad = |why| (StatusCode::BAD_REQUEST, why);
     let (mut parts, body) = req.into_parts();
     transfer_codings(&parts.headers)?;
-    if !forwarded::is_trusted(parts.extensions.get::<Peer>().copied(), trusted) {
+    let peer = parts.extensions.get::<Peer>().copied();
+    if !forwarded::is_trusted(peer, trusted) {
         forwarded::strip_untrusted(&mut parts.headers);
     }
+    forwarded::settle_proto(&mut parts.headers, peer, trusted);
     // Transfer-Encoding stays until the upstream request is built: it tells
     // the cache this GET carries a body (which then bypasses it).
     let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
