@@ -63,6 +63,25 @@ async fn insert_get_invalidate() {
     assert_eq!(cache.get(&key), None);
 }
 
+/// An `insert` with no freshness stores nothing and drops the older value: the next read computes instead of finding the old one.
+#[tokio::test]
+async fn an_insert_without_freshness_drops_the_older_value() {
+    let cache: Cache<String> = Cache::builder().build().unwrap();
+    let key = CacheKey::new("k");
+    cache.insert(&key, "old".into(), secs(60)).await;
+    cache
+        .insert(&key, "new".into(), Freshness::new(Duration::ZERO))
+        .await;
+    assert_eq!(cache.get(&key), None, "the older value stayed");
+    let found = cache
+        .get_or_compute(&key, secs(60), || async {
+            Ok::<_, std::io::Error>("computed".to_string())
+        })
+        .await
+        .unwrap();
+    assert_eq!(found.value, "computed");
+}
+
 /// A value inserted while an older computation runs is not replaced by it: the computation's callers get their value, later readers the inserted one.
 #[tokio::test(start_paused = true)]
 async fn insert_beats_a_computation_already_running() {

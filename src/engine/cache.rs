@@ -312,8 +312,17 @@ impl<V: Value> Cache<V> {
     /// computation of `key` already running when it is called stores
     /// nothing over it (its callers still get its value), as after
     /// [`invalidate`](Self::invalidate). A zero freshness and grace stores
-    /// nothing.
+    /// nothing and drops what was stored for `key` (as `invalidate` does):
+    /// the value given is the current one, so an older one must not stay.
     pub async fn insert(&self, key: &CacheKey, value: V, freshness: Freshness) {
+        if freshness
+            .fresh_for
+            .saturating_add(freshness.stale_for)
+            .is_zero()
+        {
+            self.invalidate(key);
+            return;
+        }
         let engine = &self.engine;
         // Fills that started before this value are older than it.
         engine.record_purge([key_name(key)]);
