@@ -537,6 +537,20 @@ fn read_command(input: &mut impl BufRead) -> Option<String> {
 
 // ---------------------------------------------------------------- purge
 
+/// Fill each `(app, path)` through `cache` and wait until its entry is in Redis.
+async fn fill(server: &RedisServer, cache: &CacheLayer, paths: &[(&axum::Router, &str)]) {
+    for (app, path) in paths {
+        send(app, get_req(path)).await;
+        until_stored(server, &value_key(&cache.key_for(&get_req(path)))).await;
+    }
+}
+
+/// `herdguard <args> --redis <server> --namespace cli`.
+async fn purge_cli(server: &RedisServer, args: &[&str]) -> Run {
+    let url = server.url();
+    cli(&[args, &["--redis", &url, "--namespace", "cli"]].concat()).await
+}
+
 /// Purging a URL removes its entry from Redis and leaves other URLs alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_by_url_removes_the_redis_entry() {
@@ -544,20 +558,8 @@ async fn purge_by_url_removes_the_redis_entry() {
     let origin = Origin::new(&[("cache-control", "max-age=60")]);
     let cache = layer(&server);
     let app = origin.app(cache.clone());
-    for path in ["/item/1", "/item/2"] {
-        send(&app, get_req(path)).await;
-        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
-    }
-    let url = server.url();
-    let run = cli(&[
-        "purge",
-        "https://example.test/item/1",
-        "--redis",
-        &url,
-        "--namespace",
-        "cli",
-    ])
-    .await;
+    fill(&server, &cache, &[(&app, "/item/1"), (&app, "/item/2")]).await;
+    let run = purge_cli(&server, &["purge", "https://example.test/item/1"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(!exists(&server, &value_key(&cache.key_for(&get_req("/item/1")))).await);
     assert!(exists(&server, &value_key(&cache.key_for(&get_req("/item/2")))).await);
@@ -571,22 +573,8 @@ async fn purge_by_tag_removes_tagged_entries() {
     let plain = Origin::new(&[("cache-control", "max-age=60")]);
     let cache = layer(&server);
     let (ta, pa) = (tagged.app(cache.clone()), plain.app(cache.clone()));
-    for (app, path) in [(&ta, "/a"), (&ta, "/b"), (&pa, "/c")] {
-        send(app, get_req(path)).await;
-        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
-    }
-    let url = server.url();
-    let run = cli(&[
-        "--json",
-        "purge",
-        "--tag",
-        "sale",
-        "--redis",
-        &url,
-        "--namespace",
-        "cli",
-    ])
-    .await;
+    fill(&server, &cache, &[(&ta, "/a"), (&ta, "/b"), (&pa, "/c")]).await;
+    let run = purge_cli(&server, &["--json", "purge", "--tag", "sale"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.json()["purged"]["tag"], "sale");
     for path in ["/a", "/b"] {
@@ -604,21 +592,8 @@ async fn soft_purge_by_url_keeps_the_entry_stale() {
     let origin = Origin::new(&[("cache-control", "max-age=60, stale-while-revalidate=30")]);
     let cache = layer(&server);
     let app = origin.app(cache.clone());
-    for path in ["/item/1", "/item/2"] {
-        send(&app, get_req(path)).await;
-        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
-    }
-    let url = server.url();
-    let run = cli(&[
-        "purge",
-        "--soft",
-        "https://example.test/item/1",
-        "--redis",
-        &url,
-        "--namespace",
-        "cli",
-    ])
-    .await;
+    fill(&server, &cache, &[(&app, "/item/1"), (&app, "/item/2")]).await;
+    let run = purge_cli(&server, &["purge", "--soft", "https://example.test/item/1"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
         run.stdout.starts_with("soft-purged every variant"),
@@ -650,23 +625,8 @@ async fn soft_purge_by_tag_marks_tagged_entries_stale() {
     let plain = Origin::new(&[swr]);
     let cache = layer(&server);
     let (ta, pa) = (tagged.app(cache.clone()), plain.app(cache.clone()));
-    for (app, path) in [(&ta, "/a"), (&pa, "/c")] {
-        send(app, get_req(path)).await;
-        until_stored(&server, &value_key(&cache.key_for(&get_req(path)))).await;
-    }
-    let url = server.url();
-    let run = cli(&[
-        "--json",
-        "purge",
-        "--tag",
-        "sale",
-        "--soft",
-        "--redis",
-        &url,
-        "--namespace",
-        "cli",
-    ])
-    .await;
+    fill(&server, &cache, &[(&ta, "/a"), (&pa, "/c")]).await;
+    let run = purge_cli(&server, &["--json", "purge", "--tag", "sale", "--soft"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.json()["purged"]["tag"], "sale");
     assert_eq!(run.json()["soft"], true);
