@@ -90,21 +90,9 @@ impl<V: Value> Engine<V> {
             // A full server (noeviction at maxmemory) takes no lease: serve
             // the stale copy it holds where allowed, and refresh here, one
             // origin call per instance, as when Redis is down.
-            let (found, full) = match found {
-                RemoteLookup::Full { bytes, hard_left } if !bytes.is_empty() => {
-                    let stale = RemoteLookup::Stale {
-                        bytes,
-                        hard_left,
-                        fence: None,
-                        holder: Bytes::new(),
-                    };
-                    (stale, true)
-                }
-                RemoteLookup::Full { .. } => {
-                    tracing::debug!(key = %key.short(), "redis is full: no lease; computing locally");
-                    return self.compute_locally(key, fut).await;
-                }
-                found => (found, false),
+            let Some((found, full)) = full_as_stale(found) else {
+                tracing::debug!(key = %key.short(), "redis is full: no lease; computing locally");
+                return self.compute_locally(key, fut).await;
             };
             match found {
                 RemoteLookup::Fresh {
@@ -156,46 +144,7 @@ impl<V: Value> Engine<V> {
                     fence,
                     holder,
                 } => {
-                    // How long Redis has held it stale: its keep time past
-                    // freshness less what is left. A soft purge cut its
-                    // freshness short, so this counts from the purge.
-                    let stale_since = kept_of(&bytes).saturating_sub(hard_left);
-                    let decoded = decode_entry::<V>(bytes);
-                    if let Err(e) = &decoded {
-                        super::envelope::report_corrupt(&key, e);
-                        self.counters.corrupt_entry();
-                    }
-                    // As for a fresh entry no index lists: neither served
-                    // nor kept aside, as if it were not there.
-                    let listed = match &decoded {
-                        Ok((_, value)) => remote.anchored(&key, &value.purge_groups()).await,
-                        Err(_) => true,
-                    };
-                    if !listed {
-                        tracing::debug!(key = %key.short(), "stale entry no longer indexed; refilled");
-                    }
-                    let decoded = decoded.ok().filter(|_| listed);
-                    // An entry stored without a stale window is never handed
-                    // out stale: Redis reports one so only in the last
-                    // millisecond of its freshness (PTTL rounds down to 0
-                    // while the key still exists). Handing it out sent every
-                    // request that then refused it to the origin on its own.
-                    // Past its stale grace, an entry kept only for
-                    // stale-if-error is not served either; it is kept aside
-                    // for this instance's origin call to revalidate, or to
-                    // stand in for an error. The grace counts from the end of
-                    // freshness by Redis's clock as well as by the entry's
-                    // own: after a soft purge, from the purge.
-                    let decoded = decoded.map(|(meta, value)| {
-                        let soft = cut_short(&meta, stale_since);
-                        let servable = !meta.stale_for.is_zero()
-                            && meta.elapsed() < meta.fresh_for.saturating_add(meta.stale_for)
-                            && stale_since < meta.stale_for;
-                        if !servable {
-                            self.keep_aside(key, &value, meta, hard_left, soft);
-                        }
-                        (meta, value, servable, soft)
-                    });
+                    let decoded = self.read_stale(remote, key, bytes, hard_left).await;
                     if full {
                         if let Some((meta, value, true, soft)) = decoded {
                             let entry = self.fill_l1_stale(key, value, meta, hard_left, soft);
@@ -910,6 +859,59 @@ pub(super) fn shared_lifetime<V: Value>(
 }
 
 impl<V: Value> Engine<V> {
+    /// Read a stale reply: the entry, whether it may be served stale, and
+    /// how long ago a soft purge made it stale (see [`cut_short`]); `None`
+    /// when it is corrupt or no purge index lists it any more. One that may
+    /// not be served is kept aside for the origin call to revalidate.
+    async fn read_stale(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        bytes: Bytes,
+        hard_left: Duration,
+    ) -> Option<(EntryMeta, V, bool, Option<Duration>)> {
+        // How long Redis has held it stale: its keep time past
+        // freshness less what is left. A soft purge cut its
+        // freshness short, so this counts from the purge.
+        let stale_since = kept_of(&bytes).saturating_sub(hard_left);
+        let decoded = decode_entry::<V>(bytes);
+        if let Err(e) = &decoded {
+            super::envelope::report_corrupt(&key, e);
+            self.counters.corrupt_entry();
+        }
+        // As for a fresh entry no index lists: neither served
+        // nor kept aside, as if it were not there.
+        let listed = match &decoded {
+            Ok((_, value)) => remote.anchored(&key, &value.purge_groups()).await,
+            Err(_) => true,
+        };
+        if !listed {
+            tracing::debug!(key = %key.short(), "stale entry no longer indexed; refilled");
+        }
+        let decoded = decoded.ok().filter(|_| listed);
+        // An entry stored without a stale window is never handed
+        // out stale: Redis reports one so only in the last
+        // millisecond of its freshness (PTTL rounds down to 0
+        // while the key still exists). Handing it out sent every
+        // request that then refused it to the origin on its own.
+        // Past its stale grace, an entry kept only for
+        // stale-if-error is not served either; it is kept aside
+        // for this instance's origin call to revalidate, or to
+        // stand in for an error. The grace counts from the end of
+        // freshness by Redis's clock as well as by the entry's
+        // own: after a soft purge, from the purge.
+        decoded.map(|(meta, value)| {
+            let soft = cut_short(&meta, stale_since);
+            let servable = !meta.stale_for.is_zero()
+                && meta.elapsed() < meta.fresh_for.saturating_add(meta.stale_for)
+                && stale_since < meta.stale_for;
+            if !servable {
+                self.keep_aside(key, &value, meta, hard_left, soft);
+            }
+            (meta, value, servable, soft)
+        })
+    }
+
     /// Keep an entry read from Redis that may not be served as it is aside
     /// (its user's retained copies), with its age: the origin call that
     /// follows revalidates it, and it stands in for an origin error where
@@ -953,6 +955,25 @@ impl<V: Value> Engine<V> {
 /// freshness, which it does anyway.)
 fn cut_short(meta: &EntryMeta, stale_since: Duration) -> Option<Duration> {
     (meta.elapsed() < meta.fresh_for).then_some(stale_since)
+}
+
+/// A full server's reply as the stale reply it stands for (no lease was
+/// taken, so it carries no fence), and whether it was one; `None` for a full
+/// server holding nothing. Any other reply as it is.
+fn full_as_stale(found: RemoteLookup) -> Option<(RemoteLookup, bool)> {
+    match found {
+        RemoteLookup::Full { bytes, hard_left } if !bytes.is_empty() => {
+            let stale = RemoteLookup::Stale {
+                bytes,
+                hard_left,
+                fence: None,
+                holder: Bytes::new(),
+            };
+            Some((stale, true))
+        }
+        RemoteLookup::Full { .. } => None,
+        found => Some((found, false)),
+    }
 }
 
 /// The source of an answer a fill notice brought: a hit, or for a forced

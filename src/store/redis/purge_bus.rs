@@ -228,38 +228,11 @@ pub(super) async fn listen(
                         None => return,
                     }
                 }
-                let mut ping = tokio::time::interval(PING_EVERY);
-                ping.reset();
-                let mut acker: Option<redis::aio::MultiplexedConnection> = None;
-                loop {
-                    tokio::select! {
-                        msg = messages.next() => match (msg, bus.upgrade()) {
-                            (Some(m), Some(b)) => {
-                                if let Some(id) = handle(&b, &m, &acks) {
-                                    drop(b);
-                                    ack(client, &mut acker, &acks, id, (connect_timeout, response_timeout)).await;
-                                }
-                            }
-                            (Some(_), None) => return,
-                            (None, _) => break,
-                        },
-                        _ = ping.tick() => {
-                            let alive = tokio::time::timeout(
-                                response_timeout,
-                                sink.ping::<redis::Value>(),
-                            )
-                            .await;
-                            if !matches!(alive, Ok(Ok(_))) {
-                                break;
-                            }
-                        }
-                        // The server was found demoted: reconnect, perhaps elsewhere.
-                        _ = renew.notified() => {
-                            renewed = true;
-                            break;
-                        }
-                        _ = shutdown.changed() => return,
-                    }
+                let link = (client, acks.as_str(), (connect_timeout, response_timeout));
+                match serve(&bus, &mut sink, &mut messages, link, &renew, &mut shutdown).await {
+                    Served::Ended => return,
+                    Served::Lost => {}
+                    Served::Renew => renewed = true,
                 }
                 if renewed {
                     previous = Some((sink, messages));
@@ -287,6 +260,56 @@ pub(super) async fn listen(
             _ = shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Why [`serve`] returned.
+enum Served {
+    /// The store is gone or shutting down: stop listening.
+    Ended,
+    /// The connection closed or did not answer its PING.
+    Lost,
+    /// Asked to move (the server was found demoted).
+    Renew,
+}
+
+/// Hear notices and acks on one subscribed connection, acknowledging each
+/// notice applied and PINGing it every [`PING_EVERY`], until it is lost,
+/// a move is asked for, or the listener must end. `link`: the client (for
+/// the ack connection), the ack channel, and the connect and reply bounds.
+async fn serve(
+    bus: &Weak<PurgeBus>,
+    sink: &mut redis::aio::PubSubSink,
+    messages: &mut redis::aio::PubSubStream,
+    (client, acks, timeouts): (&redis::Client, &str, (Duration, Duration)),
+    renew: &Notify,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Served {
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.reset();
+    let mut acker: Option<redis::aio::MultiplexedConnection> = None;
+    loop {
+        tokio::select! {
+            msg = messages.next() => match (msg, bus.upgrade()) {
+                (Some(m), Some(b)) => {
+                    if let Some(id) = handle(&b, &m, acks) {
+                        drop(b);
+                        ack(client, &mut acker, acks, id, timeouts).await;
+                    }
+                }
+                (Some(_), None) => return Served::Ended,
+                (None, _) => return Served::Lost,
+            },
+            _ = ping.tick() => {
+                let alive = tokio::time::timeout(timeouts.1, sink.ping::<redis::Value>()).await;
+                if !matches!(alive, Ok(Ok(_))) {
+                    return Served::Lost;
+                }
+            }
+            // The server was found demoted: reconnect, perhaps elsewhere.
+            _ = renew.notified() => return Served::Renew,
+            _ = shutdown.changed() => return Served::Ended,
+        }
     }
 }
 

@@ -118,10 +118,11 @@ pub(crate) fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted:
     headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
 }
 
-/// Set Forwarded, X-Forwarded-For and -Proto on an upstream request. A
-/// trusted peer's chains are extended and its proto kept; anyone else's
-/// are replaced, so a client cannot claim an address, a scheme or a host
-/// it does not have. `host` is the one the cache keyed.
+/// Set Forwarded and X-Forwarded-For on an upstream request (-Proto was
+/// settled before the cache keyed it: [`settle_proto`]). A trusted peer's
+/// chains are extended; anyone else's are replaced, so a client cannot
+/// claim an address, a scheme or a host it does not have. `host` is the one
+/// the cache keyed.
 pub(crate) fn apply(
     headers: &mut HeaderMap,
     peer: Option<Peer>,
@@ -132,25 +133,19 @@ pub(crate) fn apply(
         // Not from a connection we accepted (a test calling the service):
         // say nothing rather than something false.
         headers.remove("x-forwarded-for");
-        headers.remove("x-forwarded-proto");
         headers.remove("forwarded");
         return;
     };
     let ip = peer.addr.ip();
     let scheme = if peer.tls { "https" } else { "http" };
-    let proto = HeaderValue::from_static(scheme);
     let element = forwarded_element(ip, scheme, host);
     if is_trusted(Some(peer), trusted) {
         append_list(headers, "x-forwarded-for", &ip.to_string());
-        if !headers.contains_key("x-forwarded-proto") {
-            headers.insert("x-forwarded-proto", proto);
-        }
         append_list(headers, "forwarded", &element);
     } else {
         if let Ok(v) = HeaderValue::from_str(&ip.to_string()) {
             headers.insert("x-forwarded-for", v);
         }
-        headers.insert("x-forwarded-proto", proto);
         if let Ok(v) = HeaderValue::from_str(&element) {
             headers.insert("forwarded", v);
         }
