@@ -23,9 +23,30 @@ pub struct EntryKeyNames {
     pub value: String,
     /// `{ns}:{H}:lock`: the lease token.
     pub lock: String,
-    /// `{ns}:{H}:fence`: hash with `next` (last token issued) and `hw`
-    /// (highest write accepted, or raised by a purge).
+    /// `{ns}:{H}:fence`: the string `<next>:<hw>`, `next` the last token
+    /// issued and `hw` the highest write accepted, or raised by a purge
+    /// (empty when not known); see [`parse_fence`].
     pub fence: String,
+}
+
+/// The fence's `next` and `hw` from what its key holds; `(None, None)` for
+/// anything of another shape (an older release kept a hash there).
+///
+/// ```
+/// use herdguard::inspect::parse_fence;
+/// assert_eq!(parse_fence(b"17:12"), (Some(17), Some(12)));
+/// assert_eq!(parse_fence(b"17:"), (Some(17), None));
+/// assert_eq!(parse_fence(b"junk"), (None, None));
+/// ```
+pub fn parse_fence(stored: &[u8]) -> (Option<u64>, Option<u64>) {
+    let text = std::str::from_utf8(stored).unwrap_or("");
+    let Some((next, hw)) = text.split_once(':') else {
+        return (None, None);
+    };
+    match next.parse::<u64>() {
+        Ok(n) => (Some(n), hw.parse().ok()),
+        Err(_) => (None, None),
+    }
 }
 
 /// Whether the bytes stored in an entry's key are the hit-for-pass marker.

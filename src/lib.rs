@@ -62,9 +62,9 @@
 //! lapsed (GC pause, slow origin) cannot overwrite a newer value. Rejected
 //! writes are counted in [`Stats::fenced_rejections`]. A token is above the
 //! last one issued for the key, above its high-water mark (or, when the
-//! fence hash was lost, the stored entry's own token) and above the
+//! fence was lost, the stored entry's own token) and above the
 //! Redis server's clock in microseconds: it never repeats, not after a
-//! FLUSHALL, an evicted fence hash, a restart without persistence or a
+//! FLUSHALL, an evicted fence, a restart without persistence or a
 //! failover to a replica that missed the last tokens. (This assumes the
 //! server clock does not step back further than the time between two
 //! leases of a key.)

@@ -634,8 +634,9 @@ async fn soft_purge_by_tag_marks_tagged_entries_stale() {
     let (_, h, _) = send(&tagged.app(fresh.clone()), get_req("/a")).await;
     assert!(
         cache_status(&h).contains("detail=soft-purge"),
-        "{}",
-        cache_status(&h)
+        "{} {:?}",
+        cache_status(&h),
+        fresh.stats()
     );
     let (_, h, _) = send(&plain.app(fresh), get_req("/c")).await;
     assert!(

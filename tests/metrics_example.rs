@@ -186,11 +186,12 @@ async fn scraped_metrics_have_documented_names_and_labels() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     let fence = lock.replace(":lock", ":fence");
-    let _: i64 = redis::cmd("HSET")
+    let _: () = redis::cmd("SET")
         .arg(&fence)
-        .arg("hw")
-        // Above any token (a fresh counter starts from the clock in µs).
-        .arg("9000000000000000")
+        // `hw` above any token (a fresh counter starts from the clock in µs).
+        .arg("9000000000000000:9000000000000000")
+        .arg("PX")
+        .arg(60_000)
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -58,13 +58,13 @@ async fn group_index_members_expire_with_their_entries() {
     let app = origin.app(layer(&server, Duration::from_millis(250)));
     let mut conn = server.connection().await;
     let index = tag_index("shelf");
-    // A member whose entry expired a second ago, as a write long ago left
+    // A member whose entry expired 5 s ago, as a write long ago left
     // it: the index kept on by a longer-lived member's expiry.
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     let now_ms = secs * 1000 + micros / 1000;
     let _: () = redis::cmd("ZADD")
         .arg(&index)
-        .arg(now_ms - 1000)
+        .arg(now_ms - 5000)
         .arg("0".repeat(32))
         .query_async(&mut conn)
         .await
@@ -254,7 +254,7 @@ async fn a_refill_trims_and_extends_the_index() {
     let now_ms = secs * 1000 + micros / 1000;
     let _: () = redis::cmd("ZADD")
         .arg(&index)
-        .arg(now_ms - 1000)
+        .arg(now_ms - 5000)
         .arg("0".repeat(32))
         .arg(now_ms + 30_000)
         .arg(&member)

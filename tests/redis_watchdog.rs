@@ -164,15 +164,20 @@ async fn a_lease_lost_mid_work_is_counted_once_as_expired_mid_work() {
         async move { send(&a, get_req("/lost")).await }
     });
     until_calls(&origin, 1).await;
-    // As after a failover that lost the lease and someone else took it.
-    let _: () = redis::cmd("SET")
+    // As after a failover that lost the lease and someone else took it: a
+    // lease is only ever taken with a token, so the fence's `next` moves on.
+    let fence = lock.replace(":lock", ":fence");
+    let script = "local n, h = string.match(redis.call('GET', KEYS[2]), '^(%d+):(%d*)$') \
+        redis.call('SET', KEYS[2], string.format('%.0f', tonumber(n) + 1000) .. ':' .. h, 'KEEPTTL') \
+        return redis.call('SET', KEYS[1], 'intruder', 'PX', 30000)";
+    let _: () = redis::cmd("EVAL")
+        .arg(script)
+        .arg(2)
         .arg(&lock)
-        .arg("intruder")
-        .arg("PX")
-        .arg(30_000)
+        .arg(&fence)
         .query_async(&mut conn)
         .await
-        .expect("SET");
+        .expect("the lease taken over");
 
     let (code, _, body) = first.await.unwrap();
     assert_eq!(code, 200);

@@ -23,7 +23,9 @@ use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{FenceToken, LeaseToken};
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
-use crate::store::redis::{FillSubscription, RedisStore, RemoteLookup, Woken, WriteMode};
+use crate::store::redis::{
+    FillSubscription, GroupIndex, RedisStore, RemoteLookup, Woken, WriteMode,
+};
 
 /// What a wait for another instance's fill came to.
 enum Waited<V> {
@@ -472,7 +474,13 @@ impl<V: Value> Engine<V> {
                 return Outcome::Failed(error);
             }
         };
-        let (fill, checked) = Self::index_before_write(remote, key, fill, asked, Some(fence)).await;
+        // On a single server the groups are indexed inside the write.
+        let fold = remote.folds_index();
+        let (fill, checked) = if fold {
+            (fill, Ok(()))
+        } else {
+            Self::index_before_write(remote, key, fill, asked, Some(fence)).await
+        };
         let written = match (&fill, checked) {
             (_, Err(e)) => {
                 let _ = remote
@@ -485,7 +493,7 @@ impl<V: Value> Engine<V> {
                     value,
                     fresh_for,
                     stale_for,
-                    ..
+                    copies,
                 },
                 Ok(()),
             ) => {
@@ -497,8 +505,22 @@ impl<V: Value> Engine<V> {
                     fresh: *fresh_for,
                     hard,
                 };
+                let groups = if fold {
+                    value.purge_groups()
+                } else {
+                    Vec::new()
+                };
+                let members: Vec<CacheKey> = std::iter::once(key)
+                    .chain(copies.iter().map(|c| c.key))
+                    .collect();
+                let index = GroupIndex {
+                    members: &members,
+                    groups: &groups,
+                    ttl: hard,
+                    asked,
+                };
                 remote
-                    .write_and_release(&key, &token, fence, mode)
+                    .write_indexed_and_release(&key, &token, fence, mode, &index)
                     .await
                     .map(|w| (w, Some(meta)))
             }
@@ -533,7 +555,9 @@ impl<V: Value> Engine<V> {
                 if single && !w.released && !lost {
                     self.counters.lock_acquire("expired_mid_work");
                 }
-                if !w.accepted
+                if w.purged {
+                    tracing::debug!(key = %key.short(), "purged in redis while filling: shared, not stored");
+                } else if !w.accepted
                     && !w.kept
                     && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
                 {

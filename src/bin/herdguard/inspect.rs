@@ -79,20 +79,22 @@ pub(crate) async fn inspect_entry(
     pipe.cmd("PTTL").arg(&names.value);
     pipe.cmd("GET").arg(&names.lock);
     pipe.cmd("PTTL").arg(&names.lock);
-    pipe.cmd("HMGET")
-        .arg(&names.fence)
-        .arg("next")
-        .arg("hw")
-        .arg("rejected");
-    type Reply = (
-        Option<Vec<u8>>,
-        i64,
-        Option<Vec<u8>>,
-        i64,
-        (Option<u64>, Option<u64>, Option<u64>),
-    );
-    let (value, value_pttl, lock, lock_pttl, (next, hw, rejected)): Reply =
+    type Reply = (Option<Vec<u8>>, i64, Option<Vec<u8>>, i64);
+    let (value, value_pttl, lock, lock_pttl): Reply =
         bounded(url, timeout, pipe.query_async(&mut conn)).await?;
+    // A string; a value of another type (an older release kept a hash
+    // there) is an error here, shown as no fence.
+    let fence: Result<Option<Vec<u8>>, _> = tokio::time::timeout(
+        timeout,
+        redis::cmd("GET").arg(&names.fence).query_async(&mut conn),
+    )
+    .await
+    .map_err(|_| ())
+    .and_then(|r| r.map_err(|_| ()));
+    let (next, hw) = match fence {
+        Ok(Some(f)) => inspect::parse_fence(&f),
+        _ => (None, None),
+    };
 
     let mut problems = Vec::new();
     // The pass marker lives in the entry's key; its PTTL is what is left of it.
@@ -168,7 +170,7 @@ pub(crate) async fn inspect_entry(
             "token": lock_token,
             "pttl_ms": pttl_json(lock_pttl),
         },
-        "fence": { "next": next, "hw": hw, "rejected": rejected },
+        "fence": { "next": next, "hw": hw },
         "pass_left_ms": pttl_json(pass_pttl),
         "problems": problems,
     });
@@ -218,12 +220,7 @@ pub(crate) async fn inspect_entry(
     let num = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
     line(
         "fence",
-        format!(
-            "next {}, high-water {}, rejected writes {}",
-            num(next),
-            num(hw),
-            num(rejected)
-        ),
+        format!("next {}, high-water {}", num(next), num(hw)),
     );
     if pass_pttl > 0 {
         line(

@@ -1,10 +1,13 @@
--- KEYS, ARGV: none. Functions only, prepended to the scripts that issue fence
--- tokens (lookup_or_lease, fenced_write, purge_entry, next_fence); they pass
--- the fence hash key and the retention in.
--- The fence hash holds `next` (last token issued) and `hw` (highest token
--- accepted, or raised by a purge). Tokens are whole numbers below 2^53, exact
--- as Lua numbers; they are written back with %.0f, never tostring (which
--- would round them to 14 digits).
+-- KEYS, ARGV: none. Functions only, prepended to the scripts that issue or
+-- check fence tokens (lookup_or_lease, fenced_write, purge_entry,
+-- soft_purge_entry, next_fence); they pass the fence key and the retention in.
+-- The fence key is one string, `<next>:<hw>`: `next` the last token issued,
+-- `hw` the highest token accepted, or raised by a purge (empty when not
+-- known: then the entry's own token is the floor). One string, not a hash,
+-- so reading it is one GET and writing it with its expiry one SET PX.
+-- Tokens are whole numbers below 2^53, exact as Lua numbers; they are
+-- written back with %.0f, never tostring (which would round them to 14
+-- digits).
 
 -- Microseconds on the server clock.
 local function fence_clock()
@@ -28,41 +31,49 @@ local function entry_fence(cur, prefix, at, now_us)
   return 0
 end
 
+-- The fence of `fk`: next and hw (numbers, or nil where not known). A value
+-- of another type (an older release kept a hash here) or of another shape
+-- counts as none; the next write of the fence replaces it.
+local function read_fence(fk)
+  local s = redis.pcall('GET', fk)
+  if type(s) ~= 'string' then return nil, nil end
+  local n, h = string.match(s, '^(%d+):(%d*)$')
+  return tonumber(n), tonumber(h)
+end
+
+-- Write the fence with its expiry in one command.
+local function write_fence(fk, issued, hw, px)
+  local h = ''
+  if hw then h = string.format('%.0f', hw) end
+  redis.call('SET', fk, string.format('%.0f', issued) .. ':' .. h, 'PX', string.format('%.0f', px))
+end
+
 -- The next token: above the last issued, above `hw` and above the server
 -- clock in microseconds. Tokens therefore never repeat, not even after a
 -- failover to a replica that missed the last ones (its counter lags, the
--- clock does not), nor after the hash was lost (FLUSHALL, eviction, restart
+-- clock does not), nor after the fence was lost (FLUSHALL, eviction, restart
 -- without persistence); and tokens of different keys on one server compare
 -- by when they were issued, so a copy filed under a second key is fenced by
 -- the token of the fill that made it.
 -- `entry` (optional): what the caller read from the entry key, with `prefix`
--- and `at` to read its token. A hash without `hw` (new, or lost) then gets
+-- and `at` to read its token. A fence without `hw` (new, or lost) then gets
 -- the entry's token (0 for none) as `hw`, so the fenced write that follows
 -- needs no read of the entry. `raise`: `hw` becomes the new token (a purge).
--- One read, one write, and one PEXPIRE that never shortens the hash's life:
--- GT where the hash was there (every writer of it sets an expiry), a plain
--- one on a new hash (or one holding only a rejection count, which never
--- lives longer than the retention it was given).
-local function issue_fence(fk, retention_ms, entry, prefix, at, raise)
-  local got = redis.call('HMGET', fk, 'next', 'hw')
-  local issued, hw = tonumber(got[1]), tonumber(got[2])
+-- The fence is then kept for the retention: `keep` keeps a longer life it
+-- has (one PTTL more); without it (the lookup that leases, on the request
+-- path) the life may be cut to the retention, which is safe: a lost fence
+-- falls back to the entry's own token, the same `hw` a write recorded, and
+-- the retention outlives every lease that could still write.
+local function issue_fence(fk, retention_ms, entry, prefix, at, raise, keep)
+  local issued, hw = read_fence(fk)
   local now = fence_clock()
-  local had = issued or hw
   if not hw and entry ~= nil then hw = entry_fence(entry, prefix, at, now) end
   local f = math.max(issued or 0, hw or 0, now) + 1
   if raise then
     hw = f
   end
-  local token = string.format('%.0f', f)
-  if hw then
-    redis.call('HSET', fk, 'next', token, 'hw', string.format('%.0f', hw))
-  else
-    redis.call('HSET', fk, 'next', token)
-  end
-  if had then
-    redis.call('PEXPIRE', fk, retention_ms, 'GT')
-  else
-    redis.call('PEXPIRE', fk, retention_ms)
-  end
+  local px = retention_ms
+  if keep then px = math.max(px, redis.call('PTTL', fk)) end
+  write_fence(fk, f, hw, px)
   return f
 end

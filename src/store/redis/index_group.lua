@@ -23,6 +23,10 @@ end
 -- release writes): replaced, not an error on every fill of the group.
 local added = redis.pcall('ZADD', KEYS[1], unpack(members))
 if type(added) ~= 'number' then
+  -- Any other error (OOM on a full server) stops here, before any write: a
+  -- DEL first would let the script write on past the limit, with the
+  -- group's other members gone.
+  if not string.find(added.err or '', 'WRONGTYPE', 1, true) then error(added) end
   redis.call('DEL', KEYS[1])
   added = redis.call('ZADD', KEYS[1], unpack(members))
 end

@@ -9,17 +9,21 @@
 //!                 at byte 36: the stale window, or stale-if-error when longer);
 //!                 or the pass marker `HG\x04pass`, PX = pass TTL
 //! {ns}:{H}:lock   lease token, SET NX PX GET
-//! {ns}:{H}:fence  hash: `next` (last token issued), `hw` (highest accepted write or
-//!                 purge; a lease on a new or lost hash sets it to the stored
-//!                 entry's own token, 0 for none) and `rejected`
+//! {ns}:{H}:fence  string `<next>:<hw>`: the last token issued, and the highest
+//!                 accepted write or purge (a lease on a new or lost fence
+//!                 sets it to the stored entry's own token, 0 for none)
 //! ```
 //!
-//! A leader's cold fill is three scripts, 20 commands in all: the lookup
-//! that leases (`GET`, `SET NX GET`, and the token: `HMGET`, `TIME`, `HSET`,
-//! one `PEXPIRE`), the URL's purge index in its own slot (`TIME`, `ZADD`,
-//! `PEXPIRE NX`, the stamp's `GET`; one more script per tag), and the fenced
-//! write (`HGET hw`, `SET`, `HSET`, `PEXPIRE GT`, `GET`+`DEL` of the lease,
-//! `SPUBLISH`), each behind its `EVALSHA`.
+//! A leader's cold fill on a single server is two scripts, 15 commands in
+//! all: the lookup that leases (`GET` of the entry, `SET NX GET` of the
+//! lease, and the token: `GET` of the fence, `TIME`, `SET PX` of the fence)
+//! and the fenced write (`GET` of the fence, the URL's purge index: the
+//! stamp's `GET`, `ZADD`, `PEXPIRE NX`, then `SET` of the entry, `SET PX` of
+//! the fence, `DEL` of the lease while `next` is still its token, and
+//! `SPUBLISH`), each behind its `EVALSHA`; a tag adds 3 (its stamp, `ZADD`,
+//! `PEXPIRE NX`). On a cluster each purge index lives in a slot of its own,
+//! so it is recorded first by a script of its own (`TIME`, `ZADD`,
+//! `PEXPIRE NX`, the stamp's `GET`), per group.
 //!
 //! One key per entry, so eviction takes an entry whole. On a server that
 //! may evict (a `maxmemory` and a policy other than `noeviction`), an entry is
@@ -78,6 +82,7 @@ mod tls;
 pub(crate) use self::error::{redact_error, StoreError};
 pub(crate) use self::fills::{FillSubscription, Woken};
 pub use self::options::RedisOptions;
+pub(crate) use self::purge::GroupIndex;
 pub(crate) use self::purge_bus::MISSED as MISSED_NOTICES;
 pub(crate) use self::scripts::{RemoteLookup, WriteMode};
 pub(crate) use self::store::RedisStore;

@@ -12,7 +12,10 @@
 //! fenced write, reading the stamp in the same script: a fill either is in
 //! the index when the purge reads it (and the purge raises its fences) or
 //! sees the stamp (and stores nothing). So a purge holds against a first
-//! fill it could not yet find, without its notice.
+//! fill it could not yet find, without its notice. On a single server a
+//! leased fill does both inside its fenced write instead (see
+//! [`GroupIndex`]): one script, and the purge is either wholly before the
+//! write or wholly after it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -52,7 +55,44 @@ const STAMP_MARGIN_US: u64 = 1_000;
 /// real clock: under paused tokio time a timer would fire at once.
 const SOFT_PURGE_GAP: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// A leased fill's keys and purge groups, recorded in its fenced write (see
+/// [`RedisStore::write_indexed_and_release`]).
+#[derive(Debug)]
+pub(crate) struct GroupIndex<'a> {
+    /// The fill's own key and its copies'.
+    pub(crate) members: &'a [CacheKey],
+    /// The groups (URL, tags) to record them in.
+    pub(crate) groups: &'a [String],
+    /// The entry's lifetime in Redis.
+    pub(crate) ttl: Duration,
+    /// When the lease was asked for.
+    pub(crate) asked: Instant,
+}
+
+/// An index lists an entry this long past `ttl`, in milliseconds: it is
+/// scored before the entry is written, so a member must outlive its entry
+/// (see [`RedisStore::anchored`]).
+fn index_ttl_ms(ttl: Duration) -> u64 {
+    (ttl + INDEX_MARGIN).as_millis().clamp(1, u64::MAX as u128) as u64
+}
+
 impl RedisStore {
+    /// Add `index` to a fenced write's invocation: each group's index and
+    /// stamp keys after the write's own five, and the scoring and member
+    /// arguments after its own (see fenced_write.lua).
+    pub(super) fn fold_index(&self, inv: &mut redis::ScriptInvocation<'_>, index: &GroupIndex<'_>) {
+        for g in index.groups {
+            inv.key(self.group_key(g)).key(self.group_stamp_key(g));
+        }
+        let since = index.asked.elapsed().as_millis().min(u64::MAX as u128) as u64;
+        inv.arg(index_ttl_ms(index.ttl))
+            .arg(since)
+            .arg(STAMP_MARGIN_US);
+        for m in index.members {
+            inv.arg(m.to_hex());
+        }
+    }
+
     fn group_key(&self, group: &str) -> String {
         // Hashed: no request or tag text reaches a key name or picks a slot.
         format!(
@@ -107,7 +147,7 @@ impl RedisStore {
         // call, so it outlives a member scored by its lifetime alone, and a
         // member trimmed while its entry is still there would make the entry
         // unlisted (see `anchored`).
-        let ttl_ms = (ttl + INDEX_MARGIN).as_millis().clamp(1, u64::MAX as u128) as u64;
+        let ttl_ms = index_ttl_ms(ttl);
         let replies = join_all(groups.iter().map(|g| {
             let mut inv = INDEX_GROUP.prepare_invoke();
             inv.key(self.group_key(g))

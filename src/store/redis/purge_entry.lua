@@ -10,6 +10,5 @@
 -- at all (a POST's target that was never an entry) is left without a fence.
 local deleted = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 if deleted == 0 and redis.call('EXISTS', KEYS[4], KEYS[5]) == 0 then return 0 end
-local f = issue_fence(KEYS[4], tonumber(ARGV[1]))
-redis.call('HSET', KEYS[4], 'hw', string.format('%.0f', f))
-return f
+-- Raised, and kept at least the retention (a longer life it has stays).
+return issue_fence(KEYS[4], tonumber(ARGV[1]), nil, nil, nil, true, true)

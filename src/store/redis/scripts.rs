@@ -61,6 +61,9 @@ pub(crate) struct WriteOutcome {
     /// A pass marker was not set: the entry there is still fresh, and one
     /// answer never replaces a fresh entry with a marker.
     pub(crate) kept: bool,
+    /// Nothing was stored: a purge group folded into the write was purged
+    /// after the lease was taken.
+    pub(crate) purged: bool,
 }
 
 /// What a fenced write stores.

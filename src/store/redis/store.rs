@@ -15,6 +15,7 @@ use super::eviction::EvictionWatch;
 use super::fills::{run_subscriber, FillSource, FillSubscription, Fills};
 use super::keys::EntryKeys;
 use super::options::RedisOptions;
+use super::purge::GroupIndex;
 use super::purge_bus::PurgeBus;
 use super::scripts::{
     millis, parse_lookup, RemoteLookup, WriteMode, WriteOutcome, EXTEND, FENCED_WRITE_AND_RELEASE,
@@ -139,7 +140,31 @@ impl RedisStore {
         fence: FenceToken,
         mode: WriteMode<'_>,
     ) -> Result<WriteOutcome, StoreError> {
-        self.write(key, Some(token), fence, mode).await
+        self.write(key, Some(token), fence, mode, None).await
+    }
+
+    /// [`write_and_release`](Self::write_and_release) that also records the
+    /// fill's keys in its purge groups, in the same script, and stores
+    /// nothing (`purged`) when one of them was purged after the lease
+    /// `fence` was issued. Only where [`folds_index`](Self::folds_index);
+    /// elsewhere the groups are indexed first, by
+    /// [`index_before_write`](Self::index_before_write).
+    pub(crate) async fn write_indexed_and_release(
+        &self,
+        key: &CacheKey,
+        token: &LeaseToken,
+        fence: FenceToken,
+        mode: WriteMode<'_>,
+        index: &GroupIndex<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.write(key, Some(token), fence, mode, Some(index)).await
+    }
+
+    /// Whether a leased fill's purge groups are indexed inside its fenced
+    /// write: on a single server, where one script may name every key. A
+    /// cluster keeps each index in a slot of its own.
+    pub(crate) fn folds_index(&self) -> bool {
+        !self.options.cluster
     }
 
     /// [`write_and_release`](Self::write_and_release) for a write no lease
@@ -152,7 +177,7 @@ impl RedisStore {
         fence: FenceToken,
         mode: WriteMode<'_>,
     ) -> Result<WriteOutcome, StoreError> {
-        self.write(key, None, fence, mode).await
+        self.write(key, None, fence, mode, None).await
     }
 
     async fn write(
@@ -161,6 +186,7 @@ impl RedisStore {
         token: Option<&LeaseToken>,
         fence: FenceToken,
         mode: WriteMode<'_>,
+        index: Option<&GroupIndex<'_>>,
     ) -> Result<WriteOutcome, StoreError> {
         let k = self.keys(key);
         let mut carry = false;
@@ -192,7 +218,11 @@ impl RedisStore {
             .arg(pass)
             .arg(&self.entry_prefix[..])
             .arg(FENCE_OFFSET)
-            .arg(if carry { "1" } else { "0" });
+            .arg(if carry { "1" } else { "0" })
+            .arg(if self.lease_elsewhere { "0" } else { "1" });
+        if let Some(index) = index.filter(|i| !i.groups.is_empty()) {
+            self.fold_index(&mut inv, index);
+        }
         let (accepted, released): (i64, i64) = match self.invoke("write_and_release", &inv).await {
             Ok(reply) => reply,
             Err(e) => {
@@ -209,6 +239,7 @@ impl RedisStore {
             accepted: accepted == 1,
             released: released == 1,
             kept: accepted == 2,
+            purged: accepted == 3,
         })
     }
 
