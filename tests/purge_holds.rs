@@ -1,5 +1,5 @@
 //! A purge holds everywhere (issue 24): against fills its notice never
-//! reaches, Vary copies, a fence hash that is gone, a failover to a lagging
+//! reaches, Vary copies, a fence that is gone, a failover to a lagging
 //! replica, and copies made while Redis was down. Real redis-server
 //! processes; an instance that "never hears" purges runs as an ACL user that
 //! may not SUBSCRIBE, so only what Redis itself holds can stop it. Origins
@@ -316,7 +316,7 @@ async fn an_older_vary_fill_does_not_overwrite_a_newer_base_copy() {
     assert_eq!(origin.calls(), 3);
 }
 
-/// A key purge raises the fence when the fence hash is gone while a lease is held: the fill in flight, on an instance that never hears the purge, is refused in Redis.
+/// A key purge raises the fence when the fence is gone while a lease is held: the fill in flight, on an instance that never hears the purge, is refused in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_raises_a_lost_fence_under_a_held_lease() {
     let server = RedisServer::start();
@@ -355,11 +355,7 @@ async fn purge_raises_a_lost_fence_under_a_held_lease() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(
-        (gone, held),
-        (1, 1),
-        "the fence hash is gone, the lease held"
-    );
+    assert_eq!((gone, held), (1, 1), "the fence is gone, the lease held");
 
     let purger = layer(server.url());
     let purged = herdguard::inspect::purge_and_wait(&purger, herdguard::inspect::Purge::Key(key));
@@ -436,7 +432,7 @@ async fn copies_made_while_redis_is_down_live_at_most_l1_ttl() {
     assert_eq!(origin.calls(), 2);
 }
 
-/// A fence hash outlives its entry only by what a fill that leased before may still take (origin timeout + max wait + lease, 130 s by default), not by a day.
+/// A fence outlives its entry only by what a fill that leased before may still take (origin timeout + max wait + lease, 130 s by default), not by a day.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_hashes_outlive_their_entries_only_briefly() {
     let server = RedisServer::start();

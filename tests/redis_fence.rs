@@ -25,7 +25,7 @@ fn fence_key(key: &CacheKey) -> String {
     format!("{NS}:{{{}}}:fence", key.to_hex())
 }
 
-/// A new token never shortens the fence hash's life: after a write kept it for the value's lifetime, the next token leaves it that long.
+/// A new token never shortens the fence's life: after a write kept it for the value's lifetime, the next token leaves it that long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_token_never_shortens_the_fence_hash() {
     let server = RedisServer::start();
@@ -55,7 +55,7 @@ async fn a_new_token_never_shortens_the_fence_hash() {
     );
 }
 
-/// After the fence hash is lost, a lease on a stale entry gets a token above the entry's own, even one ahead of the server clock (as after a failover to a server whose clock is behind): the refresh's write lands instead of being refused until the clock catches up.
+/// After the fence is lost, a lease on a stale entry gets a token above the entry's own, even one ahead of the server clock (as after a failover to a server whose clock is behind): the refresh's write lands instead of being refused until the clock catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_fence_hash_restarts_above_the_entrys_token() {
     let server = RedisServer::start();
@@ -89,7 +89,7 @@ async fn a_lost_fence_hash_restarts_above_the_entrys_token() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(gone, 1, "the fence hash is lost");
+    assert_eq!(gone, 1, "the fence is lost");
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     // Another instance finds the entry stale, serves it, and refreshes it.
@@ -117,4 +117,47 @@ async fn a_lost_fence_hash_restarts_above_the_entrys_token() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A fence an older release left as a hash is no error: the lookup that
+/// leases reads it as no fence (the entry's own token is the floor), the
+/// fill is stored, and the fence is a string from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_releases_fence_hash_is_replaced() {
+    let server = RedisServer::start();
+    let key = CacheKey::new("old");
+    let fence = fence_key(&key);
+    let mut c = server.connection().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&fence)
+        .arg("next")
+        .arg(5)
+        .arg("hw")
+        .arg(5)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let fresh = Freshness::new(Duration::from_secs(60));
+    let cache = || -> Cache<String> { Cache::builder().redis(options(&server)).build().unwrap() };
+    let got = cache()
+        .get_or_compute(&key, fresh, || async {
+            Ok::<_, std::io::Error>("filled".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.value, "filled");
+    let kind: String = redis::cmd("TYPE")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(kind, "string", "the hash was replaced");
+    // Another instance is answered from Redis: the fill was stored.
+    let other = cache()
+        .get_or_compute(&key, fresh, || async {
+            Ok::<_, std::io::Error>("computed again".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(other.value, "filled");
 }

@@ -139,7 +139,7 @@ async fn flush_then_old_write_does_not_block_later_fills() {
     );
 }
 
-/// With the fence hash evicted after a newer write, an old leader's write is refused: the entry's own fence stands in for the lost mark.
+/// With the fence evicted after a newer write, an old leader's write is refused: the entry's own fence stands in for the lost mark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_fence_hash_keeps_the_newer_entry() {
     let server = RedisServer::start();

@@ -35,7 +35,7 @@ pub(crate) const STALE_OFFSET: usize = 20;
 /// entry's PTTL to tell fresh from stale, so this offset is part of the format.
 pub(crate) const KEPT_OFFSET: usize = 36;
 /// Where the fence token (u64 LE) sits: the fenced write reads it in Lua
-/// when the fence hash is gone, so this offset is part of the format.
+/// when the fence is gone, so this offset is part of the format.
 pub(crate) const FENCE_OFFSET: usize = 28;
 /// magic, version, flags, stored_at, fresh, stale, fence, kept, payload length, checksum.
 const HEADER_LEN: usize = 2 + 1 + 1 + 8 * 5 + 8 + 8;

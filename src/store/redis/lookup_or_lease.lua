@@ -20,7 +20,7 @@
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then v = false end
 local prefix = ARGV[5]
--- What v held, for the fence: a new or lost fence hash takes its `hw` from
+-- What v held, for the fence: a new or lost fence takes its `hw` from
 -- the entry's own token, so the fenced write need not read v again.
 local held = v
 local function fence()
