@@ -58,8 +58,8 @@ local function purged_since_lease()
   end
   return false
 end
--- Record the members in each folded group's index, as index_group.lua does.
-local function index_members()
+-- Record the members in each folded group's index (see index.lua).
+local function index_folded()
   local ttl = tonumber(ARGV[15])
   local leased_ms = math.floor(f / 1000)
   local score = leased_ms + tonumber(ARGV[16]) + ttl
@@ -69,22 +69,10 @@ local function index_members()
     members[#members + 1] = ARGV[i]
   end
   for g = 0, groups - 1 do
-    local ik = KEYS[6 + 2 * g]
-    local added = redis.pcall('ZADD', ik, unpack(members))
-    if type(added) ~= 'number' then
-      -- A key of another type is foreign: replaced. Any other error (OOM
-      -- on a full server) stops the script before its first write.
-      if not string.find(added.err or '', 'WRONGTYPE', 1, true) then error(added) end
-      redis.call('DEL', ik)
-      added = redis.call('ZADD', ik, unpack(members))
-    end
     -- Trimmed below the lease's time less a second: a token runs ahead of
     -- this clock only by the skew a failover brings (its `next` or `hw`
     -- from the old master's clock), and a live member must not be trimmed.
-    if added == 0 or redis.call('PEXPIRE', ik, ttl, 'NX') == 0 then
-      redis.call('ZREMRANGEBYSCORE', ik, '-inf', leased_ms - 1000)
-      redis.call('PEXPIRE', ik, ttl, 'GT')
-    end
+    index_members(KEYS[6 + 2 * g], members, ttl, leased_ms - 1000)
   end
 end
 local accepted = 0
@@ -93,7 +81,7 @@ if ARGV[3] ~= 'release' then
     if ARGV[3] == 'store' and groups > 0 and purged_since_lease() then
       accepted = 3
     elseif ARGV[3] == 'store' then
-      if groups > 0 then index_members() end
+      if groups > 0 then index_folded() end
       redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[6])
     elseif fresh_entry_held() then
       -- A pass marker never replaces a fresh entry: the answer that says

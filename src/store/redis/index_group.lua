@@ -19,24 +19,6 @@ for i = 2, #ARGV do
   members[#members + 1] = now + ttl
   members[#members + 1] = ARGV[i]
 end
--- A key of another type under the index's name is foreign (nothing this
--- release writes): replaced, not an error on every fill of the group.
-local added = redis.pcall('ZADD', KEYS[1], unpack(members))
-if type(added) ~= 'number' then
-  -- Any other error (OOM on a full server) stops here, before any write: a
-  -- DEL first would let the script write on past the limit, with the
-  -- group's other members gone.
-  if not string.find(added.err or '', 'WRONGTYPE', 1, true) then error(added) end
-  redis.call('DEL', KEYS[1])
-  added = redis.call('ZADD', KEYS[1], unpack(members))
-end
--- Kept as long as its longest-lived member. NX gives a new index (no
--- expiry yet) its own, and it holds nothing expired to trim; an older one
--- (certainly older when no member was new: a refill) is trimmed and only
--- ever extended (GT).
-if added == 0 or redis.call('PEXPIRE', KEYS[1], ttl, 'NX') == 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('PEXPIRE', KEYS[1], ttl, 'GT')
-end
+index_members(KEYS[1], members, ttl, now)
 local stamp = tonumber(redis.pcall('GET', KEYS[2])) or 0
 return {stamp, now_us}

@@ -95,6 +95,7 @@ pub(super) static LOOKUP_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
 pub(super) static FENCED_WRITE_AND_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("fence.lua"),
+        include_str!("index.lua"),
         include_str!("fenced_write.lua")
     ))
 });
@@ -139,8 +140,12 @@ pub(super) static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| {
 
 /// Records an entry's keys in a group index (purge by URL or tag) and says
 /// when the group was last purged.
-pub(super) static INDEX_GROUP: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("index_group.lua")));
+pub(super) static INDEX_GROUP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("index.lua"),
+        include_str!("index_group.lua")
+    ))
+});
 
 /// Stamps a group purged, then says how large its index is.
 pub(super) static PURGE_GROUP: LazyLock<Script> =
