@@ -5,6 +5,7 @@
 #![allow(dead_code, reason = "each bench binary uses a different part")]
 
 pub(crate) mod args;
+pub(crate) mod bare;
 pub(crate) mod big;
 pub(crate) mod chart;
 pub(crate) mod hit;
@@ -12,6 +13,7 @@ pub(crate) mod loadgen;
 pub(crate) mod origin;
 pub(crate) mod peers;
 pub(crate) mod redis;
+pub(crate) mod wrk;
 
 use std::time::Duration;
 

@@ -79,6 +79,19 @@ impl PeerProxy {
         origin: SocketAddr,
         lifetime: Duration,
     ) -> Result<Self, String> {
+        Self::start_logging(peer, origin, lifetime, false).await
+    }
+
+    /// [`PeerProxy::start`], with nginx writing its access log to a file
+    /// as its docs advise for load (`buffer=256k flush=1s`) when
+    /// `access_log` is set. (Varnish logs to shared memory, read only by
+    /// `varnishncsa`; nothing changes for it.)
+    pub(crate) async fn start_logging(
+        peer: Peer,
+        origin: SocketAddr,
+        lifetime: Duration,
+        access_log: bool,
+    ) -> Result<Self, String> {
         if !origin.ip().is_loopback() {
             return Err(format!("{origin} is not loopback"));
         }
@@ -96,21 +109,55 @@ impl PeerProxy {
         let port = free_port()?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let args = match peer {
-            Peer::Nginx => nginx_args(&dir, addr, origin)?,
+            Peer::Nginx => nginx_args(&dir, addr, origin, access_log)?,
             Peer::Varnish => varnish_args(&dir, addr, origin)?,
         };
+        Self::launch(peer.program().as_ref(), &args, dir, addr, lifetime).await
+    }
+
+    /// Start `herdguard proxy` (the binary at `bin`) in front of `origin`,
+    /// memory only, its access log written to a file in its temp dir.
+    pub(crate) async fn start_herdguard(
+        bin: &Path,
+        origin: SocketAddr,
+        lifetime: Duration,
+    ) -> Result<Self, String> {
+        let dir =
+            std::env::temp_dir().join(format!("herdguard-bench-proxy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let args = vec![
+            "proxy".to_owned(),
+            "--listen".into(),
+            addr.to_string(),
+            "--upstream".into(),
+            format!("http://{origin}"),
+            "--access-log".into(),
+            dir.join("access.log").display().to_string(),
+        ];
+        Self::launch(bin.as_os_str(), &args, dir, addr, lifetime).await
+    }
+
+    async fn launch(
+        program: &std::ffi::OsStr,
+        args: &[String],
+        dir: PathBuf,
+        addr: SocketAddr,
+        lifetime: Duration,
+    ) -> Result<Self, String> {
+        let name = Path::new(program).display().to_string();
         let log = std::fs::File::create(dir.join("stderr.log")).map_err(|e| e.to_string())?;
         // `timeout` bounds its life even if this process dies without dropping it.
         let child = Command::new("timeout")
             .args(["-s", "TERM", "-k", "5"])
             .arg(format!("{}s", lifetime.as_secs().max(1)))
-            .arg(peer.program())
-            .args(&args)
+            .arg(program)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("{}: {e}", peer.program()))?;
+            .map_err(|e| format!("{name}: {e}"))?;
         let mut proxy = Self { addr, child, dir };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -119,16 +166,11 @@ impl PeerProxy {
                 return Ok(proxy);
             }
             if let Ok(Some(status)) = proxy.child.try_wait() {
-                return Err(format!(
-                    "{} exited ({status}): {}",
-                    peer.program(),
-                    proxy.log_tail()
-                ));
+                return Err(format!("{name} exited ({status}): {}", proxy.log_tail()));
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "{} did not listen within 20 s: {}",
-                    peer.program(),
+                    "{name} did not listen within 20 s: {}",
                     proxy.log_tail()
                 ));
             }
@@ -183,9 +225,20 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, String> {
 /// key fills, the others wait for it), stale served while one request
 /// updates in the background (`proxy_cache_use_stale updating` +
 /// `proxy_cache_background_update`, what `stale-while-revalidate` asks for).
-/// Lock timeouts are nginx's defaults (5 s).
-fn nginx_args(dir: &Path, addr: SocketAddr, origin: SocketAddr) -> Result<Vec<String>, String> {
+/// Lock timeouts are nginx's defaults (5 s). With `access_log`, the
+/// combined format to a file, buffered as nginx's docs advise for load.
+fn nginx_args(
+    dir: &Path,
+    addr: SocketAddr,
+    origin: SocketAddr,
+    access_log: bool,
+) -> Result<Vec<String>, String> {
     let d = dir.display();
+    let access_log = if access_log {
+        format!("{d}/access.log combined buffer=256k flush=1s")
+    } else {
+        "off".to_owned()
+    };
     let conf = format!(
         r#"daemon off;
 master_process on;
@@ -195,7 +248,7 @@ error_log {d}/error.log warn;
 worker_rlimit_nofile 8192;
 events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    access_log {access_log};
     client_body_temp_path {d}/client_body;
     proxy_temp_path {d}/proxy_temp;
     fastcgi_temp_path {d}/fastcgi_temp;

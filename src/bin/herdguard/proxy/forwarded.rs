@@ -93,6 +93,9 @@ pub(crate) fn strip_untrusted(headers: &mut HeaderMap) {
     }
 }
 
+/// A name, not a string: a `&str` key is parsed on every use.
+const X_FORWARDED_PROTO: http::HeaderName = http::HeaderName::from_static("x-forwarded-proto");
+
 /// Settle `X-Forwarded-Proto` before the cache keys the request (the proxy
 /// keys on it: an origin that redirects plain HTTP to HTTPS must not have
 /// that redirect served to HTTPS clients). A trusted peer's first value
@@ -100,11 +103,11 @@ pub(crate) fn strip_untrusted(headers: &mut HeaderMap) {
 /// peer (a test calling the service): none.
 pub(crate) fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted: &[Cidr]) {
     let Some(p) = peer else {
-        headers.remove("x-forwarded-proto");
+        headers.remove(&X_FORWARDED_PROTO);
         return;
     };
     let theirs = is_trusted(Some(p), trusted)
-        .then(|| headers.get("x-forwarded-proto"))
+        .then(|| headers.get(&X_FORWARDED_PROTO))
         .flatten()
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(',').next())
@@ -115,7 +118,7 @@ pub(crate) fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted:
         _ if p.tls => "https",
         _ => "http",
     };
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
 }
 
 /// Set Forwarded and X-Forwarded-For on an upstream request (-Proto was
