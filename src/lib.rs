@@ -248,7 +248,9 @@
 //!     whole objects, so a stored partial could only come from an origin
 //!     that answered a plain GET with a 206, and combining partial entries
 //!     (RFC 9111 §3.4) would add a second kind of entry to every store and
-//!     to the fence rules for little gain.
+//!     to the fence rules for little gain. Such a 206 is the leading
+//!     request's answer alone and sets no pass marker: the URL stays
+//!     cacheable.
 //! - **Targeted cache control** (RFC 9213): a valid `CDN-Cache-Control`
 //!   (a Structured Fields Dictionary) replaces `Cache-Control` and
 //!   `Expires` for this cache, and a header of your own

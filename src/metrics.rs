@@ -122,7 +122,7 @@ fn not_stored_reason(policy_reason: &str) -> &'static str {
         "vary-star" => "vary-star",
         "authorization" => "authorization",
         // 206, 304, 1xx, and must-understand with a status we do not know.
-        "status" | "must-understand" => "status",
+        "status" | "must-understand" | "partial-content" => "status",
         _ => "other",
     }
 }
@@ -536,6 +536,7 @@ mod tests {
             ("authorization", "authorization"),
             ("must-understand", "status"),
             ("status", "status"),
+            ("partial-content", "status"),
             ("something-new", "other"),
         ] {
             assert_eq!(not_stored_reason(policy), label, "{policy}");

@@ -110,10 +110,13 @@ pub(crate) fn classify_response(
     if request_had_authorization && !(cc.public || cc.s_maxage.is_some() || cc.must_revalidate) {
         return ResponseVerdict::Pass("authorization");
     }
-    if status == StatusCode::PARTIAL_CONTENT
-        || status.is_informational()
-        || status == StatusCode::NOT_MODIFIED
-    {
+    // A 206 answers the request that got it (its range, or an origin
+    // that answered a whole-object fill with a part): never stored, and
+    // never a reason to stop caching the URL.
+    if status == StatusCode::PARTIAL_CONTENT {
+        return ResponseVerdict::Pass("partial-content");
+    }
+    if status.is_informational() || status == StatusCode::NOT_MODIFIED {
         return ResponseVerdict::Pass("status");
     }
     let validators =
@@ -234,7 +237,7 @@ pub(crate) fn shared_across_credentials(rules: &ResponseRules, headers: &HeaderM
 /// got the response (its credentials, a cookie set for it) rather than with
 /// the resource: then the stored entry stays and no pass marker is set.
 pub(crate) fn request_specific(reason: &str) -> bool {
-    matches!(reason, "set-cookie" | "authorization")
+    matches!(reason, "set-cookie" | "authorization" | "partial-content")
 }
 
 /// Statuses whose caching requirements this cache implements (for
