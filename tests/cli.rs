@@ -589,7 +589,11 @@ async fn purge_by_tag_removes_tagged_entries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_purge_by_url_keeps_the_entry_stale() {
     let server = RedisServer::start();
-    let origin = Origin::new(&[("cache-control", "max-age=60, stale-while-revalidate=30")]);
+    // A slow origin: the refresh the stale answer starts must not land
+    // before the request reads its flight, or it is answered fresh instead
+    // (correct, but not what this test looks at).
+    let origin = Origin::new(&[("cache-control", "max-age=60, stale-while-revalidate=30")])
+        .delay(Duration::from_millis(500));
     let cache = layer(&server);
     let app = origin.app(cache.clone());
     fill(&server, &cache, &[(&app, "/item/1"), (&app, "/item/2")]).await;
@@ -621,7 +625,9 @@ async fn soft_purge_by_url_keeps_the_entry_stale() {
 async fn soft_purge_by_tag_marks_tagged_entries_stale() {
     let server = RedisServer::start();
     let swr = ("cache-control", "max-age=60, stale-while-revalidate=30");
-    let tagged = Origin::new(&[swr, ("surrogate-key", "sale")]);
+    // Slow, as in the test above: the stale answer goes out before the
+    // refresh lands.
+    let tagged = Origin::new(&[swr, ("surrogate-key", "sale")]).delay(Duration::from_millis(500));
     let plain = Origin::new(&[swr]);
     let cache = layer(&server);
     let (ta, pa) = (tagged.app(cache.clone()), plain.app(cache.clone()));
