@@ -444,7 +444,9 @@ async fn a_must_revalidate_entry_is_purged_as_by_a_purge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_fill_does_not_land_fresh_after_a_soft_purge() {
     let server = RedisServer::start();
-    let origin = Gated::new(2, SWR);
+    // The reload (call 2) and the refresh (call 3) are each held: a refresh
+    // landing before its request reads the flight would answer it fresh.
+    let origin = Gated::holding_from(2, SWR);
     let deaf = server
         .acl_user("deaf", &["~*", "&*", "+@all", "-subscribe"])
         .await;
@@ -475,6 +477,7 @@ async fn an_older_fill_does_not_land_fresh_after_a_soft_purge() {
         "{}",
         cache_status(&h)
     );
+    origin.open();
     let status = until_body(&e, "/race", "call=3").await;
     assert!(status.contains("hit"), "{status}");
     assert_eq!(origin.calls(), 3);
