@@ -63,6 +63,7 @@ pub(crate) struct RequestScan {
     pub(crate) range: bool,
     /// `If-None-Match` or `If-Modified-Since`: it may get a 304.
     pub(crate) validators: bool,
+    pub(crate) authorization: bool,
 }
 
 impl RequestScan {
@@ -77,6 +78,7 @@ impl RequestScan {
             s.framing |= *name == header::TRANSFER_ENCODING || *name == header::CONTENT_LENGTH;
             s.range |= *name == header::RANGE;
             s.validators |= *name == header::IF_NONE_MATCH || *name == header::IF_MODIFIED_SINCE;
+            s.authorization |= *name == header::AUTHORIZATION;
         }
         s
     }

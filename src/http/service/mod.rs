@@ -219,7 +219,7 @@ impl<S> CacheService<S> {
 
         let head = req.method() == Method::HEAD;
         let (req, route_key) = state.route_key(req);
-        let target = state.target_for(&req, route_key);
+        let target = state.target_with(&req, route_key, scan.authorization);
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some("too-large"));
