@@ -20,8 +20,17 @@ use std::fmt;
 /// assert_ne!(a, b, "parts are length-prefixed, so they cannot run together");
 /// assert_eq!(a.to_hex().len(), 32);
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct CacheKey([u8; 16]);
+
+/// One 16-byte write, without the length prefix a derived `Hash` of an
+/// array adds: every L1 lookup hashes a key (with the map's own keyed
+/// SipHash), and the length is always 16.
+impl std::hash::Hash for CacheKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u128(u128::from_le_bytes(self.0));
+    }
+}
 
 impl CacheKey {
     /// The key of a single opaque string or byte string.

@@ -10,7 +10,8 @@ mod unkeyed;
 
 pub(crate) use freshness::{stale_if_error_allows, usability, StoredRules, Usable};
 pub(crate) use request::{
-    classify_request, invalidates, Forward, RequestDirectives, RequestVerdict,
+    classify_request, classify_scanned, invalidates, Forward, RequestDirectives, RequestScan,
+    RequestVerdict,
 };
 pub(crate) use storability::lacks_freshness;
 pub(crate) use storability::{

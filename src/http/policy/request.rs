@@ -48,26 +48,62 @@ pub(crate) struct RequestDirectives {
     pub(crate) only_if_cached: bool,
 }
 
+/// Which of the request header names the hit path asks about are present,
+/// found in one pass over the names (a request has few) instead of one
+/// hashed lookup per name asked about. Only presence: values are still read
+/// where a name is present.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RequestScan {
+    /// `Upgrade`, `If-Match` or `If-Unmodified-Since`: passed through.
+    pub(crate) bypass: bool,
+    pub(crate) cache_control: bool,
+    pub(crate) pragma: bool,
+    /// `Transfer-Encoding` or `Content-Length`: it may carry a body.
+    pub(crate) framing: bool,
+    pub(crate) range: bool,
+    /// `If-None-Match` or `If-Modified-Since`: it may get a 304.
+    pub(crate) validators: bool,
+    pub(crate) authorization: bool,
+}
+
+impl RequestScan {
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let mut s = Self::default();
+        for name in headers.keys() {
+            s.bypass |= *name == header::UPGRADE
+                || *name == header::IF_MATCH
+                || *name == header::IF_UNMODIFIED_SINCE;
+            s.cache_control |= *name == header::CACHE_CONTROL;
+            s.pragma |= *name == header::PRAGMA;
+            s.framing |= *name == header::TRANSFER_ENCODING || *name == header::CONTENT_LENGTH;
+            s.range |= *name == header::RANGE;
+            s.validators |= *name == header::IF_NONE_MATCH || *name == header::IF_MODIFIED_SINCE;
+            s.authorization |= *name == header::AUTHORIZATION;
+        }
+        s
+    }
+}
+
 pub(crate) fn classify_request(method: &Method, headers: &HeaderMap) -> RequestVerdict {
+    classify_scanned(method, headers, &RequestScan::of(headers))
+}
+
+/// [`classify_request`] with the names already scanned.
+pub(crate) fn classify_scanned(
+    method: &Method,
+    headers: &HeaderMap,
+    scan: &RequestScan,
+) -> RequestVerdict {
     if method != Method::GET && method != Method::HEAD {
         return RequestVerdict::Bypass(Forward::Method);
     }
     // Protocol upgrades are passed through untouched; If-Match and
     // If-Unmodified-Since are the origin's to evaluate (412). `Range` is
     // served from the cache (crate::http::range).
-    // One pass over the names (a request has few) instead of a lookup,
-    // with its hashing, for each name asked about.
-    let (mut has_cc, mut has_pragma) = (false, false);
-    for name in headers.keys() {
-        if *name == header::UPGRADE
-            || *name == header::IF_MATCH
-            || *name == header::IF_UNMODIFIED_SINCE
-        {
-            return RequestVerdict::Bypass(Forward::Request);
-        }
-        has_cc |= *name == header::CACHE_CONTROL;
-        has_pragma |= *name == header::PRAGMA;
+    if scan.bypass {
+        return RequestVerdict::Bypass(Forward::Request);
     }
+    let (has_cc, has_pragma) = (scan.cache_control, scan.pragma);
     let cc = if has_cc {
         CacheControl::parse(headers)
     } else {

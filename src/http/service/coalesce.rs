@@ -67,9 +67,11 @@ where
     let reload = wants == Wants::Refresh;
     let mut spare = spare_call(&inner, &req);
     let request_headers = req.headers().clone();
+    // Not on the hit path: the validators are looked up as before.
     let view = View {
         head,
         headers: &request_headers,
+        validators: true,
     };
     let mut fwd = if reload {
         Forward::Request

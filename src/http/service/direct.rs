@@ -101,9 +101,11 @@ where
     ResB: OriginBody,
 {
     let request_headers = req.headers().clone();
+    // Not on the hit path: the validators are looked up as before.
     let view = View {
         head,
         headers: &request_headers,
+        validators: true,
     };
     let (call, mut passthrough_rx, error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);

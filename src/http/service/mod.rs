@@ -37,7 +37,9 @@ use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::future::ResponseFuture;
-use crate::http::policy::{self, Forward, RequestDirectives, RequestForm, RequestVerdict, Usable};
+use crate::http::policy::{
+    self, Forward, RequestDirectives, RequestForm, RequestScan, RequestVerdict, Usable,
+};
 use crate::http::range::RangeRequest;
 use crate::http::request_body::RequestBody;
 use crate::http::state::{LayerState, ReloadMode};
@@ -142,8 +144,15 @@ where
         // At the one exit every answer passes, whatever path made it.
         let strip = self.state.http.strip_surrogate_key;
         let hide = !self.state.http.show_cache_status;
-        let range = RangeRequest::of(req.method(), req.headers());
-        self.route(req.map(RequestBody::new))
+        // One pass over the request's names; every later check of a name
+        // that is absent is then free.
+        let scan = RequestScan::of(req.headers());
+        let range = if scan.range {
+            RangeRequest::of(req.method(), req.headers())
+        } else {
+            None
+        };
+        self.route(req.map(RequestBody::new), &scan)
             .ranged(range)
             .strip_surrogate_key(strip)
             .hiding_cache_status(hide)
@@ -153,7 +162,11 @@ where
 
 impl<S> CacheService<S> {
     /// `call` but for the final header touch.
-    fn route<ReqB, ResB>(&mut self, req: Request<ReqB>) -> ResponseFuture<S::Future, ResB, S::Error>
+    fn route<ReqB, ResB>(
+        &mut self,
+        req: Request<ReqB>,
+        scan: &RequestScan,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
     where
         S: Origin<ReqB, ResB> + Clone,
         ReqB: Default + Send + 'static,
@@ -164,7 +177,7 @@ impl<S> CacheService<S> {
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = &self.state;
 
-        let rd = match policy::classify_request(req.method(), req.headers()) {
+        let rd = match policy::classify_scanned(req.method(), req.headers(), scan) {
             // Refusals of the stored response are dropped here, so the
             // request is served like any other.
             RequestVerdict::Cacheable(rd) if state.http.reload == ReloadMode::Ignore => {
@@ -187,7 +200,7 @@ impl<S> CacheService<S> {
         // A GET or HEAD with a body means something the key cannot see, and
         // a rebuilt request would drop the body but keep its framing: pass
         // it through untouched, body and all.
-        if has_body(req.headers()) {
+        if scan.framing && has_body(req.headers()) {
             state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some("request-body"));
             return ResponseFuture::bypass(inner.call(req), status, None);
@@ -206,8 +219,8 @@ impl<S> CacheService<S> {
 
         let head = req.method() == Method::HEAD;
         let (req, route_key) = state.route_key(req);
-        let target = state.target_for(&req, route_key);
-        if !rd.only_if_cached && state.range_to_origin(&req, &target.key) {
+        let target = state.target_with(&req, route_key, scan.authorization);
+        if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some("too-large"));
             return ResponseFuture::bypass(inner.call(req), status, None);
@@ -270,7 +283,7 @@ impl<S> CacheService<S> {
                                 == Usable::Fresh;
                         if fresh {
                             state.counters().record(Source::Hit);
-                            let view = View::of(&req, head);
+                            let view = View::scanned(&req, head, scan);
                             return ResponseFuture::ready(state.respond(&v, &view, Served::Hit));
                         }
                         Some(v)
@@ -353,7 +366,7 @@ impl<S> CacheService<S> {
         };
         let stored_age = entry.age();
         let age = entry.value.current_age(stored_age);
-        let view = View::of(&req, head);
+        let view = View::scanned(&req, head, scan);
         match policy::usability(&rd, entry.value.rules, age, state.http.rules.grace) {
             // The engine's own clock may end freshness earlier (an L1 bound
             // in front of a shared store): then ask the flight.

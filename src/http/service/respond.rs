@@ -9,7 +9,7 @@ use http::{Request, Response, StatusCode};
 use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::conditional;
-use crate::http::policy::{Forward, Usable};
+use crate::http::policy::{Forward, RequestScan, Usable};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::stream::{Stream, StreamReader};
@@ -24,13 +24,18 @@ use crate::http::cache_status::{age_value, CACHE_STATUS};
 pub(super) struct View<'a> {
     pub(super) head: bool,
     pub(super) headers: &'a HeaderMap,
+    /// Whether the request has a validator of its own (`If-None-Match`,
+    /// `If-Modified-Since`): without one it never gets a 304.
+    pub(super) validators: bool,
 }
 
 impl<'a> View<'a> {
-    pub(super) fn of<B>(req: &'a Request<B>, head: bool) -> Self {
+    /// The view of `req`, whose names were scanned once ([`RequestScan`]).
+    pub(super) fn scanned<B>(req: &'a Request<B>, head: bool, scan: &RequestScan) -> Self {
         Self {
             head,
             headers: req.headers(),
+            validators: scan.validators,
         }
     }
 }
@@ -193,7 +198,7 @@ impl LayerState {
         status: HeaderValue,
         age: Option<u64>,
     ) -> Response<CacheBody<B>> {
-        let mut response = if conditional::not_modified(view.headers, value) {
+        let mut response = if view.validators && conditional::not_modified(view.headers, value) {
             let mut r = Response::new(CacheBody::empty());
             *r.status_mut() = StatusCode::NOT_MODIFIED;
             *r.headers_mut() = conditional::not_modified_headers(&value.headers);

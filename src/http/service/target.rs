@@ -34,6 +34,18 @@ impl LayerState {
     /// A route's own key (`route_key`) takes the place of the URL parts;
     /// everything after them still applies.
     pub(crate) fn target_for<B>(&self, req: &Request<B>, route_key: Option<CacheKey>) -> Target {
+        let authorization = req.headers().contains_key(header::AUTHORIZATION);
+        self.target_with(req, route_key, authorization)
+    }
+
+    /// [`Self::target_for`] with Authorization's presence already known
+    /// (from the request's one scan of its names).
+    pub(crate) fn target_with<B>(
+        &self,
+        req: &Request<B>,
+        route_key: Option<CacheKey>,
+        authorization: bool,
+    ) -> Target {
         let mut h = KeyHasher::new();
         match route_key {
             Some(k) => h.part(b"route-base").part(k.as_bytes()),
@@ -45,7 +57,7 @@ impl LayerState {
                     .opt_part(uri.query().map(str::as_bytes))
             }
         }
-        .part(&[u8::from(req.headers().contains_key(header::AUTHORIZATION))]);
+        .part(&[u8::from(authorization)]);
         for name in &self.http.key_headers {
             let values = req.headers().get_all(name);
             // Counted, and each value length-prefixed: ["a,b"] and ["a", "b"]
