@@ -24,7 +24,8 @@ use crate::lock::{FenceToken, LeaseToken};
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
 use crate::store::redis::{
-    FillSubscription, GroupIndex, RedisStore, RemoteLookup, Woken, WriteMode,
+    FillSubscription, GroupIndex, RedisStore, RemoteLookup, StoreError, Woken, WriteMode,
+    WriteOutcome,
 };
 
 /// What a wait for another instance's fill came to.
@@ -474,70 +475,9 @@ impl<V: Value> Engine<V> {
                 return Outcome::Failed(error);
             }
         };
-        // On a single server the groups are indexed inside the write.
-        let fold = remote.folds_index();
-        let (fill, checked) = if fold {
-            (fill, Ok(()))
-        } else {
-            Self::index_before_write(remote, key, fill, asked, Some(fence)).await
-        };
-        let written = match (&fill, checked) {
-            (_, Err(e)) => {
-                let _ = remote
-                    .write_and_release(&key, &token, fence, WriteMode::Release)
-                    .await;
-                Err(e)
-            }
-            (
-                Fill::Store {
-                    value,
-                    fresh_for,
-                    stale_for,
-                    copies,
-                },
-                Ok(()),
-            ) => {
-                let meta = EntryMeta::now(*fresh_for, *stale_for, fence.0);
-                let hard = shared_lifetime(value, *fresh_for, *stale_for);
-                let bytes = encode_kept(&meta, value, hard.saturating_sub(*fresh_for));
-                let mode = WriteMode::Store {
-                    bytes: &bytes,
-                    fresh: *fresh_for,
-                    hard,
-                };
-                let groups = if fold {
-                    value.purge_groups()
-                } else {
-                    Vec::new()
-                };
-                let members: Vec<CacheKey> = std::iter::once(key)
-                    .chain(copies.iter().map(|c| c.key))
-                    .collect();
-                let index = GroupIndex {
-                    members: &members,
-                    groups: &groups,
-                    ttl: hard,
-                    asked,
-                };
-                remote
-                    .write_indexed_and_release(&key, &token, fence, mode, &index)
-                    .await
-                    .map(|w| (w, Some(meta)))
-            }
-            (Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered, Ok(())) => remote
-                .write_and_release(&key, &token, fence, WriteMode::Release)
-                .await
-                .map(|w| (w, None)),
-            (Fill::Pass(_), Ok(())) => {
-                let mode = WriteMode::Pass {
-                    ttl: self.config.pass_ttl,
-                };
-                remote
-                    .write_and_release(&key, &token, fence, mode)
-                    .await
-                    .map(|w| (w, None))
-            }
-        };
+        let (fill, written) = self
+            .write_lead(remote, key, &token, fence, asked, fill)
+            .await;
         if let Some((lock, lease)) = redlock {
             lock.release(lease).await;
         }
@@ -611,6 +551,90 @@ impl<V: Value> Engine<V> {
         }
     }
 
+    /// Write a leader's fill under its lease: record it in its purge groups
+    /// (inside the write on a single server, first on a cluster), store it,
+    /// a pass marker or nothing, and release the lease. Returns the fill (a
+    /// purge seen while indexing first makes it shared, unstored) and what
+    /// the write did, with the stored entry's meta.
+    async fn write_lead(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        token: &LeaseToken,
+        fence: FenceToken,
+        asked: Instant,
+        fill: Fill<V>,
+    ) -> (
+        Fill<V>,
+        Result<(WriteOutcome, Option<EntryMeta>), StoreError>,
+    ) {
+        // On a single server the groups are indexed inside the write.
+        let fold = remote.folds_index();
+        let (fill, checked) = if fold {
+            (fill, Ok(()))
+        } else {
+            Self::index_before_write(remote, key, fill, asked, Some(fence)).await
+        };
+        let written = match (&fill, checked) {
+            (_, Err(e)) => {
+                let _ = remote
+                    .write_and_release(&key, token, fence, WriteMode::Release)
+                    .await;
+                Err(e)
+            }
+            (
+                Fill::Store {
+                    value,
+                    fresh_for,
+                    stale_for,
+                    copies,
+                },
+                Ok(()),
+            ) => {
+                let meta = EntryMeta::now(*fresh_for, *stale_for, fence.0);
+                let hard = shared_lifetime(value, *fresh_for, *stale_for);
+                let bytes = encode_kept(&meta, value, hard.saturating_sub(*fresh_for));
+                let mode = WriteMode::Store {
+                    bytes: &bytes,
+                    fresh: *fresh_for,
+                    hard,
+                };
+                let groups = if fold {
+                    value.purge_groups()
+                } else {
+                    Vec::new()
+                };
+                let members: Vec<CacheKey> = std::iter::once(key)
+                    .chain(copies.iter().map(|c| c.key))
+                    .collect();
+                let index = GroupIndex {
+                    members: &members,
+                    groups: &groups,
+                    ttl: hard,
+                    asked,
+                };
+                remote
+                    .write_indexed_and_release(&key, token, fence, mode, &index)
+                    .await
+                    .map(|w| (w, Some(meta)))
+            }
+            (Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered, Ok(())) => remote
+                .write_and_release(&key, token, fence, WriteMode::Release)
+                .await
+                .map(|w| (w, None)),
+            (Fill::Pass(_), Ok(())) => {
+                let mode = WriteMode::Pass {
+                    ttl: self.config.pass_ttl,
+                };
+                remote
+                    .write_and_release(&key, token, fence, mode)
+                    .await
+                    .map(|w| (w, None))
+            }
+        };
+        (fill, written)
+    }
+
     /// The remote wait ran out: compute once for this process, store nothing.
     async fn compute_unshared(&self, fut: ComputeFuture<V>) -> Outcome<V> {
         self.counters.origin_call();
@@ -641,7 +665,7 @@ impl<V: Value> Engine<V> {
         fill: Fill<V>,
         asked: Instant,
         leased: Option<FenceToken>,
-    ) -> (Fill<V>, Result<(), crate::store::redis::StoreError>) {
+    ) -> (Fill<V>, Result<(), StoreError>) {
         let Fill::Store {
             value,
             fresh_for,
