@@ -2385,23 +2385,23 @@ const KNOWN_OTHER: &[(&str, &str)] = &[
     ),
     (
         "partial-store-partial-reuse-partial",
-        "optimal: a 206 is never stored; and it expects the client's Range forwarded on the miss, which the whole-object fill shared with plain GETs never does (issue 28)",
+        "optimal: a 206 is never stored (docs/operations.md, No partial entries); and it expects the client's Range forwarded on the miss, which the whole-object fill shared with plain GETs never does",
     ),
     (
         "partial-store-partial-reuse-partial-byterange",
-        "optimal: a 206 is never stored (issue 28)",
+        "optimal: a 206 is never stored; and its 5 bytes under `bytes 4-9/10` (6) give `234` for 6-8 only if counted from the front",
     ),
     (
         "partial-store-partial-reuse-partial-absent",
-        "optimal: a 206 is never stored (issue 28)",
+        "optimal: a 206 is never stored; and its 5 bytes under `bytes 4-9/10` (6) disagree with their label",
     ),
     (
         "partial-store-partial-reuse-partial-suffix",
-        "optimal: a 206 is never stored (issue 28)",
+        "optimal: a 206 is never stored; and its 5 bytes under `bytes 4-9/10` (6) give `4` for -1 only if counted from the back, against -byterange",
     ),
     (
         "partial-store-partial-complete",
-        "optimal: a 206 is never stored, so there is nothing to complete with `Range: bytes=5-` (issue 28)",
+        "optimal: a 206 is never stored (docs/operations.md, No partial entries), so there is nothing to complete with `Range: bytes=5-`",
     ),
     (
         "other-set-cookie",

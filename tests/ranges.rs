@@ -563,6 +563,36 @@ mod redis_instances {
         assert_eq!(origin.calls(), 1);
     }
 
+    /// On the instance that did not fill (its answers come from the entry in
+    /// Redis, not a copy of its own): a suffix range, an open range, an
+    /// `If-Range` mismatch and a range past the end each answer as RFC 9110
+    /// §14 says, and the origin is called once in all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ranges_from_the_entry_in_redis_on_another_instance() {
+        let server = RedisServer::start();
+        let origin = Origin::whole(BODY, Duration::ZERO);
+        let a = instance(&server, "rfc").layer(origin.service());
+        let b = instance(&server, "rfc").layer(origin.service());
+        assert_whole(&read(&a, get(&[])).await, BODY);
+
+        let suffix = read(&b, get(&[("range", "bytes=-4")])).await;
+        assert_part(&suffix, BODY, BODY.len() - 4, BODY.len() - 1);
+        assert!(
+            header(&suffix.1, "cache-status").contains("hit"),
+            "{:?}",
+            suffix.1
+        );
+        let open = read(&b, get(&[("range", "bytes=30-")])).await;
+        assert_part(&open, BODY, 30, BODY.len() - 1);
+        let mismatch = get(&[("range", "bytes=0-3"), ("if-range", "\"v0\"")]);
+        assert_whole(&read(&b, mismatch).await, BODY);
+        let (status, h, body) = read(&b, get(&[("range", "bytes=36-")])).await;
+        assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(header(&h, "content-range"), "bytes */36");
+        assert!(body.is_empty());
+        assert_eq!(origin.calls(), 1);
+    }
+
     /// The same the other way round: a plain GET leads on one instance, and a
     /// range request and a plain GET wait on the other: 1 call, exact bodies.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
