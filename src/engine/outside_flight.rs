@@ -15,6 +15,7 @@ use super::resolve::{spawn_detached, Engine};
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
+use crate::store::notice::{Notice, PurgeMode};
 
 /// When an origin call outside any flight started: what it stores is
 /// checked against the purges that came after.
@@ -80,11 +81,11 @@ impl<V: Value> Engine<V> {
             let remote = Arc::clone(remote);
             let key = *key;
             spawn_detached("purge", async move {
-                let notice = format!("k:{}", key.to_hex());
+                let notice = Notice::Key(key, PurgeMode::Hard).encode();
                 if let Err(e) = remote.purge(&key).await {
                     tracing::warn!(key = %key.short(), error = %e, "purge in redis failed");
                 }
-                let _ = remote.publish_purge(notice.as_bytes()).await;
+                let _ = remote.publish_purge(&notice).await;
             });
         }
     }

@@ -21,7 +21,8 @@ use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;
 use crate::metrics::{Counters, Source};
 use crate::store::memory::{MemoryStore, Probe, Stored};
-use crate::store::redis::{RedisStore, MISSED_NOTICES};
+use crate::store::notice::{Notice, PurgeMode};
+use crate::store::redis::RedisStore;
 
 /// The result of the miss path, for the caller to turn into an answer.
 #[derive(Debug)]
@@ -102,13 +103,15 @@ impl<V: Value> Engine<V> {
             // richer handler for URL and tag purges.)
             let (mem, fl) = (memory.clone(), Arc::clone(&flights));
             remote.set_purge_handler(Arc::new(move |payload: &[u8]| {
-                if payload == MISSED_NOTICES {
+                match Notice::parse(payload) {
                     // Purges may have gone by unheard: keep no copy from before.
-                    mem.purge_where(|_, _| true);
-                } else if let Some(key) = payload.strip_prefix(b"k:").and_then(CacheKey::from_hex) {
-                    fl.purges.record([key_name(&key)]);
-                    fl.purge_published(|k, _| *k == key);
-                    mem.purge(&key);
+                    Some(Notice::Missed) => mem.purge_where(|_, _| true),
+                    Some(Notice::Key(key, PurgeMode::Hard)) => {
+                        fl.purges.record([key_name(&key)]);
+                        fl.purge_published(|k, _| *k == key);
+                        mem.purge(&key);
+                    }
+                    _ => {}
                 }
             }));
         }

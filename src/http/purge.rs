@@ -22,7 +22,9 @@ use crate::error::StoreFailure;
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::key::CacheKey;
-use crate::store::redis::{redact_error, RedisStore, StoreError, MISSED_NOTICES};
+use crate::store::notice::Notice;
+pub(crate) use crate::store::notice::PurgeMode;
+use crate::store::redis::{redact_error, RedisStore, StoreError};
 
 /// What a purge removes. Plain data, so it can travel over pub/sub.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,40 +60,15 @@ impl PurgeTarget {
         }
     }
 
-    /// The notice other instances receive over pub/sub: `k:`/`t:` for a
-    /// purge, `sk:`/`st:` for a soft purge (an older version ignores those:
-    /// its copies then end with its L1 lifetime).
+    /// The notice other instances receive over pub/sub
+    /// ([`crate::store::notice`]).
     fn notice(&self, mode: PurgeMode) -> Vec<u8> {
-        let soft = match mode {
-            PurgeMode::Hard => "",
-            PurgeMode::Soft => "s",
-        };
         match self {
-            PurgeTarget::Key(k) => format!("{soft}k:{}", k.to_hex()).into_bytes(),
-            PurgeTarget::Tag(t) => format!("{soft}t:{t}").into_bytes(),
+            PurgeTarget::Key(k) => Notice::Key(*k, mode),
+            PurgeTarget::Tag(t) => Notice::Tag(t, mode),
         }
+        .encode()
     }
-
-    fn from_notice(payload: &[u8]) -> Option<(Self, PurgeMode)> {
-        let (payload, mode) = match payload.strip_prefix(b"s") {
-            Some(rest) => (rest, PurgeMode::Soft),
-            None => (payload, PurgeMode::Hard),
-        };
-        if let Some(hex) = payload.strip_prefix(b"k:") {
-            return CacheKey::from_hex(hex).map(|k| (PurgeTarget::Key(k), mode));
-        }
-        let tag = std::str::from_utf8(payload.strip_prefix(b"t:")?).ok()?;
-        Some((PurgeTarget::Tag(Box::from(tag)), mode))
-    }
-}
-
-/// What a purge does to the entries it names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PurgeMode {
-    /// Delete them everywhere.
-    Hard,
-    /// Keep them, stale from now on (see [`CacheLayer::soft_purge_url`](crate::CacheLayer::soft_purge_url)).
-    Soft,
 }
 
 /// What [`CacheLayer::purge_url`](crate::CacheLayer::purge_url) and
@@ -406,14 +383,15 @@ impl LayerState {
     /// Apply a purge notice published by any instance.
     pub(crate) fn apply_notice(&self, payload: &[u8]) {
         tracing::debug!(notice = %String::from_utf8_lossy(payload), "purge notice");
-        if payload == MISSED_NOTICES {
-            // Purges may have gone by unheard: keep no copy from before.
-            self.engine.purge_where(|_, _| true);
-            self.retained.purge_where(|_, _| true);
-            return;
-        }
-        if let Some((target, mode)) = PurgeTarget::from_notice(payload) {
-            self.purge_local(target, mode);
+        match Notice::parse(payload) {
+            Some(Notice::Missed) => {
+                // Purges may have gone by unheard: keep no copy from before.
+                self.engine.purge_where(|_, _| true);
+                self.retained.purge_where(|_, _| true);
+            }
+            Some(Notice::Key(k, mode)) => self.purge_local(PurgeTarget::Key(k), mode),
+            Some(Notice::Tag(t, mode)) => self.purge_local(PurgeTarget::Tag(Box::from(t)), mode),
+            None => {}
         }
     }
 

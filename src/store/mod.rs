@@ -3,6 +3,7 @@
 //! leases; they decide nothing about HTTP or freshness rules.
 
 pub(crate) mod memory;
+pub(crate) mod notice;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 // Same path as the real store, so its users need no cfg of their own.

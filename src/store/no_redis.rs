@@ -36,9 +36,6 @@ impl fmt::Display for StoreError {
 /// Applies a purge notice; as in the real store's purge bus.
 pub(crate) type PurgeHandler = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
-/// What the purge handler is given when notices may have been missed.
-pub(crate) const MISSED_NOTICES: &[u8] = b"*";
-
 pub(crate) fn redact_error(e: &dyn fmt::Display) -> String {
     e.to_string()
 }

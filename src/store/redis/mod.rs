@@ -83,6 +83,5 @@ pub(crate) use self::error::{redact_error, StoreError};
 pub(crate) use self::fills::{FillSubscription, Woken};
 pub use self::options::RedisOptions;
 pub(crate) use self::purge::GroupIndex;
-pub(crate) use self::purge_bus::MISSED as MISSED_NOTICES;
 pub(crate) use self::scripts::{RemoteLookup, WriteMode, WriteOutcome};
 pub(crate) use self::store::RedisStore;

@@ -42,7 +42,7 @@ pub(crate) type PurgeHandler = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// What the handler is given when notices may have been missed: drop every
 /// copy of this process. Never taken from the channel, so nobody can send it.
-pub(crate) const MISSED: &[u8] = b"*";
+pub(crate) use crate::store::notice::MISSED;
 
 /// How often the listener checks its subscribed connection.
 const PING_EVERY: Duration = Duration::from_secs(5);
