@@ -8,14 +8,11 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use crate::http::policy::directives::CacheControl;
+use crate::http::policy::directives::{CacheControl, MAX_DELTA_SECS};
 
 /// The RFC 9213 field for CDN caches; a shared cache in front of an origin
 /// is one.
 pub(crate) const CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
-
-/// RFC 9111 §1.2.2: delta-seconds past 2^31 are treated as 2^31.
-const MAX_DELTA_SECS: u64 = 2_147_483_648;
 
 /// The directives of the first valid, non-empty targeted field, if any.
 pub(crate) fn targeted(own: Option<&HeaderName>, headers: &HeaderMap) -> Option<CacheControl> {
