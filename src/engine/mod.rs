@@ -36,7 +36,7 @@ mod no_redis;
 mod outside_flight;
 pub(crate) mod purge_log;
 #[cfg(feature = "redis")]
-mod redlock;
+mod quorum_lease;
 mod refresh;
 #[cfg(feature = "redis")]
 mod remote;

@@ -15,7 +15,7 @@ use super::compute::{ComputeFuture, Copy, Fill};
 use super::envelope::{decode_entry, encode_kept, kept_of, EntryMeta, MAGIC, VERSION};
 use super::fill::unstored;
 use super::flight::{FlightHandle, Outcome};
-use super::redlock::RedlockTry;
+use super::quorum_lease::RedlockTry;
 use super::resolve::Engine;
 use super::value::{Value, ValueMeta};
 use crate::key::CacheKey;
