@@ -96,7 +96,9 @@
 //!     target.rs        where a request's entry lives (base and variant key)
 //!   policy/          RFC 9111: directives, request, freshness, storability,
 //!                    targeted (RFC 9213)
-//!   vary.rs, conditional.rs, purge.rs, route.rs, stream.rs, body.rs,
+//!   stream/          a streaming fill's shared body: window, pace (cut-off
+//!                    rules), reader, registry
+//!   vary.rs, conditional.rs, purge.rs, route.rs, body.rs,
 //!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs,
 //!   warnings.rs (the one WARN per route for answers without freshness)
 //! engine/          the HTTP-agnostic read-through state machine
@@ -104,10 +106,11 @@
 //!   resolve.rs       Engine::resolve: the miss path in reading order
 //!   flight.rs        the local single flight
 //!   remote.rs        leading and waiting across instances (Redis)
-//!   redlock.rs       the Redlock lease
+//!   quorum_lease.rs  a key's lease on the Redlock quorum
 //!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
 //!   value.rs (Value), envelope.rs (the stored bytes)
-//! store/           memory.rs (embedded default and L1), redis/ (connection
+//! store/           memory.rs (embedded default and L1), notice.rs (the purge
+//!                  notice's bytes), redis/ (connection
 //!                  and breaker, keys, Lua scripts as .lua files, fills,
 //!                  purge bus, cluster, TLS)
 //! lock/            Redlock and the lease watchdog
