@@ -116,12 +116,72 @@ pub(crate) async fn locks(
 ) -> Result<Report, Failure> {
     check_namespace(namespace)?;
     check_nodes(nodes)?;
-    let (key, form, states) = match lock_arg(arg, namespace, raw) {
+    let (key, form, states) = probe_arg(arg, raw, nodes, namespace, timeout).await?;
+    let tally = Tally::of(&states);
+    let n = nodes.len();
+    let quorum = n / 2 + 1;
+    let (state, mut verdict, summary) = tally.verdict(n);
+    let mut problems = Vec::new();
+    if tally.no_expiry > 0 {
+        problems.push(format!(
+            "the lock has no expiry on {} node(s): it never frees itself",
+            tally.no_expiry
+        ));
+        verdict = Verdict::Problem;
+    }
+    if tally.not_a_lock > 0 {
+        problems.push(format!(
+            "the key is no string on {} node(s): not a lock token",
+            tally.not_a_lock
+        ));
+        verdict = Verdict::Problem;
+    }
+    if matches!(verdict, Verdict::Healthy) && tally.unreachable > 0 {
+        verdict = Verdict::Failure;
+    }
+    let json = json!({
+        "key": key,
+        "key_form": form,
+        "nodes": nodes_json(nodes, &states),
+        "quorum": quorum,
+        "state": state,
+        "holders": tally.counts,
+        "unreachable": tally.unreachable,
+        "problems": problems,
+    });
+    let given = if form == "as_given" {
+        " (key as given)"
+    } else {
+        ""
+    };
+    let mut text = format!("lock {key}{given} on {n} node(s), quorum {quorum}\n");
+    text.push_str(&nodes_text(nodes, &states));
+    text.push_str(&format!("verdict: {summary}\n"));
+    for p in &problems {
+        text.push_str(&format!("PROBLEM: {p}\n"));
+    }
+    Ok(Report {
+        verdict,
+        json,
+        text,
+    })
+}
+
+/// The key the argument names (see [`LockArg`]), how it was chosen, and
+/// what every node says about it.
+async fn probe_arg(
+    arg: &str,
+    raw: bool,
+    nodes: &[String],
+    namespace: &str,
+    timeout: Duration,
+) -> Result<(String, &'static str, Vec<NodeLock>), Failure> {
+    match lock_arg(arg, namespace, raw) {
         LockArg::Exact(key) => {
             let keys = [key.as_str()];
             let states = join_all(nodes.iter().map(|url| probe_locks(url, &keys, timeout))).await;
             let states: Vec<NodeLock> = states.into_iter().flatten().collect();
-            (key, "exact", states)
+            Ok((key, "exact", states))
         }
         LockArg::Resource { derived, as_given } => {
             let keys = [as_given.as_str(), derived.as_str()];
@@ -134,95 +194,99 @@ pub(crate) async fn locks(
             let given_exists = given.iter().any(NodeLock::exists);
             let ours_exists = ours.iter().any(NodeLock::exists);
             match (given_exists, ours_exists) {
-                (true, true) => {
-                    return Err(Failure(format!(
-                        "ambiguous: both the key {as_given:?} and the resource lock {derived} \
-                         exist; pass --raw for the key, or the full lock key"
-                    )));
+                (true, true) => Err(Failure(format!(
+                    "ambiguous: both the key {as_given:?} and the resource lock {derived} \
+                     exist; pass --raw for the key, or the full lock key"
+                ))),
+                (true, false) => Ok((as_given, "as_given", given)),
+                (false, _) => Ok((derived, "resource", ours)),
+            }
+        }
+    }
+}
+
+/// The nodes' answers, counted.
+struct Tally<'a> {
+    /// Nodes per token held.
+    counts: BTreeMap<&'a str, usize>,
+    unreachable: usize,
+    no_expiry: usize,
+    not_a_lock: usize,
+}
+
+impl<'a> Tally<'a> {
+    fn of(states: &'a [NodeLock]) -> Self {
+        let mut t = Tally {
+            counts: BTreeMap::new(),
+            unreachable: 0,
+            no_expiry: 0,
+            not_a_lock: 0,
+        };
+        for s in states {
+            match s {
+                NodeLock::Held { token, pttl } => {
+                    *t.counts.entry(token.as_str()).or_default() += 1;
+                    t.no_expiry += usize::from(*pttl == -1);
                 }
-                (true, false) => (as_given, "as_given", given),
-                (false, _) => (derived, "resource", ours),
+                NodeLock::Free => {}
+                NodeLock::NotALock { .. } => t.not_a_lock += 1,
+                NodeLock::Unreachable(_) => t.unreachable += 1,
             }
         }
-    };
+        t
+    }
 
-    let n = nodes.len();
-    let quorum = n / 2 + 1;
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut unreachable = 0;
-    let mut no_expiry = 0;
-    let mut not_a_lock = 0;
-    for s in &states {
-        match s {
-            NodeLock::Held { token, pttl } => {
-                *counts.entry(token.as_str()).or_default() += 1;
-                no_expiry += usize::from(*pttl == -1);
-            }
-            NodeLock::Free => {}
-            NodeLock::NotALock { .. } => not_a_lock += 1,
-            NodeLock::Unreachable(_) => unreachable += 1,
+    /// State label, verdict and one-line summary over `n` nodes. A problem
+    /// is reported only when no answer from the unreachable nodes could
+    /// change it; otherwise the verdict is unknown (exit 2).
+    fn verdict(&self, n: usize) -> (&'static str, Verdict, String) {
+        let quorum = n / 2 + 1;
+        let unreachable = self.unreachable;
+        let kinds = self.counts.len();
+        let best = self
+            .counts
+            .iter()
+            .max_by_key(|(_, c)| **c)
+            .map(|(t, c)| (*t, *c));
+        match best {
+            None if unreachable == 0 => ("free", Verdict::Healthy, "free on every node".to_owned()),
+            None => (
+                "unknown",
+                Verdict::Failure,
+                format!("free on every reachable node, {unreachable} unreachable"),
+            ),
+            Some((token, c)) if c >= quorum => (
+                "held",
+                Verdict::Healthy,
+                format!("held by {token} on {c}/{n} nodes (quorum {quorum})"),
+            ),
+            Some((_, c)) if c + unreachable < quorum && kinds > 1 => (
+                "split",
+                Verdict::Problem,
+                format!(
+                    "SPLIT: {kinds} different tokens, none on a quorum of {quorum}/{n} (most: {c})"
+                ),
+            ),
+            Some((token, c)) if c + unreachable < quorum => (
+                "under_quorum",
+                Verdict::Problem,
+                format!("held by {token} on only {c}/{n} nodes, below the quorum of {quorum}"),
+            ),
+            Some((_, c)) => (
+                "unknown",
+                Verdict::Failure,
+                format!(
+                    "{kinds} token(s), most on {c}/{n} nodes; {unreachable} unreachable node(s) decide the quorum"
+                ),
+            ),
         }
     }
-    let best = counts
-        .iter()
-        .max_by_key(|(_, c)| **c)
-        .map(|(t, c)| (*t, *c));
-    // A problem is reported only when no answer from the unreachable nodes
-    // could change it; otherwise the verdict is unknown (exit 2).
-    let (state, mut verdict, summary) = match best {
-        None if unreachable == 0 => ("free", Verdict::Healthy, "free on every node".to_owned()),
-        None => (
-            "unknown",
-            Verdict::Failure,
-            format!("free on every reachable node, {unreachable} unreachable"),
-        ),
-        Some((token, c)) if c >= quorum => (
-            "held",
-            Verdict::Healthy,
-            format!("held by {token} on {c}/{n} nodes (quorum {quorum})"),
-        ),
-        Some((_, c)) if c + unreachable < quorum && counts.len() > 1 => (
-            "split",
-            Verdict::Problem,
-            format!(
-                "SPLIT: {} different tokens, none on a quorum of {quorum}/{n} (most: {c})",
-                counts.len()
-            ),
-        ),
-        Some((token, c)) if c + unreachable < quorum => (
-            "under_quorum",
-            Verdict::Problem,
-            format!("held by {token} on only {c}/{n} nodes, below the quorum of {quorum}"),
-        ),
-        Some((_, c)) => (
-            "unknown",
-            Verdict::Failure,
-            format!(
-                "{} token(s), most on {c}/{n} nodes; {unreachable} unreachable node(s) decide the quorum",
-                counts.len()
-            ),
-        ),
-    };
-    let mut problems = Vec::new();
-    if no_expiry > 0 {
-        problems.push(format!(
-            "the lock has no expiry on {no_expiry} node(s): it never frees itself"
-        ));
-        verdict = Verdict::Problem;
-    }
-    if not_a_lock > 0 {
-        problems.push(format!(
-            "the key is no string on {not_a_lock} node(s): not a lock token"
-        ));
-        verdict = Verdict::Problem;
-    }
-    if matches!(verdict, Verdict::Healthy) && unreachable > 0 {
-        verdict = Verdict::Failure;
-    }
+}
 
-    let node_json: Vec<Json> = nodes
+fn nodes_json(nodes: &[String], states: &[NodeLock]) -> Vec<Json> {
+    nodes
         .iter()
-        .zip(&states)
+        .zip(states)
         .map(|(url, s)| match s {
             NodeLock::Held { token, pttl } => json!({
                 "node": redact(url), "reachable": true, "token": token, "pttl_ms": pttl_json(*pttl),
@@ -235,24 +299,12 @@ pub(crate) async fn locks(
                 json!({ "node": redact(url), "reachable": false, "error": e })
             }
         })
-        .collect();
-    let json = json!({
-        "key": key,
-        "key_form": form,
-        "nodes": node_json,
-        "quorum": quorum,
-        "state": state,
-        "holders": counts,
-        "unreachable": unreachable,
-        "problems": problems,
-    });
-    let given = if form == "as_given" {
-        " (key as given)"
-    } else {
-        ""
-    };
-    let mut text = format!("lock {key}{given} on {n} node(s), quorum {quorum}\n");
-    for (url, s) in nodes.iter().zip(&states) {
+        .collect()
+}
+
+fn nodes_text(nodes: &[String], states: &[NodeLock]) -> String {
+    let mut text = String::new();
+    for (url, s) in nodes.iter().zip(states) {
         let what = match s {
             NodeLock::Held { token, pttl } => format!("{token}  {} left", pttl_text(*pttl)),
             NodeLock::Free => "free".to_owned(),
@@ -263,15 +315,7 @@ pub(crate) async fn locks(
         };
         text.push_str(&format!("  {:<32} {what}\n", redact(url)));
     }
-    text.push_str(&format!("verdict: {summary}\n"));
-    for p in &problems {
-        text.push_str(&format!("PROBLEM: {p}\n"));
-    }
-    Ok(Report {
-        verdict,
-        json,
-        text,
-    })
+    text
 }
 
 #[cfg(test)]
