@@ -28,6 +28,74 @@ pub(crate) async fn clock_skew(
         .into_iter()
         .map(|c| c.map_err(|Failure(e)| e))
         .collect();
+    let best = sample(nodes, &mut conns, samples, timeout).await;
+
+    let offsets: Vec<i128> = best.iter().flatten().map(|s| s.offset_us).collect();
+    let unreachable = conns.iter().filter(|c| c.is_err()).count();
+    let spread_us = match (offsets.iter().min(), offsets.iter().max()) {
+        (Some(lo), Some(hi)) => hi - lo,
+        _ => 0,
+    };
+    let uncertainty_us = best
+        .iter()
+        .flatten()
+        .map(|s| s.rtt_us / 2)
+        .max()
+        .unwrap_or(0);
+    let budget_us = i128::from(budget_ms) * 1000;
+    let over = spread_us > budget_us;
+    let verdict = if over {
+        Verdict::Problem
+    } else if unreachable > 0 || offsets.is_empty() {
+        Verdict::Failure
+    } else {
+        Verdict::Healthy
+    };
+
+    let json = json!({
+        "nodes": nodes_json(nodes, &best, &conns),
+        "samples": samples,
+        "spread_ms": ms(spread_us),
+        "uncertainty_ms": ms(uncertainty_us),
+        "budget_ms": budget_ms,
+        "within_budget": !over,
+        "unreachable": unreachable,
+    });
+    let mut text = format!(
+        "clock offsets against this host (best of {samples} TIME samples, corrected by rtt/2)\n"
+    );
+    text.push_str(&nodes_text(nodes, &best, &conns));
+    text.push_str(&format!(
+        "spread {:.3} ms (± {:.3} ms) against a budget of {budget_ms} ms: {}\n",
+        ms(spread_us),
+        ms(uncertainty_us),
+        if over { "OVER BUDGET" } else { "ok" }
+    ));
+    if unreachable > 0 {
+        text.push_str(&format!(
+            "{unreachable} node(s) unreachable: their clocks are unknown\n"
+        ));
+    }
+    Ok(Report {
+        verdict,
+        json,
+        text,
+    })
+}
+
+/// Milliseconds from microseconds, for display.
+fn ms(us: i128) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Each node's sample with the shortest round trip, out of `samples`
+/// rounds; a node that fails once is marked unreachable in `conns`.
+async fn sample(
+    nodes: &[String],
+    conns: &mut [Result<MultiplexedConnection, String>],
+    samples: u32,
+    timeout: Duration,
+) -> Vec<Option<ClockSample>> {
     let mut best: Vec<Option<ClockSample>> = nodes.iter().map(|_| None).collect();
     // Round robin, one node at a time: concurrent samples would count each
     // other's scheduling delay as round-trip time.
@@ -56,34 +124,16 @@ pub(crate) async fn clock_skew(
             }
         }
     }
+    best
+}
 
-    let offsets: Vec<i128> = best.iter().flatten().map(|s| s.offset_us).collect();
-    let unreachable = conns.iter().filter(|c| c.is_err()).count();
-    let spread_us = match (offsets.iter().min(), offsets.iter().max()) {
-        (Some(lo), Some(hi)) => hi - lo,
-        _ => 0,
-    };
-    let uncertainty_us = best
-        .iter()
-        .flatten()
-        .map(|s| s.rtt_us / 2)
-        .max()
-        .unwrap_or(0);
-    let budget_us = i128::from(budget_ms) * 1000;
-    let over = spread_us > budget_us;
-    let verdict = if over {
-        Verdict::Problem
-    } else if unreachable > 0 || offsets.is_empty() {
-        Verdict::Failure
-    } else {
-        Verdict::Healthy
-    };
-    let ms = |us: i128| us as f64 / 1000.0;
+type Conns = [Result<MultiplexedConnection, String>];
 
-    let node_json: Vec<Json> = nodes
+fn nodes_json(nodes: &[String], best: &[Option<ClockSample>], conns: &Conns) -> Vec<Json> {
+    nodes
         .iter()
-        .zip(&best)
-        .zip(&conns)
+        .zip(best)
+        .zip(conns)
         .map(|((url, b), c)| match (b, c) {
             (Some(s), Ok(_)) => json!({
                 "node": redact(url), "reachable": true,
@@ -94,20 +144,12 @@ pub(crate) async fn clock_skew(
                 json!({ "node": redact(url), "reachable": false, "error": "no sample" })
             }
         })
-        .collect();
-    let json = json!({
-        "nodes": node_json,
-        "samples": samples,
-        "spread_ms": ms(spread_us),
-        "uncertainty_ms": ms(uncertainty_us),
-        "budget_ms": budget_ms,
-        "within_budget": !over,
-        "unreachable": unreachable,
-    });
-    let mut text = format!(
-        "clock offsets against this host (best of {samples} TIME samples, corrected by rtt/2)\n"
-    );
-    for ((url, b), c) in nodes.iter().zip(&best).zip(&conns) {
+        .collect()
+}
+
+fn nodes_text(nodes: &[String], best: &[Option<ClockSample>], conns: &Conns) -> String {
+    let mut text = String::new();
+    for ((url, b), c) in nodes.iter().zip(best).zip(conns) {
         let what = match (b, c) {
             (Some(s), Ok(_)) => format!("{:+.3} ms  (rtt {:.3} ms)", ms(s.offset_us), ms(s.rtt_us)),
             (_, Err(e)) => format!("UNREACHABLE ({e})"),
@@ -115,20 +157,5 @@ pub(crate) async fn clock_skew(
         };
         text.push_str(&format!("  {:<32} {what}\n", redact(url)));
     }
-    text.push_str(&format!(
-        "spread {:.3} ms (± {:.3} ms) against a budget of {budget_ms} ms: {}\n",
-        ms(spread_us),
-        ms(uncertainty_us),
-        if over { "OVER BUDGET" } else { "ok" }
-    ));
-    if unreachable > 0 {
-        text.push_str(&format!(
-            "{unreachable} node(s) unreachable: their clocks are unknown\n"
-        ));
-    }
-    Ok(Report {
-        verdict,
-        json,
-        text,
-    })
+    text
 }
