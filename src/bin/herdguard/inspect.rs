@@ -73,161 +73,17 @@ pub(crate) async fn inspect_entry(
     check_namespace(namespace)?;
     let resolved = resolve_target(target)?;
     let names = inspect::entry_keys(namespace, &resolved.key);
-    let mut conn = connect(url, timeout).await?;
-    let mut pipe = redis::pipe();
-    pipe.cmd("GET").arg(&names.value);
-    pipe.cmd("PTTL").arg(&names.value);
-    pipe.cmd("GET").arg(&names.lock);
-    pipe.cmd("PTTL").arg(&names.lock);
-    type Reply = (Option<Vec<u8>>, i64, Option<Vec<u8>>, i64);
-    let (value, value_pttl, lock, lock_pttl): Reply =
-        bounded(url, timeout, pipe.query_async(&mut conn)).await?;
-    // A string; a value of another type (an older release kept a hash
-    // there) is an error here, shown as no fence.
-    let fence: Result<Option<Vec<u8>>, _> = tokio::time::timeout(
-        timeout,
-        redis::cmd("GET").arg(&names.fence).query_async(&mut conn),
-    )
-    .await
-    .map_err(|_| ())
-    .and_then(|r| r.map_err(|_| ()));
-    let (next, hw) = match fence {
-        Ok(Some(f)) => inspect::parse_fence(&f),
-        _ => (None, None),
-    };
-
-    let mut problems = Vec::new();
-    // The pass marker lives in the entry's key; its PTTL is what is left of it.
-    let pass = value.as_deref().is_some_and(inspect::is_pass_marker);
-    let pass_pttl = if pass { value_pttl } else { -2 };
-    let value = if pass { None } else { value };
-    let envelope = value.as_deref().map(inspect::decode_envelope);
-    // Freshness left: the entry's PTTL past its keep time.
-    let fresh_pttl = match &envelope {
-        Some(Ok(e)) if value_pttl >= 0 => (value_pttl - e.kept_ms as i64).max(-2),
-        Some(Ok(_)) => value_pttl,
-        _ => -2,
-    };
-    let status = match &envelope {
-        None if pass => "pass",
-        None => "missing",
-        Some(Err(_)) => "corrupt",
-        Some(Ok(_)) if fresh_pttl > 0 || fresh_pttl == -1 => "fresh",
-        Some(Ok(_)) => "stale",
-    };
-    if let Some(Err(e)) = &envelope {
-        problems.push(format!(
-            "entry is corrupt ({e}): the cache treats it as a miss and overwrites it"
-        ));
-    }
-    if value.is_some() && value_pttl == -1 {
-        problems.push("entry has no expiry: the layer always sets one".to_owned());
-    }
-    if lock.is_some() && lock_pttl == -1 {
-        problems.push("lock has no expiry: nobody else can ever lead this key".to_owned());
-    }
-    if let (Some(next), Some(hw)) = (next, hw) {
-        if hw > next {
-            problems.push(format!(
-                "fence high-water mark {hw} is above the last issued token {next}"
-            ));
-        }
-    }
-    let lock_token = lock
-        .as_deref()
-        .map(|t| String::from_utf8_lossy(t).into_owned());
+    let entry = EntryState::read(url, &names, timeout).await?;
+    let problems = entry.problems();
     let verdict = if problems.is_empty() {
         Verdict::Healthy
     } else {
         Verdict::Problem
     };
-
-    let env = envelope.as_ref().and_then(|e| e.as_ref().ok());
-    let stored_ago_ms = env.map(|e| now_ms().saturating_sub(e.stored_at_ms));
-    let json = json!({
-        "key": resolved.key.to_hex(),
-        "url": resolved.url.as_ref().map(|(u, _)| u),
-        "url_key": resolved.url.as_ref().map(|(_, k)| k.to_hex()),
-        "namespace": namespace,
-        "redis": redact(url),
-        "keys": {
-            "value": names.value, "lock": names.lock, "fence": names.fence,
-        },
-        "status": status,
-        "stored_bytes": value.as_ref().map(Vec::len),
-        "payload_bytes": env.map(|e| e.payload_bytes),
-        "http_status": env.and_then(|e| e.http_status),
-        "tags": env.map(|e| &e.tags),
-        "stored_at_ms": env.map(|e| e.stored_at_ms),
-        "stored_ago_ms": stored_ago_ms,
-        "entry_fence": env.map(|e| e.fence),
-        "fresh_for_ms": env.map(|e| e.fresh_ms),
-        "stale_for_ms": env.map(|e| e.stale_ms),
-        "fresh_left_ms": pttl_json(fresh_pttl),
-        "hard_ttl_ms": pttl_json(value_pttl),
-        "lock": {
-            "held": lock_token.is_some(),
-            "token": lock_token,
-            "pttl_ms": pttl_json(lock_pttl),
-        },
-        "fence": { "next": next, "hw": hw },
-        "pass_left_ms": pttl_json(pass_pttl),
-        "problems": problems,
-    });
-
-    let mut text = String::new();
-    let mut line = |k: &str, v: String| text.push_str(&format!("{k:<12}{v}\n"));
-    line("key", resolved.key.to_hex());
-    if let Some((u, k)) = &resolved.url {
-        line("url", format!("GET {u} (url key {})", k.to_hex()));
-    }
-    line("redis", format!("{} namespace {namespace}", redact(url)));
-    line("status", status.to_owned());
-    if let Some(bytes) = &value {
-        let mut size = format!("{} bytes stored", bytes.len());
-        if let Some(e) = env {
-            size.push_str(&format!(", {} payload", e.payload_bytes));
-            if let Some(s) = e.http_status {
-                size.push_str(&format!(", HTTP {s}"));
-            }
-            if !e.tags.is_empty() {
-                size.push_str(&format!(", tags: {}", e.tags.join(" ")));
-            }
-        }
-        line("size", size);
-    }
-    if let Some(e) = env {
-        line(
-            "stored",
-            format!(
-                "{} ago by fence {}; fresh for {}, then stale for {}",
-                secs(stored_ago_ms.unwrap_or(0)),
-                e.fence,
-                secs(e.fresh_ms),
-                secs(e.stale_ms)
-            ),
-        );
-    }
-    line("fresh left", pttl_text(fresh_pttl));
-    line("hard TTL", pttl_text(value_pttl));
-    line(
-        "lock",
-        match &lock_token {
-            Some(t) => format!("held by {t}, {} left", pttl_text(lock_pttl)),
-            None => "free".to_owned(),
-        },
-    );
-    let num = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
-    line(
-        "fence",
-        format!("next {}, high-water {}", num(next), num(hw)),
-    );
-    if pass_pttl > 0 {
-        line(
-            "pass",
-            format!("hit-for-pass marker, {} left", pttl_text(pass_pttl)),
-        );
-    }
+    let mut json = entry.json(&resolved, &names, &problems);
+    json["namespace"] = json!(namespace);
+    json["redis"] = json!(redact(url));
+    let mut text = entry.text(&resolved, &format!("{} namespace {namespace}", redact(url)));
     for p in &problems {
         text.push_str(&format!("PROBLEM     {p}\n"));
     }
@@ -236,6 +92,211 @@ pub(crate) async fn inspect_entry(
         json,
         text,
     })
+}
+
+/// What Redis holds for one entry (its value, lock and fence), as read.
+struct EntryState {
+    /// The stored bytes, unless they are a pass marker.
+    value: Option<Vec<u8>>,
+    value_pttl: i64,
+    lock_token: Option<String>,
+    lock_pttl: i64,
+    /// The fence's next token and high-water mark.
+    next: Option<u64>,
+    hw: Option<u64>,
+    /// What is left of a pass marker, -2 when there is none.
+    pass_pttl: i64,
+    envelope: Option<Result<inspect::Envelope, herdguard::DecodeError>>,
+    /// Freshness left: the entry's PTTL past its keep time.
+    fresh_pttl: i64,
+    status: &'static str,
+}
+
+impl EntryState {
+    /// One pipeline for the value and the lock, one GET for the fence.
+    async fn read(
+        url: &str,
+        names: &inspect::EntryKeyNames,
+        timeout: Duration,
+    ) -> Result<Self, Failure> {
+        let mut conn = connect(url, timeout).await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(&names.value);
+        pipe.cmd("PTTL").arg(&names.value);
+        pipe.cmd("GET").arg(&names.lock);
+        pipe.cmd("PTTL").arg(&names.lock);
+        type Reply = (Option<Vec<u8>>, i64, Option<Vec<u8>>, i64);
+        let (value, value_pttl, lock, lock_pttl): Reply =
+            bounded(url, timeout, pipe.query_async(&mut conn)).await?;
+        // A string; a value of another type (an older release kept a hash
+        // there) is an error here, shown as no fence.
+        let fence: Result<Option<Vec<u8>>, _> = tokio::time::timeout(
+            timeout,
+            redis::cmd("GET").arg(&names.fence).query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| ())
+        .and_then(|r| r.map_err(|_| ()));
+        let (next, hw) = match fence {
+            Ok(Some(f)) => inspect::parse_fence(&f),
+            _ => (None, None),
+        };
+        // The pass marker lives in the entry's key; its PTTL is what is left of it.
+        let pass = value.as_deref().is_some_and(inspect::is_pass_marker);
+        let pass_pttl = if pass { value_pttl } else { -2 };
+        let value = if pass { None } else { value };
+        let envelope = value.as_deref().map(inspect::decode_envelope);
+        let fresh_pttl = match &envelope {
+            Some(Ok(e)) if value_pttl >= 0 => (value_pttl - e.kept_ms as i64).max(-2),
+            Some(Ok(_)) => value_pttl,
+            _ => -2,
+        };
+        let status = match &envelope {
+            None if pass => "pass",
+            None => "missing",
+            Some(Err(_)) => "corrupt",
+            Some(Ok(_)) if fresh_pttl > 0 || fresh_pttl == -1 => "fresh",
+            Some(Ok(_)) => "stale",
+        };
+        Ok(Self {
+            value,
+            value_pttl,
+            lock_token: lock.map(|t| String::from_utf8_lossy(&t).into_owned()),
+            lock_pttl,
+            next,
+            hw,
+            pass_pttl,
+            envelope,
+            fresh_pttl,
+            status,
+        })
+    }
+
+    fn env(&self) -> Option<&inspect::Envelope> {
+        self.envelope.as_ref().and_then(|e| e.as_ref().ok())
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(Err(e)) = &self.envelope {
+            problems.push(format!(
+                "entry is corrupt ({e}): the cache treats it as a miss and overwrites it"
+            ));
+        }
+        if self.value.is_some() && self.value_pttl == -1 {
+            problems.push("entry has no expiry: the layer always sets one".to_owned());
+        }
+        if self.lock_token.is_some() && self.lock_pttl == -1 {
+            problems.push("lock has no expiry: nobody else can ever lead this key".to_owned());
+        }
+        if let (Some(next), Some(hw)) = (self.next, self.hw) {
+            if hw > next {
+                problems.push(format!(
+                    "fence high-water mark {hw} is above the last issued token {next}"
+                ));
+            }
+        }
+        problems
+    }
+
+    fn json(
+        &self,
+        resolved: &Resolved,
+        names: &inspect::EntryKeyNames,
+        problems: &[String],
+    ) -> serde_json::Value {
+        let env = self.env();
+        json!({
+            "key": resolved.key.to_hex(),
+            "url": resolved.url.as_ref().map(|(u, _)| u),
+            "url_key": resolved.url.as_ref().map(|(_, k)| k.to_hex()),
+            "keys": {
+                "value": names.value, "lock": names.lock, "fence": names.fence,
+            },
+            "status": self.status,
+            "stored_bytes": self.value.as_ref().map(Vec::len),
+            "payload_bytes": env.map(|e| e.payload_bytes),
+            "http_status": env.and_then(|e| e.http_status),
+            "tags": env.map(|e| &e.tags),
+            "stored_at_ms": env.map(|e| e.stored_at_ms),
+            "stored_ago_ms": env.map(|e| now_ms().saturating_sub(e.stored_at_ms)),
+            "entry_fence": env.map(|e| e.fence),
+            "fresh_for_ms": env.map(|e| e.fresh_ms),
+            "stale_for_ms": env.map(|e| e.stale_ms),
+            "fresh_left_ms": pttl_json(self.fresh_pttl),
+            "hard_ttl_ms": pttl_json(self.value_pttl),
+            "lock": {
+                "held": self.lock_token.is_some(),
+                "token": self.lock_token,
+                "pttl_ms": pttl_json(self.lock_pttl),
+            },
+            "fence": { "next": self.next, "hw": self.hw },
+            "pass_left_ms": pttl_json(self.pass_pttl),
+            "problems": problems,
+        })
+    }
+
+    /// The report's lines but the problems; `redis`: the server line.
+    fn text(&self, resolved: &Resolved, redis: &str) -> String {
+        let mut text = String::new();
+        let mut line = |k: &str, v: String| text.push_str(&format!("{k:<12}{v}\n"));
+        line("key", resolved.key.to_hex());
+        if let Some((u, k)) = &resolved.url {
+            line("url", format!("GET {u} (url key {})", k.to_hex()));
+        }
+        line("redis", redis.to_owned());
+        line("status", self.status.to_owned());
+        if let Some(bytes) = &self.value {
+            line("size", size_line(bytes.len(), self.env()));
+        }
+        if let Some(e) = self.env() {
+            line(
+                "stored",
+                format!(
+                    "{} ago by fence {}; fresh for {}, then stale for {}",
+                    secs(now_ms().saturating_sub(e.stored_at_ms)),
+                    e.fence,
+                    secs(e.fresh_ms),
+                    secs(e.stale_ms)
+                ),
+            );
+        }
+        line("fresh left", pttl_text(self.fresh_pttl));
+        line("hard TTL", pttl_text(self.value_pttl));
+        line(
+            "lock",
+            match &self.lock_token {
+                Some(t) => format!("held by {t}, {} left", pttl_text(self.lock_pttl)),
+                None => "free".to_owned(),
+            },
+        );
+        let num = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        line(
+            "fence",
+            format!("next {}, high-water {}", num(self.next), num(self.hw)),
+        );
+        if self.pass_pttl > 0 {
+            line(
+                "pass",
+                format!("hit-for-pass marker, {} left", pttl_text(self.pass_pttl)),
+            );
+        }
+        text
+    }
+}
+
+fn size_line(stored: usize, env: Option<&inspect::Envelope>) -> String {
+    let mut size = format!("{stored} bytes stored");
+    if let Some(e) = env {
+        size.push_str(&format!(", {} payload", e.payload_bytes));
+        if let Some(s) = e.http_status {
+            size.push_str(&format!(", HTTP {s}"));
+        }
+        if !e.tags.is_empty() {
+            size.push_str(&format!(", tags: {}", e.tags.join(" ")));
+        }
+    }
+    size
 }
 
 /// A TARGET that is neither a cache key nor a URL: read it as a key if one
