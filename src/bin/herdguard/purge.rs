@@ -8,7 +8,7 @@ use std::time::Duration;
 use deadpool_redis::redis;
 use herdguard::inspect::{self, Purge};
 use herdguard::{CacheLayer, RedisOptions};
-use serde_json::json;
+use serde_json::{json, Value as Json};
 
 use crate::conn::{bounded, check_namespace, connect};
 use crate::inspect::parse_url;
@@ -31,41 +31,8 @@ pub(crate) async fn purge(
 ) -> Result<Report, Failure> {
     let Target { target, tag, soft } = what;
     check_namespace(namespace)?;
-    let (what, described) = match (target, tag) {
-        (_, Some(tag)) if tag.is_empty() || tag.contains(char::is_whitespace) => {
-            return Err(Failure(
-                "a tag is one Surrogate-Key token: not empty, no spaces".to_owned(),
-            ))
-        }
-        (_, Some(tag)) => (Purge::Tag(tag.clone()), json!({ "tag": tag })),
-        (Some(t), None) => match inspect::parse_key(t) {
-            Some(key) => (Purge::Key(key), json!({ "key": key.to_hex() })),
-            None => {
-                let uri = parse_url(t)?;
-                let key = CacheLayer::new().url_key(&uri);
-                (
-                    Purge::Key(key),
-                    json!({ "url": uri.to_string(), "url_key": key.to_hex() }),
-                )
-            }
-        },
-        (None, None) => return Err(Failure("give a URL, a key or --tag".to_owned())),
-    };
-    // The layer's breaker reports any failure as "unavailable"; a direct
-    // PING first tells the operator why (refused, auth, timeout).
-    let mut conn = connect(url, timeout).await?;
-    let _: String = bounded(url, timeout, redis::cmd("PING").query_async(&mut conn)).await?;
-    let layer = CacheLayer::builder()
-        .redis(
-            RedisOptions::new(url)
-                .namespace(namespace)
-                .connections(1)
-                .connect_timeout(timeout)
-                .response_timeout(timeout)
-                .pool_wait_timeout(timeout),
-        )
-        .build()
-        .map_err(|e| Failure(redact_text(&format!("{e}: {}", source_text(&e)))))?;
+    let (what, described) = purge_target(target, tag)?;
+    let layer = purge_layer(url, namespace, timeout).await?;
     // A purge is a handful of sequential calls, each bounded by `timeout`.
     let bound = timeout * 8;
     let done = async {
@@ -91,8 +58,65 @@ pub(crate) async fn purge(
             )))
         }
     }
+    let text = purge_text(&described, soft, url, namespace);
+    let json = json!({
+        "purged": described,
+        "soft": soft,
+        "redis": redact(url),
+        "namespace": namespace,
+        "notice_published": true,
+    });
+    Ok(Report {
+        verdict: Verdict::Healthy,
+        json,
+        text,
+    })
+}
+
+/// What the arguments name, and how the report describes it.
+fn purge_target(target: Option<&str>, tag: Option<String>) -> Result<(Purge, Json), Failure> {
+    match (target, tag) {
+        (_, Some(tag)) if tag.is_empty() || tag.contains(char::is_whitespace) => Err(Failure(
+            "a tag is one Surrogate-Key token: not empty, no spaces".to_owned(),
+        )),
+        (_, Some(tag)) => Ok((Purge::Tag(tag.clone()), json!({ "tag": tag }))),
+        (Some(t), None) => match inspect::parse_key(t) {
+            Some(key) => Ok((Purge::Key(key), json!({ "key": key.to_hex() }))),
+            None => {
+                let uri = parse_url(t)?;
+                let key = CacheLayer::new().url_key(&uri);
+                Ok((
+                    Purge::Key(key),
+                    json!({ "url": uri.to_string(), "url_key": key.to_hex() }),
+                ))
+            }
+        },
+        (None, None) => Err(Failure("give a URL, a key or --tag".to_owned())),
+    }
+}
+
+/// A layer on the server only to purge through it, after a direct PING:
+/// the layer's breaker reports any failure as "unavailable", the PING tells
+/// the operator why (refused, auth, timeout).
+async fn purge_layer(url: &str, namespace: &str, timeout: Duration) -> Result<CacheLayer, Failure> {
+    let mut conn = connect(url, timeout).await?;
+    let _: String = bounded(url, timeout, redis::cmd("PING").query_async(&mut conn)).await?;
+    CacheLayer::builder()
+        .redis(
+            RedisOptions::new(url)
+                .namespace(namespace)
+                .connections(1)
+                .connect_timeout(timeout)
+                .response_timeout(timeout)
+                .pool_wait_timeout(timeout),
+        )
+        .build()
+        .map_err(|e| Failure(redact_text(&format!("{e}: {}", source_text(&e)))))
+}
+
+fn purge_text(described: &Json, soft: bool, url: &str, namespace: &str) -> String {
     let done = if soft { "soft-purged" } else { "purged" };
-    let text = match &described {
+    match &described {
         d if d.get("tag").is_some() => format!(
             "{done} every entry tagged {} in {} namespace {namespace}; purge notice published\n",
             d["tag"],
@@ -109,17 +133,5 @@ pub(crate) async fn purge(
             d["key"],
             redact(url)
         ),
-    };
-    let json = json!({
-        "purged": described,
-        "soft": soft,
-        "redis": redact(url),
-        "namespace": namespace,
-        "notice_published": true,
-    });
-    Ok(Report {
-        verdict: Verdict::Healthy,
-        json,
-        text,
-    })
+    }
 }
