@@ -14,11 +14,11 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use metrics_exporter_prometheus::PrometheusHandle;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
@@ -82,35 +82,19 @@ pub(crate) async fn run(
     let listener = TcpListener::bind(config.listen).await?;
     let draining = Arc::new(AtomicBool::new(false));
     let admin = match config.admin {
-        Some(addr) => {
-            let admin = TcpListener::bind(addr).await?;
-            let bound = admin.local_addr()?;
-            let state = Admin {
-                proxy: proxy.clone(),
-                metrics,
-                draining: Arc::clone(&draining),
-            };
-            tokio::spawn(state.serve(admin));
-            Some(bound)
-        }
+        Some(addr) => Some(serve_admin(addr, &proxy, metrics, &draining).await?),
         None => None,
     };
     ready(Bound {
         listen: listener.local_addr()?,
         admin,
     });
-
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.header_timeout)
-        .max_buf_size(config.max_header_bytes.max(8192));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
-    let builder = Arc::new(builder);
+    let conns = Connections {
+        builder: Arc::new(connection_builder(&config)),
+        proxy,
+        tls,
+        header_timeout: config.header_timeout,
+    };
     let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut signal = std::pin::pin!(shutdown_signal());
@@ -139,45 +123,10 @@ pub(crate) async fn run(
         };
         let _ = tcp.set_nodelay(true);
         let watcher = graceful.watcher();
-        let builder = Arc::clone(&builder);
-        let proxy = proxy.clone();
-        let tls = tls.clone();
-        let header_timeout = config.header_timeout;
+        let conns = conns.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let peer = Peer {
-                addr,
-                tls: tls.is_some(),
-            };
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let (mut parts, body) = req.into_parts();
-                parts.extensions.insert(peer);
-                let proxy = proxy.clone();
-                let req = Request::from_parts(parts, ProxyBody::Incoming(body));
-                async move { Ok::<_, Infallible>(proxy.handle(req).await) }
-            });
-            let result = match tls {
-                Some(tls) => {
-                    // The handshake counts as reading the request head.
-                    let stream = match tokio::time::timeout(header_timeout, tls.accept(tcp)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(error)) => {
-                            tracing::debug!(%error, %addr, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    watcher.watch(conn.into_owned()).await
-                }
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
-                    watcher.watch(conn.into_owned()).await
-                }
-            };
-            if let Err(error) = result {
-                tracing::debug!(%error, %addr, "client connection ended with an error");
-            }
+            conns.serve(tcp, addr, watcher).await;
         });
     }
 
@@ -195,6 +144,89 @@ pub(crate) async fn run(
         }
     }
     Ok(())
+}
+
+/// Bind the admin listener and serve it in a task of its own.
+async fn serve_admin(
+    addr: SocketAddr,
+    proxy: &Proxy,
+    metrics: Option<PrometheusHandle>,
+    draining: &Arc<AtomicBool>,
+) -> io::Result<SocketAddr> {
+    let admin = TcpListener::bind(addr).await?;
+    let bound = admin.local_addr()?;
+    let state = Admin {
+        proxy: proxy.clone(),
+        metrics,
+        draining: Arc::clone(draining),
+    };
+    tokio::spawn(state.serve(admin));
+    Ok(bound)
+}
+
+/// HTTP/1.1 and h2, with the header timeout and size limits.
+fn connection_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_timeout)
+        .max_buf_size(config.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
+/// What every client connection's task shares.
+#[derive(Clone)]
+struct Connections {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    proxy: Proxy,
+    tls: Option<TlsAcceptor>,
+    header_timeout: Duration,
+}
+
+impl Connections {
+    /// Serve one client connection until it closes or shutdown ends it.
+    async fn serve(self, tcp: TcpStream, addr: SocketAddr, watcher: Watcher) {
+        let peer = Peer {
+            addr,
+            tls: self.tls.is_some(),
+        };
+        let proxy = self.proxy;
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let (mut parts, body) = req.into_parts();
+            parts.extensions.insert(peer);
+            let proxy = proxy.clone();
+            let req = Request::from_parts(parts, ProxyBody::Incoming(body));
+            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+        });
+        let result = match self.tls {
+            Some(tls) => {
+                // The handshake counts as reading the request head.
+                let stream = match tokio::time::timeout(self.header_timeout, tls.accept(tcp)).await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, %addr, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let conn = self.builder.serve_connection(TokioIo::new(stream), service);
+                watcher.watch(conn.into_owned()).await
+            }
+            None => {
+                let conn = self.builder.serve_connection(TokioIo::new(tcp), service);
+                watcher.watch(conn.into_owned()).await
+            }
+        };
+        if let Err(error) = result {
+            tracing::debug!(%error, %addr, "client connection ended with an error");
+        }
+    }
 }
 
 async fn shutdown_signal() {
