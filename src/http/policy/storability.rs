@@ -88,36 +88,8 @@ pub(crate) fn classify_response(
     response_time: SystemTime,
 ) -> ResponseVerdict {
     let (cc, expires_counts) = response_directives(rules, headers);
-    // RFC 9111 §5.2.2.3: with must-understand, a status whose caching rules
-    // we know overrides no-store, and any other status is not stored.
-    if cc.must_understand && !understood(status) {
-        return ResponseVerdict::Pass("must-understand");
-    }
-    if cc.no_store && !cc.must_understand {
-        return ResponseVerdict::Pass("no-store");
-    }
-    if cc.private {
-        return ResponseVerdict::Pass("private");
-    }
-    if headers.contains_key(header::SET_COOKIE) {
-        return ResponseVerdict::Pass("set-cookie");
-    }
-    if vary_names(headers).is_none() {
-        return ResponseVerdict::Pass("vary-star");
-    }
-    // RFC 9111 §3.5: a shared cache stores a response to an authorized
-    // request only when the origin explicitly allows it.
-    if request_had_authorization && !(cc.public || cc.s_maxage.is_some() || cc.must_revalidate) {
-        return ResponseVerdict::Pass("authorization");
-    }
-    // A 206 answers the request that got it (its range, or an origin
-    // that answered a whole-object fill with a part): never stored, and
-    // never a reason to stop caching the URL.
-    if status == StatusCode::PARTIAL_CONTENT {
-        return ResponseVerdict::Pass("partial-content");
-    }
-    if status.is_informational() || status == StatusCode::NOT_MODIFIED {
-        return ResponseVerdict::Pass("status");
+    if let Some(reason) = pass_reason(&cc, request_had_authorization, status, headers) {
+        return ResponseVerdict::Pass(reason);
     }
     let validators =
         headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
@@ -139,36 +111,8 @@ pub(crate) fn classify_response(
     let initial_age = corrected_initial_age(headers, request_time, response_time);
     // s-maxage carries proxy-revalidate for a shared cache (RFC 9111 §5.2.2.10).
     let no_stale = cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
-    let mut flags = 0;
-    if no_stale {
-        flags |= StoredRules::NO_STALE;
-    }
-    if cc.no_cache {
-        flags |= StoredRules::NO_CACHE;
-    }
-    if validators {
-        flags |= StoredRules::VALIDATORS;
-    }
-    // stale-while-revalidate and stale-if-error are the origin's explicit
-    // permission, so they hold with s-maxage; must-revalidate and
-    // proxy-revalidate withdraw them.
-    let explicit_no_stale = cc.must_revalidate || cc.proxy_revalidate;
-    let swr = if explicit_no_stale || cc.no_cache {
-        0
-    } else {
-        cc.stale_while_revalidate.unwrap_or(0)
-    };
-    let sie = if explicit_no_stale || cc.no_cache {
-        0
-    } else {
-        cc.stale_if_error.unwrap_or(0)
-    };
-    let stored = StoredRules {
-        lifetime: secs_u32(lifetime.as_secs()),
-        swr: secs_u32(swr),
-        sie: secs_u32(sie),
-        flags,
-    };
+    let stored = stored_rules(&cc, lifetime, validators);
+    let (swr, sie) = (u64::from(stored.swr), u64::from(stored.sie));
     let fresh_for = if cc.no_cache {
         Duration::ZERO
     } else {
@@ -194,6 +138,83 @@ pub(crate) fn classify_response(
         stale_for,
         initial_age,
         rules: stored,
+    }
+}
+
+/// Why a response is not stored whatever its freshness, if it is not.
+fn pass_reason(
+    cc: &CacheControl,
+    request_had_authorization: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> Option<&'static str> {
+    // RFC 9111 §5.2.2.3: with must-understand, a status whose caching rules
+    // we know overrides no-store, and any other status is not stored.
+    if cc.must_understand && !understood(status) {
+        return Some("must-understand");
+    }
+    if cc.no_store && !cc.must_understand {
+        return Some("no-store");
+    }
+    if cc.private {
+        return Some("private");
+    }
+    if headers.contains_key(header::SET_COOKIE) {
+        return Some("set-cookie");
+    }
+    if vary_names(headers).is_none() {
+        return Some("vary-star");
+    }
+    // RFC 9111 §3.5: a shared cache stores a response to an authorized
+    // request only when the origin explicitly allows it.
+    if request_had_authorization && !(cc.public || cc.s_maxage.is_some() || cc.must_revalidate) {
+        return Some("authorization");
+    }
+    // A 206 answers the request that got it (its range, or an origin
+    // that answered a whole-object fill with a part): never stored, and
+    // never a reason to stop caching the URL.
+    if status == StatusCode::PARTIAL_CONTENT {
+        return Some("partial-content");
+    }
+    if status.is_informational() || status == StatusCode::NOT_MODIFIED {
+        return Some("status");
+    }
+    None
+}
+
+/// The rules stored with an entry of `lifetime`: its stale permissions and
+/// flags.
+fn stored_rules(cc: &CacheControl, lifetime: Duration, validators: bool) -> StoredRules {
+    let no_stale = cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
+    let mut flags = 0;
+    if no_stale {
+        flags |= StoredRules::NO_STALE;
+    }
+    if cc.no_cache {
+        flags |= StoredRules::NO_CACHE;
+    }
+    if validators {
+        flags |= StoredRules::VALIDATORS;
+    }
+    // stale-while-revalidate and stale-if-error are the origin's explicit
+    // permission, so they hold with s-maxage; must-revalidate and
+    // proxy-revalidate withdraw them.
+    let explicit_no_stale = cc.must_revalidate || cc.proxy_revalidate;
+    let swr = if explicit_no_stale || cc.no_cache {
+        0
+    } else {
+        cc.stale_while_revalidate.unwrap_or(0)
+    };
+    let sie = if explicit_no_stale || cc.no_cache {
+        0
+    } else {
+        cc.stale_if_error.unwrap_or(0)
+    };
+    StoredRules {
+        lifetime: secs_u32(lifetime.as_secs()),
+        swr: secs_u32(swr),
+        sie: secs_u32(sie),
+        flags,
     }
 }
 
