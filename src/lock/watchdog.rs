@@ -90,28 +90,18 @@ impl Watchdog {
                 if !enabled {
                     return (make(Kind::Off, lost, renewed_ms), token);
                 }
-                let (store, flag, t) = (Arc::clone(store), Arc::clone(&lost), token.clone());
-                let renewed = Arc::clone(&renewed_ms);
-                let task = tokio::spawn(async move {
-                    loop {
-                        tokio::time::sleep(every).await;
-                        let asked = started.elapsed();
-                        match store.extend(&key, &t, ttl).await {
-                            Ok(true) => {
-                                // Measured from when we asked: the conservative end.
-                                renewed.store(asked.as_millis() as u64, Ordering::Relaxed);
-                            }
-                            Ok(false) => {
-                                // Someone else holds it now (or it expired): the
-                                // fenced write decides what lands.
-                                mark_lost(&flag, &key, &on_lost);
-                                return;
-                            }
-                            // Transient Redis trouble: try again next tick.
-                            Err(_) => {}
-                        }
-                    }
-                });
+                let task = tokio::spawn(extend_single(
+                    Arc::clone(store),
+                    key,
+                    token.clone(),
+                    Tick {
+                        every,
+                        ttl,
+                        started,
+                    },
+                    (Arc::clone(&lost), Arc::clone(&renewed_ms)),
+                    on_lost,
+                ));
                 (make(Kind::Single(task), lost, renewed_ms), token)
             }
             HeldLease::Redlock(lock, lease) => {
@@ -122,23 +112,16 @@ impl Watchdog {
                         token,
                     );
                 }
-                let (stop_tx, mut stop_rx) = oneshot::channel();
-                let (l, flag) = (Arc::clone(&lock), Arc::clone(&lost));
-                let task = tokio::spawn(async move {
-                    let mut lease = lease;
-                    let mut alive = true;
-                    loop {
-                        tokio::select! {
-                            _ = &mut stop_rx => return lease,
-                            _ = tokio::time::sleep(every), if alive => {
-                                if l.extend(&mut lease).await.is_err() {
-                                    mark_lost(&flag, &key, &on_lost);
-                                    alive = false;
-                                }
-                            }
-                        }
-                    }
-                });
+                let (stop_tx, stop_rx) = oneshot::channel();
+                let task = tokio::spawn(extend_redlock(
+                    Arc::clone(&lock),
+                    lease,
+                    key,
+                    every,
+                    Arc::clone(&lost),
+                    on_lost,
+                    stop_rx,
+                ));
                 let kind = Kind::Redlock {
                     stop: Some(stop_tx),
                     task,
@@ -195,6 +178,70 @@ impl Drop for Watchdog {
             Some(Kind::Single(task)) => task.abort(),
             Some(Kind::Redlock { task, .. }) => task.abort(),
             _ => {}
+        }
+    }
+}
+
+/// When a watchdog extends, and for how long.
+struct Tick {
+    every: Duration,
+    ttl: Duration,
+    /// When the lease was taken: renewals are measured from it.
+    started: Instant,
+}
+
+/// Extend a single-server lease every tick until it is lost; `seen`: the
+/// lost flag and when the last renewal was asked for (ms since `started`).
+async fn extend_single(
+    store: Arc<RedisStore>,
+    key: CacheKey,
+    token: LeaseToken,
+    tick: Tick,
+    seen: (Arc<AtomicBool>, Arc<AtomicU64>),
+    on_lost: LeaseLost,
+) {
+    let (flag, renewed) = seen;
+    loop {
+        tokio::time::sleep(tick.every).await;
+        let asked = tick.started.elapsed();
+        match store.extend(&key, &token, tick.ttl).await {
+            Ok(true) => {
+                // Measured from when we asked: the conservative end.
+                renewed.store(asked.as_millis() as u64, Ordering::Relaxed);
+            }
+            Ok(false) => {
+                // Someone else holds it now (or it expired): the
+                // fenced write decides what lands.
+                mark_lost(&flag, &key, &on_lost);
+                return;
+            }
+            // Transient Redis trouble: try again next tick.
+            Err(_) => {}
+        }
+    }
+}
+
+/// Extend a Redlock lease every `every` until told to stop, then hand it
+/// back (for release); once an extension fails, only wait for the stop.
+async fn extend_redlock(
+    lock: Arc<Redlock>,
+    mut lease: RedlockLease,
+    key: CacheKey,
+    every: Duration,
+    flag: Arc<AtomicBool>,
+    on_lost: LeaseLost,
+    mut stop: oneshot::Receiver<()>,
+) -> RedlockLease {
+    let mut alive = true;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return lease,
+            _ = tokio::time::sleep(every), if alive => {
+                if lock.extend(&mut lease).await.is_err() {
+                    mark_lost(&flag, &key, &on_lost);
+                    alive = false;
+                }
+            }
         }
     }
 }
