@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
@@ -21,6 +22,8 @@ use crate::http::policy::{self, StoredRules};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::vary::stored_values;
+use crate::key::CacheKey;
+use crate::store::memory::Stored;
 
 use super::bounds::{Origin, OriginBody};
 use super::fill::is_error;
@@ -145,7 +148,6 @@ where
             Some(i) => (Some(i.passthrough), Some(i.error), i.pass_unstored),
             None => (None, None, false),
         };
-        let url = url_of(&req);
         // A copy kept aside since the call was made (read from Redis past its
         // stale grace, by another instance's write): revalidate it, and an
         // origin error does not replace it.
@@ -156,279 +158,47 @@ where
                 .filter(|e| e.value.vary_matches(req.headers()))
                 .map(|e| e.value.clone());
         }
-        let (mut template, _body) = req.into_parts();
-        // HEAD is filled with a GET so the stored entry can answer both; the
-        // body of a GET or HEAD carries no meaning.
-        template.method = Method::GET;
-        for name in &CONDITIONAL {
-            template.headers.remove(name);
-        }
-        strip_framing(&mut template.headers);
-        crate::http::vary::normalise_fill_request(&mut template.headers);
-        let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
-        let request_headers = template.headers.clone();
-
-        // At most two origin requests: a conditional one, and a plain one if
-        // the 304 turns out to describe some other representation.
-        let (parts, body, request_time, response_time) = loop {
-            let mut req = Request::from_parts(template.clone(), ReqB::default());
-            if let Some(s) = &stale {
-                conditional::add_validators(req.headers_mut(), s);
-            }
-            let request_time = SystemTime::now();
-            let result = match poll_fn(|cx| inner.poll_ready(cx)).await {
-                Ok(()) => inner.call(req).await,
-                Err(e) => Err(e),
-            };
-            let response = match result {
-                Ok(r) => r,
-                Err(e) => {
-                    if let Some(slot) = error_slot {
-                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                    }
-                    return Err(Box::new(OriginFailed));
+        let asked = Asked::of(req);
+        let answer = match exchange(&mut inner, &asked, &mut stale, &state, &target).await {
+            Ok(Exchange::Answered(a)) => a,
+            Ok(Exchange::Revalidated(fill)) => return Ok(*fill),
+            Err(e) => {
+                if let Some(slot) = error_slot {
+                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                 }
-            };
-            let response_time = SystemTime::now();
-            let (parts, body) = response.into_parts();
-            if parts.status == StatusCode::NOT_MODIFIED {
-                if let Some(s) = stale.take() {
-                    let excluded = |n: &HeaderName| NOT_STORED.contains(n) || n == header::AGE;
-                    match conditional::freshen(&s, &parts.headers, excluded) {
-                        Some(mut merged) => {
-                            // The stored origin Age describes the old exchange.
-                            merged.headers.remove(header::AGE);
-                            // The 304's own Age and Date drive the new age.
-                            let mut for_age = merged.headers.clone();
-                            for_age.remove(header::AGE);
-                            if let Some(age) = parts.headers.get(header::AGE) {
-                                for_age.insert(header::AGE, age.clone());
-                            }
-                            let mut verdict = policy::classify_response(
-                                &state.http.rules,
-                                had_authorization,
-                                merged.status,
-                                &for_age,
-                                request_time,
-                                response_time,
-                            );
-                            if state.http.predicate.is_some() {
-                                let mut res = Response::new(()).into_parts().0;
-                                res.status = merged.status;
-                                res.headers = merged.headers.clone();
-                                verdict = state.route_verdict(&template, &res, verdict);
-                            }
-                            merged.revalidated = true;
-                            return Ok(state.finish(target, merged, verdict, &request_headers));
-                        }
-                        None => continue,
-                    }
-                }
+                return Err(Box::new(OriginFailed));
             }
-            break (parts, body, request_time, response_time);
         };
-        let (mut parts, body) = (parts, body);
-        let verdict = policy::classify_response(
-            &state.http.rules,
-            had_authorization,
-            parts.status,
-            &parts.headers,
+        let Answer {
+            mut parts,
+            body,
             request_time,
             response_time,
-        );
-        let verdict = state.route_verdict(&template, &parts, verdict);
-        if matches!(verdict, policy::ResponseVerdict::Share)
-            && policy::lacks_freshness(&state.http.rules, parts.status, &parts.headers)
-        {
-            state.warn_no_freshness(&template, parts.status);
-        }
-
-        let mut names = policy::vary_names(&parts.headers).unwrap_or_default();
-        // Credentials vary the answer unless the origin says it is the same
-        // for everyone (`public`, `s-maxage`): key it by their digest then.
-        if had_authorization
-            && !policy::shared_across_credentials(&state.http.rules, &parts.headers)
-            && !names.contains(&header::AUTHORIZATION)
-        {
-            names.push(header::AUTHORIZATION);
-        }
-        let vary: Vec<(HeaderName, Vec<HeaderValue>)> = names
-            .into_iter()
-            .map(|n| {
-                let values = stored_values(&n, &request_headers);
-                (n, values)
-            })
-            .collect();
+        } = answer;
+        let verdict = judge(&state, &asked, &parts, request_time, response_time);
+        let vary = vary_of(&state, &asked, &parts.headers);
         strip_not_stored(&mut parts.headers);
         // Only a response the cache could store is streamed to waiters.
-        let mut head = stream_head(&verdict, &parts, &vary, url, target.route);
-        let mut passthrough = passthrough;
-
-        let parts_status = parts.status;
-        let limit = state.http.max_body_bytes;
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        let mut body = Box::pin(body);
-        // Under a pass marker, an answer that will not be stored goes to its
-        // request as it comes, never buffered: an event stream streams. An
-        // error status goes the usual way below (an origin error never
-        // replaces what stale-if-error may still serve).
-        if pass_unstored && head.is_none() && !is_error(parts_status) {
-            if let Some(tx) = passthrough.take() {
-                match &verdict {
-                    policy::ResponseVerdict::Pass(reason) => state.counters().not_stored(reason),
-                    policy::ResponseVerdict::Share => {
-                        state.counters().not_stored("no-freshness");
-                    }
-                    policy::ResponseVerdict::Store { .. } => {}
-                }
-                let response =
-                    Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
-                let _ = tx.send(Handoff::Passed(response));
-                return Ok(state.unbuffered_fill(&verdict, parts_status));
-            }
-        }
-        if declared.is_some_and(|len| len > limit as u64) {
-            state.counters().not_stored("too-large");
-            state.too_large.mark(target.key);
-            let Some(head) = head else {
-                if let Some(tx) = passthrough {
-                    let response =
-                        Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
-                    let _ = tx.send(Handoff::TooLarge(response));
-                }
-                return Ok(state.unbuffered_fill(&verdict, parts_status));
-            };
-            // Storable but for its size: the flight ends as soon as the
-            // stream is set up (see `stream_rest`), releasing its lease, so
-            // instances waiting on it each make one call for their readers.
-            // Shared all the same: streamed through a window of
-            // `max_body_bytes`, paid for from the fill budget.
-            let window = u32::try_from(limit).ok().and_then(|n| {
-                Arc::clone(&state.engine.fill_bytes)
-                    .try_acquire_many_owned(n)
-                    .ok()
-            });
-            if let Some(window) = window {
-                let start = StreamStart {
-                    chunks: VecDeque::new(),
-                    total: 0,
-                    budget: Some(window),
-                    storing: false,
-                };
-                let leader = passthrough;
-                stream_rest(&state, target.key, head, leader, start, body).await?;
-                // Too large is not uncacheable: no pass marker, so the next
-                // request leads a new shared fill.
-                return Ok(Fill::Unbuffered);
-            }
-            if let Some(tx) = passthrough {
-                let response =
-                    Response::from_parts(parts, CacheBody::prefixed(VecDeque::new(), body));
-                let _ = tx.send(Handoff::TooLarge(response));
-            }
-            return Ok(Fill::Unbuffered);
-        }
-
-        let mut chunks: VecDeque<Bytes> = VecDeque::new();
-        let mut total = 0usize;
-        // This fill's share of the layer-wide fill buffer budget, given
-        // back once the body is joined (the store accounts for it then).
-        let mut buffered: Option<OwnedSemaphorePermit> = None;
-        let mut streamed: Option<Bytes> = None;
-        loop {
-            // Not `while let`: its temporary (the inner error type, maybe
-            // not `Send`) would live across the stream's `.await`.
-            let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await else {
-                break;
-            };
-            let frame = frame.map_err(Into::into)?;
-            // Trailers are not stored; the data is.
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            total += data.len();
-            let share = u32::try_from(data.len()).ok().and_then(|n| {
-                Arc::clone(&state.engine.fill_bytes)
-                    .try_acquire_many_owned(n)
-                    .ok()
-            });
-            chunks.push_back(data);
-            let Some(share) = share else {
-                // Over budget: stream on to this request alone, store nothing,
-                // and mark nothing (the next request may buffer again).
-                if let Some(tx) = passthrough {
-                    let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
-                    let _ = tx.send(Handoff::TooLarge(response));
-                }
-                return Ok(Fill::Unbuffered);
-            };
-            match &mut buffered {
-                Some(held) => held.merge(share),
-                None => buffered = Some(share),
-            }
-            if total > limit {
-                state.counters().not_stored("too-large");
-                state.too_large.mark(target.key);
-                // Storable but for its size (then this is its first frame;
-                // later ones stream below): shared through a window of
-                // `max_body_bytes` like a declared length, paid from what the
-                // frame took. The frame itself may be larger than the window.
-                let storable = head.take();
-                let window = buffered.take().and_then(|mut held| held.split(limit));
-                if let (Some(head), Some(window)) = (storable, window) {
-                    let start = StreamStart {
-                        chunks: std::mem::take(&mut chunks),
-                        total,
-                        budget: Some(window),
-                        storing: false,
-                    };
-                    let leader = passthrough.take();
-                    stream_rest(&state, target.key, head, leader, start, body).await?;
-                    return Ok(Fill::Unbuffered);
-                }
-                if let Some(tx) = passthrough {
-                    let response = Response::from_parts(parts, CacheBody::prefixed(chunks, body));
-                    let _ = tx.send(Handoff::TooLarge(response));
-                }
-                return Ok(state.unbuffered_fill(&verdict, parts_status));
-            }
-            // More than one frame: every reader gets the rest as it arrives
-            // (a body in one frame is answered whole, as before).
-            if !body.is_end_stream() {
-                if let Some(head) = head.take() {
-                    let start = StreamStart {
-                        chunks: std::mem::take(&mut chunks),
-                        total,
-                        budget: buffered.take(),
-                        storing: true,
-                    };
-                    let leader = passthrough.take();
-                    match stream_rest(&state, target.key, head, leader, start, body).await? {
-                        Some(whole) => {
-                            streamed = Some(whole);
-                            break;
-                        }
-                        // Too large, over the budget, or abandoned: none
-                        // of these makes the response uncacheable.
-                        None => return Ok(Fill::Unbuffered),
-                    }
-                }
-            }
-        }
-        let body = streamed.unwrap_or_else(|| join(chunks, total));
-        drop(buffered);
-
+        let head = stream_head(&verdict, &parts, &vary, asked.url, target.route);
+        let responding = Responding {
+            state: Arc::clone(&state),
+            key: target.key,
+            verdict,
+            head,
+            passthrough,
+            parts,
+        };
+        let (parts, verdict, body) = match responding.read(Box::pin(body), pass_unstored).await? {
+            Read::Done(fill) => return Ok(fill),
+            Read::Whole(parts, verdict, body) => (parts, verdict, body),
+        };
         let value = CachedResponse {
             status: parts.status,
             headers: parts.headers,
             body,
             vary,
             initial_age: 0,
-            url,
+            url: asked.url,
             route: target.route,
             rules: StoredRules::default(),
             revalidated: false,
@@ -445,7 +215,403 @@ where
         if stale.is_some() && guarded {
             return Ok(Fill::Share(value));
         }
-        Ok(state.finish(target, value, verdict, &request_headers))
+        Ok(state.finish(target, value, verdict, &asked.headers))
+    }
+}
+
+/// What the origin is asked, made once from the request.
+struct Asked {
+    /// The request the cache sends: a GET (HEAD is filled with a GET so
+    /// the stored entry can answer both), without the client's validators
+    /// or body framing, its varied fields normalised.
+    template: http::request::Parts,
+    had_authorization: bool,
+    /// The template's headers, for Vary values and the stored entry.
+    headers: HeaderMap,
+    url: CacheKey,
+}
+
+impl Asked {
+    fn of<ReqB>(req: Request<ReqB>) -> Self {
+        let url = url_of(&req);
+        // The body of a GET or HEAD carries no meaning.
+        let (mut template, _body) = req.into_parts();
+        template.method = Method::GET;
+        for name in &CONDITIONAL {
+            template.headers.remove(name);
+        }
+        strip_framing(&mut template.headers);
+        crate::http::vary::normalise_fill_request(&mut template.headers);
+        let had_authorization = template.headers.contains_key(header::AUTHORIZATION);
+        let headers = template.headers.clone();
+        Self {
+            template,
+            had_authorization,
+            headers,
+            url,
+        }
+    }
+}
+
+/// The origin's answer, its body not read yet.
+struct Answer<ResB> {
+    parts: http::response::Parts,
+    body: ResB,
+    request_time: SystemTime,
+    response_time: SystemTime,
+}
+
+enum Exchange<ResB> {
+    /// A 304 freshened the stale copy: the call's fill.
+    Revalidated(Box<Fill<CachedResponse>>),
+    Answered(Answer<ResB>),
+}
+
+/// Ask the origin: at most two requests, a conditional one, and a plain one
+/// if the 304 turns out to describe some other representation. The inner
+/// service's own error is returned as it is.
+async fn exchange<S, ReqB, ResB>(
+    inner: &mut S,
+    asked: &Asked,
+    stale: &mut Option<CachedResponse>,
+    state: &Arc<LayerState>,
+    target: &Target,
+) -> Result<Exchange<ResB>, S::Error>
+where
+    S: Origin<ReqB, ResB>,
+    ReqB: Default + Send + 'static,
+    ResB: OriginBody,
+{
+    loop {
+        let mut req = Request::from_parts(asked.template.clone(), ReqB::default());
+        if let Some(s) = &*stale {
+            conditional::add_validators(req.headers_mut(), s);
+        }
+        let request_time = SystemTime::now();
+        poll_fn(|cx| inner.poll_ready(cx)).await?;
+        let response = inner.call(req).await?;
+        let response_time = SystemTime::now();
+        let (parts, body) = response.into_parts();
+        if parts.status == StatusCode::NOT_MODIFIED {
+            if let Some(s) = stale.take() {
+                let times = (request_time, response_time);
+                match revalidated(state, asked, &s, &parts.headers, times, target) {
+                    Some(fill) => return Ok(Exchange::Revalidated(Box::new(fill))),
+                    None => continue,
+                }
+            }
+        }
+        return Ok(Exchange::Answered(Answer {
+            parts,
+            body,
+            request_time,
+            response_time,
+        }));
+    }
+}
+
+/// The stored response freshened by a 304's headers, with its verdict, or
+/// `None` when the 304 does not describe it.
+fn revalidated(
+    state: &Arc<LayerState>,
+    asked: &Asked,
+    stored: &CachedResponse,
+    not_modified: &HeaderMap,
+    (request_time, response_time): (SystemTime, SystemTime),
+    target: &Target,
+) -> Option<Fill<CachedResponse>> {
+    let excluded = |n: &HeaderName| NOT_STORED.contains(n) || n == header::AGE;
+    let mut merged = conditional::freshen(stored, not_modified, excluded)?;
+    // The stored origin Age describes the old exchange.
+    merged.headers.remove(header::AGE);
+    // The 304's own Age and Date drive the new age.
+    let mut for_age = merged.headers.clone();
+    for_age.remove(header::AGE);
+    if let Some(age) = not_modified.get(header::AGE) {
+        for_age.insert(header::AGE, age.clone());
+    }
+    let mut verdict = policy::classify_response(
+        &state.http.rules,
+        asked.had_authorization,
+        merged.status,
+        &for_age,
+        request_time,
+        response_time,
+    );
+    if state.http.predicate.is_some() {
+        let mut res = Response::new(()).into_parts().0;
+        res.status = merged.status;
+        res.headers = merged.headers.clone();
+        verdict = state.route_verdict(&asked.template, &res, verdict);
+    }
+    merged.revalidated = true;
+    Some(state.finish(*target, merged, verdict, &asked.headers))
+}
+
+/// The answer's verdict (RFC 9111, then the route's), warning once per
+/// route about answers without freshness.
+fn judge(
+    state: &Arc<LayerState>,
+    asked: &Asked,
+    parts: &http::response::Parts,
+    request_time: SystemTime,
+    response_time: SystemTime,
+) -> policy::ResponseVerdict {
+    let verdict = policy::classify_response(
+        &state.http.rules,
+        asked.had_authorization,
+        parts.status,
+        &parts.headers,
+        request_time,
+        response_time,
+    );
+    let verdict = state.route_verdict(&asked.template, parts, verdict);
+    if matches!(verdict, policy::ResponseVerdict::Share)
+        && policy::lacks_freshness(&state.http.rules, parts.status, &parts.headers)
+    {
+        state.warn_no_freshness(&asked.template, parts.status);
+    }
+    verdict
+}
+
+/// The request's values of every field the answer varies on. Credentials
+/// vary the answer unless the origin says it is the same for everyone
+/// (`public`, `s-maxage`): it is keyed by their digest then.
+fn vary_of(
+    state: &Arc<LayerState>,
+    asked: &Asked,
+    response: &HeaderMap,
+) -> Vec<(HeaderName, Vec<HeaderValue>)> {
+    let mut names = policy::vary_names(response).unwrap_or_default();
+    if asked.had_authorization
+        && !policy::shared_across_credentials(&state.http.rules, response)
+        && !names.contains(&header::AUTHORIZATION)
+    {
+        names.push(header::AUTHORIZATION);
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let values = stored_values(&n, &asked.headers);
+            (n, values)
+        })
+        .collect()
+}
+
+/// An answer whose body is being read: buffered for storing, streamed to
+/// every reader, or handed to its own request alone.
+struct Responding<ResB> {
+    state: Arc<LayerState>,
+    key: CacheKey,
+    verdict: policy::ResponseVerdict,
+    /// Set while the answer could be stored: it may stream to waiters.
+    head: Option<Arc<Stored<CachedResponse>>>,
+    passthrough: Option<oneshot::Sender<Handoff<ResB>>>,
+    parts: http::response::Parts,
+}
+
+enum Read {
+    /// The body went elsewhere (streamed, handed over): the call's fill.
+    Done(Fill<CachedResponse>),
+    /// The whole body, to store or share.
+    Whole(http::response::Parts, policy::ResponseVerdict, Bytes),
+}
+
+impl<ResB: OriginBody> Responding<ResB> {
+    async fn read(self, body: Pin<Box<ResB>>, pass_unstored: bool) -> Result<Read, BoxError> {
+        let status = self.parts.status;
+        // Under a pass marker, an answer that will not be stored goes to its
+        // request as it comes, never buffered: an event stream streams. An
+        // error status goes the usual way below (an origin error never
+        // replaces what stale-if-error may still serve).
+        if pass_unstored && self.head.is_none() && !is_error(status) && self.passthrough.is_some() {
+            return Ok(Read::Done(self.pass_on(body)));
+        }
+        let declared = self
+            .parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.state.http.max_body_bytes as u64) {
+            return self.declared_too_large(body).await.map(Read::Done);
+        }
+        self.frames(body).await
+    }
+
+    /// Hand an answer that will not be stored to its request, unbuffered.
+    fn pass_on(mut self, body: Pin<Box<ResB>>) -> Fill<CachedResponse> {
+        match &self.verdict {
+            policy::ResponseVerdict::Pass(reason) => self.state.counters().not_stored(reason),
+            policy::ResponseVerdict::Share => self.state.counters().not_stored("no-freshness"),
+            policy::ResponseVerdict::Store { .. } => {}
+        }
+        let fill = self.state.unbuffered_fill(&self.verdict, self.parts.status);
+        if let Some(tx) = self.passthrough.take() {
+            let response =
+                Response::from_parts(self.parts, CacheBody::prefixed(VecDeque::new(), body));
+            let _ = tx.send(Handoff::Passed(response));
+        }
+        fill
+    }
+
+    /// Too large to store, and not shared: what has been read and the rest
+    /// go to the request that started the call, alone.
+    fn alone(self, chunks: VecDeque<Bytes>, body: Pin<Box<ResB>>) {
+        if let Some(tx) = self.passthrough {
+            let response = Response::from_parts(self.parts, CacheBody::prefixed(chunks, body));
+            let _ = tx.send(Handoff::TooLarge(response));
+        }
+    }
+
+    /// Stream the rest to every reader from `start`; the whole body when it
+    /// was kept for storing.
+    async fn stream_on(
+        &mut self,
+        head: Arc<Stored<CachedResponse>>,
+        start: StreamStart,
+        body: Pin<Box<ResB>>,
+    ) -> Result<Option<Bytes>, BoxError> {
+        let leader = self.passthrough.take();
+        stream_rest(&self.state, self.key, head, leader, start, body).await
+    }
+
+    /// A declared length over `max_body_bytes`.
+    async fn declared_too_large(
+        mut self,
+        body: Pin<Box<ResB>>,
+    ) -> Result<Fill<CachedResponse>, BoxError> {
+        self.state.counters().not_stored("too-large");
+        self.state.too_large.mark(self.key);
+        let Some(head) = self.head.take() else {
+            let fill = self.state.unbuffered_fill(&self.verdict, self.parts.status);
+            self.alone(VecDeque::new(), body);
+            return Ok(fill);
+        };
+        // Storable but for its size: the flight ends as soon as the
+        // stream is set up (see `stream_rest`), releasing its lease, so
+        // instances waiting on it each make one call for their readers.
+        // Shared all the same: streamed through a window of
+        // `max_body_bytes`, paid for from the fill budget.
+        let window = u32::try_from(self.state.http.max_body_bytes)
+            .ok()
+            .and_then(|n| {
+                Arc::clone(&self.state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
+        match window {
+            Some(window) => {
+                let start = StreamStart {
+                    chunks: VecDeque::new(),
+                    total: 0,
+                    budget: Some(window),
+                    storing: false,
+                };
+                self.stream_on(head, start, body).await?;
+            }
+            None => self.alone(VecDeque::new(), body),
+        }
+        // Too large is not uncacheable: no pass marker, so the next
+        // request leads a new shared fill.
+        Ok(Fill::Unbuffered)
+    }
+
+    /// Read the body frame by frame into the fill budget; past one frame it
+    /// streams to every reader, past the limit or the budget it goes on
+    /// without being stored.
+    async fn frames(mut self, mut body: Pin<Box<ResB>>) -> Result<Read, BoxError> {
+        let limit = self.state.http.max_body_bytes;
+        let mut chunks: VecDeque<Bytes> = VecDeque::new();
+        let mut total = 0usize;
+        // This fill's share of the layer-wide fill buffer budget, given
+        // back once the body is joined (the store accounts for it then).
+        let mut buffered: Option<OwnedSemaphorePermit> = None;
+        loop {
+            // Not `while let`: its temporary (the inner error type, maybe
+            // not `Send`) would live across the stream's `.await`.
+            let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await else {
+                break;
+            };
+            let frame = frame.map_err(Into::into)?;
+            // Trailers are not stored; the data is.
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            total += data.len();
+            let share = u32::try_from(data.len()).ok().and_then(|n| {
+                Arc::clone(&self.state.engine.fill_bytes)
+                    .try_acquire_many_owned(n)
+                    .ok()
+            });
+            chunks.push_back(data);
+            let Some(share) = share else {
+                // Over budget: stream on to this request alone, store nothing,
+                // and mark nothing (the next request may buffer again).
+                self.alone(chunks, body);
+                return Ok(Read::Done(Fill::Unbuffered));
+            };
+            match &mut buffered {
+                Some(held) => held.merge(share),
+                None => buffered = Some(share),
+            }
+            if total > limit {
+                return self.outgrown(chunks, total, buffered, body).await;
+            }
+            // More than one frame: every reader gets the rest as it arrives
+            // (a body in one frame is answered whole, as before).
+            if !body.is_end_stream() {
+                if let Some(head) = self.head.take() {
+                    let start = StreamStart {
+                        chunks: std::mem::take(&mut chunks),
+                        total,
+                        budget: buffered.take(),
+                        storing: true,
+                    };
+                    return Ok(match self.stream_on(head, start, body).await? {
+                        Some(whole) => Read::Whole(self.parts, self.verdict, whole),
+                        // Too large, over the budget, or abandoned: none
+                        // of these makes the response uncacheable.
+                        None => Read::Done(Fill::Unbuffered),
+                    });
+                }
+            }
+        }
+        let whole = join(chunks, total);
+        drop(buffered);
+        Ok(Read::Whole(self.parts, self.verdict, whole))
+    }
+
+    /// A body that outgrew `max_body_bytes` without declaring it: storable
+    /// but for its size (then this is its first frame; later ones stream
+    /// on), it is shared through a window of `max_body_bytes` like a
+    /// declared length, paid from what the frame took. The frame itself
+    /// may be larger than the window.
+    async fn outgrown(
+        mut self,
+        chunks: VecDeque<Bytes>,
+        total: usize,
+        buffered: Option<OwnedSemaphorePermit>,
+        body: Pin<Box<ResB>>,
+    ) -> Result<Read, BoxError> {
+        self.state.counters().not_stored("too-large");
+        self.state.too_large.mark(self.key);
+        let limit = self.state.http.max_body_bytes;
+        let storable = self.head.take();
+        let window = buffered.and_then(|mut held| held.split(limit));
+        if let (Some(head), Some(window)) = (storable, window) {
+            let start = StreamStart {
+                chunks,
+                total,
+                budget: Some(window),
+                storing: false,
+            };
+            self.stream_on(head, start, body).await?;
+            return Ok(Read::Done(Fill::Unbuffered));
+        }
+        let fill = self.state.unbuffered_fill(&self.verdict, self.parts.status);
+        self.alone(chunks, body);
+        Ok(Read::Done(fill))
     }
 }
 
