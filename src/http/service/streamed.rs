@@ -90,46 +90,15 @@ pub(super) async fn stream_rest<ResB: OriginBody>(
     key: CacheKey,
     head: Arc<Stored<CachedResponse>>,
     leader: Option<oneshot::Sender<Handoff<ResB>>>,
-    start: StreamStart,
+    mut start: StreamStart,
     mut body: Pin<Box<ResB>>,
 ) -> Result<Option<Bytes>, BoxError> {
-    let StreamStart {
-        mut chunks,
-        mut total,
-        mut budget,
-        mut storing,
-    } = start;
-    let limit = state.http.max_body_bytes;
     let stall = state.engine.config.origin_timeout;
-    let shared = SharedBody::new(state.engine.counters.cache_name(), stall);
-    if !storing {
-        shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
-    }
-    for c in &chunks {
-        shared.push(c.clone());
-    }
-    if !storing {
-        // Only the window may keep them now.
-        chunks.clear();
-    }
-    let stream = Arc::new(Stream {
-        head,
-        body: Arc::clone(&shared),
-    });
-    // The initiator's reader first: it starts at byte 0 whatever happens.
-    if let Some(tx) = leader {
-        if let Some(reader) = shared.reader(None) {
-            let detail = if storing { "streamed" } else { "too-large" };
-            let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
-        }
-    }
-    let writer = Writer {
-        body: Arc::clone(&shared),
-        _offer: Some(state.streams.register(key, stream)),
-    };
+    let (shared, writer) = start.open(state, key, head, leader);
     let mut pending = None;
     loop {
-        if !storing && budget.as_ref().is_some_and(|b| b.num_permits() > 0) {
+        if !start.storing && start.budget.as_ref().is_some_and(|b| b.num_permits() > 0) {
+            let budget = start.budget.take();
             tokio::spawn(pump(shared, writer, body, pending, budget, stall));
             return Ok(None);
         }
@@ -154,39 +123,96 @@ pub(super) async fn stream_rest<ResB: OriginBody>(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        total += data.len();
-        if storing {
-            let share = u32::try_from(data.len()).ok().and_then(|n| {
-                Arc::clone(&state.engine.fill_bytes)
-                    .try_acquire_many_owned(n)
-                    .ok()
-            });
-            match share {
-                Some(share) if total <= limit => {
-                    match &mut budget {
-                        Some(held) => held.merge(share),
-                        None => budget = Some(share),
-                    }
-                    chunks.push_back(data.clone());
-                }
-                // Not storable after all: keep what the budget already
-                // pays for as the window, and stop keeping the rest.
-                _ => {
-                    if total > limit {
-                        state.counters().not_stored("too-large");
-                        state.too_large.mark(key);
-                    }
-                    storing = false;
-                    chunks.clear();
-                    shared.to_window(budget.as_ref().map_or(0, |b| b.num_permits()));
-                }
-            }
-        }
+        start.keep(state, key, &shared, &data);
         pending = Some(data);
     }
     shared.finish();
     drop(writer);
+    let StreamStart {
+        chunks,
+        total,
+        storing,
+        ..
+    } = start;
     Ok(storing.then(|| join(chunks, total)))
+}
+
+impl StreamStart {
+    /// The shared body, holding what was read so far, offered to the
+    /// flight's waiters; the initiator's reader is handed over first, so it
+    /// starts at byte 0 whatever happens.
+    fn open<ResB>(
+        &mut self,
+        state: &Arc<LayerState>,
+        key: CacheKey,
+        head: Arc<Stored<CachedResponse>>,
+        leader: Option<oneshot::Sender<Handoff<ResB>>>,
+    ) -> (Arc<SharedBody>, Writer) {
+        let stall = state.engine.config.origin_timeout;
+        let shared = SharedBody::new(state.engine.counters.cache_name(), stall);
+        if !self.storing {
+            shared.to_window(self.budget.as_ref().map_or(0, |b| b.num_permits()));
+        }
+        for c in &self.chunks {
+            shared.push(c.clone());
+        }
+        if !self.storing {
+            // Only the window may keep them now.
+            self.chunks.clear();
+        }
+        let stream = Arc::new(Stream {
+            head,
+            body: Arc::clone(&shared),
+        });
+        if let Some(tx) = leader {
+            if let Some(reader) = shared.reader(None) {
+                let detail = if self.storing {
+                    "streamed"
+                } else {
+                    "too-large"
+                };
+                let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
+            }
+        }
+        let writer = Writer {
+            body: Arc::clone(&shared),
+            _offer: Some(state.streams.register(key, stream)),
+        };
+        (shared, writer)
+    }
+
+    /// Count a frame, and keep it while the body may still be stored.
+    fn keep(&mut self, state: &Arc<LayerState>, key: CacheKey, shared: &SharedBody, data: &Bytes) {
+        self.total += data.len();
+        if !self.storing {
+            return;
+        }
+        let share = u32::try_from(data.len()).ok().and_then(|n| {
+            Arc::clone(&state.engine.fill_bytes)
+                .try_acquire_many_owned(n)
+                .ok()
+        });
+        match share {
+            Some(share) if self.total <= state.http.max_body_bytes => {
+                match &mut self.budget {
+                    Some(held) => held.merge(share),
+                    None => self.budget = Some(share),
+                }
+                self.chunks.push_back(data.clone());
+            }
+            // Not storable after all: keep what the budget already
+            // pays for as the window, and stop keeping the rest.
+            _ => {
+                if self.total > state.http.max_body_bytes {
+                    state.counters().not_stored("too-large");
+                    state.too_large.mark(key);
+                }
+                self.storing = false;
+                self.chunks.clear();
+                shared.to_window(self.budget.as_ref().map_or(0, |b| b.num_permits()));
+            }
+        }
+    }
 }
 
 /// The rest of a body that will not be stored, on its own task: each
