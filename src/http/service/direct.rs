@@ -41,6 +41,16 @@ pub(super) enum OwnFill {
     UnderPassMarker(Forward),
 }
 
+impl OwnFill {
+    /// How the call is forwarded, and whether it runs under a pass marker.
+    fn forward(self) -> (Forward, bool) {
+        match self {
+            OwnFill::Reload => (Forward::Request, false),
+            OwnFill::UnderPassMarker(fwd) => (fwd, true),
+        }
+    }
+}
+
 /// A request that asked for a fresh answer, in [`ReloadMode::Honor`]: call
 /// the origin for it alone (holding a fallback permit), and store what comes
 /// back for everyone else.
@@ -109,17 +119,10 @@ where
     };
     let (call, mut passthrough_rx, error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
-    let (fwd, call) = match why {
-        OwnFill::Reload => (Forward::Request, call),
-        OwnFill::UnderPassMarker(fwd) => (fwd, call.passing_unstored()),
-    };
-    let under_marker = matches!(why, OwnFill::UnderPassMarker(_));
+    let (fwd, under_marker) = why.forward();
+    let call = call.passing_unstored(under_marker);
     let counters = state.counters();
     counters.origin_call();
-    let served = Served::Forwarded {
-        fwd,
-        collapsed: false,
-    };
     let started = state.engine.outside_start();
     match state.engine.run_compute(call.start()).await {
         Ok(Fill::Store {
@@ -130,20 +133,23 @@ where
         }) => {
             let freshness = Freshness::new(fresh_for).with_stale(stale_for);
             let value_copy = value.clone();
-            match state
+            let stored = state
                 .engine
-                .store_outside_flight(target.key, value, freshness, copies, started)
-            {
-                Some(entry) => {
-                    counters.record(Source::Miss);
-                    let response = state.respond(&entry, &view, served);
-                    if under_marker {
-                        return Ok(with_detail(response, "hit-for-miss"));
-                    }
-                    Ok(response)
-                }
-                None => Ok(state.respond_uncached(value_copy, &view, fwd)),
-            }
+                .store_outside_flight(target.key, value, freshness, copies, started);
+            let Some(entry) = stored else {
+                return Ok(state.respond_uncached(value_copy, &view, fwd));
+            };
+            counters.record(Source::Miss);
+            let served = Served::Forwarded {
+                fwd,
+                collapsed: false,
+            };
+            let response = state.respond(&entry, &view, served);
+            Ok(if under_marker {
+                with_detail(response, "hit-for-miss")
+            } else {
+                response
+            })
         }
         Ok(Fill::Share(mut value) | Fill::Pass(Some(mut value)) | Fill::Private(mut value)) => {
             counters.record(Source::Bypass);
@@ -161,14 +167,11 @@ where
         },
         Err(error) => {
             counters.record_error();
-            if let Some(e) = error_slot
+            let own = error_slot
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
-                return Err(e);
-            }
-            Ok(state.error_response(&error))
+                .take();
+            own.map_or_else(|| Ok(state.error_response(&error)), Err)
         }
     }
 }

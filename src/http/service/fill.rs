@@ -39,40 +39,7 @@ impl LayerState {
             } => {
                 value.initial_age = initial_age.as_secs().min(u64::from(u32::MAX)) as u32;
                 value.rules = rules;
-                let names: Vec<HeaderName> = value.vary.iter().map(|(n, _)| n.clone()).collect();
-                self.vary.learn(target.base, &names);
-                // The next request with these values computes this key; file
-                // the response there too when it differs from the flight's.
-                // Copies are written by the engine after the fill's own
-                // fenced write, under its token and purge checks.
-                let key = variant_key(&target.base, &names, request_headers);
-                let mut copies = Vec::new();
-                if key != target.key {
-                    copies.push(Copy { key, memory: true });
-                }
-                // Kept past its stale grace: to revalidate it (validators),
-                // for stale-if-error, and for clients that accept max-stale.
-                let keep = self
-                    .http
-                    .keep
-                    .max(stale_for)
-                    .max(Duration::from_secs(u64::from(rules.sie)));
-                self.retained.insert(key, value.clone(), fresh_for, keep);
-                // The base key always holds some variant in Redis, carrying
-                // the Vary names: an instance that has not learned them yet
-                // looks the base key up first and learns them there.
-                if !names.is_empty() && target.base != target.key && target.base != key {
-                    copies.push(Copy {
-                        key: target.base,
-                        memory: false,
-                    });
-                }
-                Fill::Store {
-                    value,
-                    fresh_for,
-                    stale_for,
-                    copies,
-                }
+                self.store_fill(target, value, fresh_for, stale_for, request_headers)
             }
             // An error page is about the request that got it as much as
             // about the resource (an oversized header, a method override):
@@ -118,6 +85,54 @@ impl LayerState {
                 }
                 Fill::Pass(Some(value))
             }
+        }
+    }
+}
+
+impl LayerState {
+    /// The fill of a stored response: the variant it is filed under, its
+    /// copy kept aside, and the base key's copy carrying the Vary names.
+    fn store_fill(
+        &self,
+        target: Target,
+        value: CachedResponse,
+        fresh_for: Duration,
+        stale_for: Duration,
+        request_headers: &HeaderMap,
+    ) -> Fill<CachedResponse> {
+        let names: Vec<HeaderName> = value.vary.iter().map(|(n, _)| n.clone()).collect();
+        self.vary.learn(target.base, &names);
+        // The next request with these values computes this key; file
+        // the response there too when it differs from the flight's.
+        // Copies are written by the engine after the fill's own
+        // fenced write, under its token and purge checks.
+        let key = variant_key(&target.base, &names, request_headers);
+        let mut copies = Vec::new();
+        if key != target.key {
+            copies.push(Copy { key, memory: true });
+        }
+        // Kept past its stale grace: to revalidate it (validators),
+        // for stale-if-error, and for clients that accept max-stale.
+        let keep = self
+            .http
+            .keep
+            .max(stale_for)
+            .max(Duration::from_secs(u64::from(value.rules.sie)));
+        self.retained.insert(key, value.clone(), fresh_for, keep);
+        // The base key always holds some variant in Redis, carrying
+        // the Vary names: an instance that has not learned them yet
+        // looks the base key up first and learns them there.
+        if !names.is_empty() && target.base != target.key && target.base != key {
+            copies.push(Copy {
+                key: target.base,
+                memory: false,
+            });
+        }
+        Fill::Store {
+            value,
+            fresh_for,
+            stale_for,
+            copies,
         }
     }
 }

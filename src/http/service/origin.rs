@@ -96,11 +96,11 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         (call, passthrough_rx, error)
     }
 
-    /// An initiated call whose answer, if it will not be stored and is no
-    /// error, streams straight to its request ([`Handoff::Passed`]).
-    pub(super) fn passing_unstored(mut self) -> Self {
+    /// With `on`, an initiated call whose answer, if it will not be stored
+    /// and is no error, streams straight to its request ([`Handoff::Passed`]).
+    pub(super) fn passing_unstored(mut self, on: bool) -> Self {
         if let Some(i) = &mut self.initiator {
-            i.pass_unstored = true;
+            i.pass_unstored = on;
         }
         self
     }
@@ -151,13 +151,7 @@ where
         // A copy kept aside since the call was made (read from Redis past its
         // stale grace, by another instance's write): revalidate it, and an
         // origin error does not replace it.
-        if stale.is_none() {
-            stale = state
-                .retained
-                .get(&target.key)
-                .filter(|e| e.value.vary_matches(req.headers()))
-                .map(|e| e.value.clone());
-        }
+        stale = stale.or_else(|| state.kept_aside(&target, req.headers()));
         let asked = Asked::of(req);
         let answer = match exchange(&mut inner, &asked, &mut stale, &state, &target).await {
             Ok(Exchange::Answered(a)) => a,
@@ -216,6 +210,17 @@ where
             return Ok(Fill::Share(value));
         }
         Ok(state.finish(target, value, verdict, &asked.headers))
+    }
+}
+
+impl LayerState {
+    /// The copy kept aside for `target` that the request's varied fields
+    /// match, to revalidate.
+    fn kept_aside(&self, target: &Target, request: &HeaderMap) -> Option<CachedResponse> {
+        self.retained
+            .get(&target.key)
+            .filter(|e| e.value.vary_matches(request))
+            .map(|e| e.value.clone())
     }
 }
 
