@@ -1,4 +1,4 @@
-//! Streamed fills at their edges (found in review): a zero-byte window,
+//! Streamed fills at their edges: a zero-byte window,
 //! and a body too large to store whose transfer outlasts `origin_timeout`.
 //! The origin is a service whose bodies the test feeds chunk by chunk;
 //! tokio time is paused.
