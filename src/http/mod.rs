@@ -3,6 +3,7 @@
 //! It drives the engine ([`crate::engine`]); nothing below it imports this.
 
 pub(crate) mod body;
+pub(crate) mod builder;
 pub(crate) mod cache_status;
 pub(crate) mod conditional;
 pub(crate) mod future;
