@@ -83,7 +83,8 @@
 //!
 //! ```text
 //! http/            everything that knows HTTP
-//!   layer.rs         CacheLayer and its builder (the public handle, purges)
+//!   layer.rs         CacheLayer (the public handle, purges)
+//!   builder.rs       CacheLayerBuilder: every setting, its bounds checked
 //!   state.rs         what every clone and route layer shares
 //!   service/         the Tower service, one file per step:
 //!     mod.rs           classify the request, find the candidate, pick the path
