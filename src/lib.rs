@@ -129,7 +129,6 @@
 #![doc = include_str!("docs/work_once.md")]
 #![doc = include_str!("docs/observability.md")]
 #![doc = include_str!("docs/usage.md")]
-
 // docs.rs: mark feature-gated items with the feature they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The docs describe the Redis paths too; built memory-only, their links to

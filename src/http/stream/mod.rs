@@ -39,6 +39,7 @@
 //! The HTTP layer keeps the running streams in [`Streams`], keyed by flight
 //! key; the engine knows nothing of them.
 
+mod buf;
 mod pace;
 mod reader;
 mod registry;

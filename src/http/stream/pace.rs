@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant as TokioInstant;
 
-use super::window::{Buf, Wakers};
+use super::buf::{Buf, Wakers};
 
 /// The longest a reader waits at a stretch for slower ones before the
 /// readers a window behind are cut off.
@@ -16,59 +16,6 @@ pub(crate) const STALL_GRACE: Duration = Duration::from_secs(5);
 /// for it `SLOW` times as long as they spent reading: it is less than
 /// `1 / (SLOW + 1)` as fast as most readers.
 const SLOW: u32 = 3;
-
-/// The clocks behind the cut-off rules, in tokio time (paused in tests).
-#[derive(Debug)]
-pub(super) struct Pace {
-    /// How long a blocked writer waits while no reader waits.
-    pub(super) stall: Duration,
-    /// When the first byte arrived.
-    pub(super) start: Option<TokioInstant>,
-    /// Since the writer last found no room while a reader waited.
-    pub(super) blocked: Option<TokioInstant>,
-    /// Since the writer last found no room at all.
-    pub(super) idle: Option<TokioInstant>,
-    /// How long half the readers have waited for slower ones since the
-    /// first byte (or since the last cut), besides the wait going on now
-    /// (since `majority`).
-    pub(super) waited: Duration,
-    pub(super) majority: Option<TokioInstant>,
-}
-
-impl Pace {
-    pub(super) fn new(stall: Duration) -> Self {
-        Self {
-            stall,
-            start: None,
-            idle: None,
-            blocked: None,
-            waited: Duration::ZERO,
-            majority: None,
-        }
-    }
-
-    /// The writer has room again.
-    pub(super) fn unblocked(&mut self, now: TokioInstant) {
-        self.blocked = None;
-        self.idle = None;
-        self.majority_ends(now);
-    }
-
-    fn majority_ends(&mut self, now: TokioInstant) {
-        if let Some(since) = self.majority.take() {
-            self.waited += now - since;
-        }
-    }
-
-    /// Readers were cut off: the next slowest starts with a clean slate.
-    pub(super) fn cut(&mut self) {
-        self.blocked = None;
-        self.idle = None;
-        self.start = None;
-        self.waited = Duration::ZERO;
-        self.majority = None;
-    }
-}
 
 impl Buf {
     /// Whether the writer may take the next chunk, making room by the

@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::window::{End, SharedBody};
+use super::buf::End;
+use super::window::SharedBody;
 use crate::error::BoxError;
 
 /// A body error a reader receives.
@@ -112,5 +113,32 @@ impl Drop for StreamReader {
         if let Some(w) = writer {
             w.wake();
         }
+    }
+}
+
+impl SharedBody {
+    /// A reader from the first byte on; `None` once the first byte is gone.
+    pub(crate) fn reader(self: &Arc<Self>, ttfb_since: Option<Instant>) -> Option<StreamReader> {
+        let mut buf = self.lock();
+        if buf.first > 0 {
+            return None;
+        }
+        buf.live += 1;
+        buf.shift(usize::MAX, 0);
+        let id = buf.next_reader;
+        buf.next_reader += 1;
+        // One more reader to wait for: let a parked writer re-check.
+        let writer = buf.writer.take();
+        drop(buf);
+        if let Some(w) = writer {
+            w.wake();
+        }
+        Some(StreamReader {
+            body: Arc::clone(self),
+            id,
+            next: 0,
+            finished: false,
+            ttfb_since,
+        })
     }
 }

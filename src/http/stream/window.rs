@@ -1,26 +1,19 @@
-//! The window and its room: one fill's body, the chunks it holds and the
-//! readers' positions in them. What the writer may take next is decided
-//! by the pacing rules in [`super::pace`].
+//! The window and its room: the writer's handle on one fill's body
+//! ([`SharedBody`]): pushing chunks, ending the body, and waiting for room
+//! by the pacing rules in [`super::pace`]. The state it locks is
+//! [`super::buf`]'s.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant as TokioInstant;
 
-use super::pace::{Pace, Room};
-use super::reader::StreamReader;
-
-/// How a stream ended, once it has.
-#[derive(Debug, Clone)]
-pub(super) enum End {
-    Open,
-    Done,
-    Failed(&'static str),
-}
+use super::buf::{Buf, End, Pace, Wakers};
+use super::pace::Room;
 
 /// The body of one fill, shared by all its readers.
 #[derive(Debug)]
@@ -28,67 +21,6 @@ pub(crate) struct SharedBody {
     buf: Mutex<Buf>,
     /// The layer's `cache` metrics label.
     pub(super) cache: Arc<str>,
-}
-
-/// A std `Mutex`: held for a few pointer moves, never across an `.await`,
-/// and wakers are woken after it is released.
-#[derive(Debug)]
-pub(super) struct Buf {
-    pub(super) chunks: VecDeque<Bytes>,
-    /// Absolute index of `chunks[0]`: readers keep absolute cursors.
-    pub(super) first: u64,
-    pub(super) held: usize,
-    /// `None` while the body may still be stored (keep all of it); then
-    /// the most bytes held while a reader still needs the oldest of them.
-    pub(super) window: Option<usize>,
-    pub(super) end: End,
-    /// One waker per waiting reader, by reader id: bounded by the readers.
-    pub(super) wakers: HashMap<u64, Waker>,
-    /// Readers not cut off: the ones that pace the writer.
-    pub(super) live: usize,
-    pub(super) next_reader: u64,
-    /// Live readers by position: `at[i]` is how many will read chunk
-    /// `first + i` next; the last slot counts those that have read
-    /// everything there is. One slot per chunk held, plus one.
-    pub(super) at: VecDeque<usize>,
-    /// The writer, parked while a window is held for a reader that still
-    /// needs its oldest chunk.
-    pub(super) writer: Option<Waker>,
-    /// How long the fill has been held back, and by whom.
-    pub(super) pace: Pace,
-}
-
-pub(super) type Wakers = HashMap<u64, Waker>;
-
-impl Buf {
-    /// Move one live reader from slot `from` to slot `to`.
-    pub(super) fn shift(&mut self, from: usize, to: usize) {
-        if let Some(n) = self.at.get_mut(from) {
-            *n = n.saturating_sub(1);
-        }
-        if let Some(n) = self.at.get_mut(to) {
-            *n += 1;
-        }
-    }
-
-    /// Drop the oldest chunk; the live readers that still needed it are
-    /// cut off (they learn it when next polled).
-    pub(super) fn drop_front(&mut self) {
-        let Some(c) = self.chunks.pop_front() else {
-            return;
-        };
-        self.held -= c.len();
-        self.first += 1;
-        let cut = self.at.pop_front().unwrap_or(0);
-        self.live = self.live.saturating_sub(cut);
-    }
-
-    /// Drop the oldest chunk for room; whether a live reader was cut off.
-    pub(super) fn cut_front(&mut self) -> bool {
-        let cut = self.at.front().is_some_and(|n| *n > 0);
-        self.drop_front();
-        cut
-    }
 }
 
 impl SharedBody {
@@ -118,31 +50,6 @@ impl SharedBody {
         // A panic mid-push leaves the buffer consistent (a push is one
         // VecDeque operation and counter updates).
         self.buf.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A reader from the first byte on; `None` once the first byte is gone.
-    pub(crate) fn reader(self: &Arc<Self>, ttfb_since: Option<Instant>) -> Option<StreamReader> {
-        let mut buf = self.lock();
-        if buf.first > 0 {
-            return None;
-        }
-        buf.live += 1;
-        buf.shift(usize::MAX, 0);
-        let id = buf.next_reader;
-        buf.next_reader += 1;
-        // One more reader to wait for: let a parked writer re-check.
-        let writer = buf.writer.take();
-        drop(buf);
-        if let Some(w) = writer {
-            w.wake();
-        }
-        Some(StreamReader {
-            body: Arc::clone(self),
-            id,
-            next: 0,
-            finished: false,
-            ttfb_since,
-        })
     }
 
     /// Stop keeping the whole body (it will not be stored): from now on at
