@@ -6,8 +6,3 @@ pub(crate) mod redlock {
     #[derive(Debug)]
     pub(crate) enum Redlock {}
 }
-
-#[allow(dead_code, reason = "only the Redis paths elect leases")]
-pub(crate) fn record_acquire(result: &'static str) {
-    metrics::counter!(crate::metrics::names::LOCK_ACQUIRE, "result" => result).increment(1);
-}

@@ -82,6 +82,6 @@ mod tls;
 pub(crate) use self::error::{redact_error, StoreError};
 pub(crate) use self::fills::{FillSubscription, Woken};
 pub use self::options::RedisOptions;
-pub(crate) use self::purge::GroupIndex;
 pub(crate) use self::scripts::{RemoteLookup, WriteMode, WriteOutcome};
+pub(crate) use self::store::GroupIndex;
 pub(crate) use self::store::RedisStore;

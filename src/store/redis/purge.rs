@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use super::error::StoreError;
 use super::purge_bus::{frame, listen, Listener, PurgeHandler};
 use super::scripts::{millis, INDEX_GROUP, PURGE_GROUP};
-use super::store::RedisStore;
+use super::store::{GroupIndex, RedisStore};
 use crate::key::CacheKey;
 use crate::lock::FenceToken;
 
@@ -54,20 +54,6 @@ const STAMP_MARGIN_US: u64 = 1_000;
 /// [`index_before_write`](RedisStore::index_before_write)). Measured on the
 /// real clock: under paused tokio time a timer would fire at once.
 const SOFT_PURGE_GAP: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// A leased fill's keys and purge groups, recorded in its fenced write (see
-/// [`RedisStore::write_indexed_and_release`]).
-#[derive(Debug)]
-pub(crate) struct GroupIndex<'a> {
-    /// The fill's own key and its copies'.
-    pub(crate) members: &'a [CacheKey],
-    /// The groups (URL, tags) to record them in.
-    pub(crate) groups: &'a [String],
-    /// The entry's lifetime in Redis.
-    pub(crate) ttl: Duration,
-    /// When the lease was asked for.
-    pub(crate) asked: Instant,
-}
 
 /// An index lists an entry this long past `ttl`, in milliseconds: it is
 /// scored before the entry is written, so a member must outlive its entry

@@ -6,6 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use deadpool_redis::redis::{self, Value as RedisValue};
 use tokio::sync::{mpsc, watch};
 
@@ -15,7 +17,6 @@ use super::eviction::EvictionWatch;
 use super::fills::{run_subscriber, FillSource, FillSubscription, Fills};
 use super::keys::EntryKeys;
 use super::options::RedisOptions;
-use super::purge::GroupIndex;
 use super::purge_bus::PurgeBus;
 use super::scripts::{
     millis, parse_lookup, RemoteLookup, WriteMode, WriteOutcome, EXTEND, FENCED_WRITE_AND_RELEASE,
@@ -29,6 +30,20 @@ use crate::lock::{FenceToken, LeaseToken};
 
 /// The payload of a fill notice that carries no entry: read it.
 pub(crate) const WAKE: &[u8] = b"wake";
+
+/// A leased fill's keys and purge groups, recorded in its fenced write (see
+/// [`RedisStore::write_indexed_and_release`]).
+#[derive(Debug)]
+pub(crate) struct GroupIndex<'a> {
+    /// The fill's own key and its copies'.
+    pub(crate) members: &'a [CacheKey],
+    /// The groups (URL, tags) to record them in.
+    pub(crate) groups: &'a [String],
+    /// The entry's lifetime in Redis.
+    pub(crate) ttl: Duration,
+    /// When the lease was asked for.
+    pub(crate) asked: Instant,
+}
 
 /// The Redis store of one cache.
 pub(crate) struct RedisStore {
