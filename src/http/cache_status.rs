@@ -4,13 +4,12 @@
 use std::cell::RefCell;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
 
 use crate::http::policy::Forward;
 use crate::http::state::LayerState;
 
-/// The RFC 9211 response header.
-pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+pub(crate) use crate::http::CACHE_STATUS;
 
 impl LayerState {
     pub(crate) fn status(&self, params: std::fmt::Arguments<'_>) -> HeaderValue {

@@ -2,6 +2,9 @@
 //! rules, Vary, conditional requests, purge by URL and tag, streamed bodies.
 //! It drives the engine ([`crate::engine`]); nothing below it imports this.
 
+/// The RFC 9211 response header (its wording is [`cache_status`]'s).
+pub(crate) const CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
+
 pub(crate) mod body;
 pub(crate) mod builder;
 pub(crate) mod cache_status;

@@ -23,12 +23,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use moka::sync::Cache as MokaCache;
 
 use crate::http::body::CacheBody;
-use crate::http::cache_status::CACHE_STATUS;
-use crate::http::state::LayerState;
+use crate::http::CACHE_STATUS;
 use crate::key::CacheKey;
 
 /// How many keys [`TooLarge`] remembers per layer (a few hundred KiB at most).
@@ -60,6 +59,11 @@ impl TooLarge {
     pub(crate) fn mark(&self, key: CacheKey) {
         self.0.insert(key, ());
     }
+
+    /// Whether `key`'s last fill was too large to store.
+    pub(crate) fn contains(&self, key: &CacheKey) -> bool {
+        self.0.contains_key(key)
+    }
 }
 
 impl std::fmt::Debug for TooLarge {
@@ -67,16 +71,6 @@ impl std::fmt::Debug for TooLarge {
         f.debug_struct("TooLarge")
             .field("keys", &self.0.entry_count())
             .finish()
-    }
-}
-
-impl LayerState {
-    /// Whether `req` is a range request for a key known to be too large to
-    /// store: it goes to the origin untouched, `Range` and all.
-    pub(crate) fn range_to_origin<B>(&self, req: &Request<B>, key: &CacheKey) -> bool {
-        req.method() == Method::GET
-            && req.headers().contains_key(header::RANGE)
-            && self.too_large.0.contains_key(key)
     }
 }
 

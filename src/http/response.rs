@@ -94,10 +94,7 @@ impl CachedResponse {
                 h.append(name.clone(), value.clone());
             }
             h.insert(http::header::AGE, HeaderValue::from_static("0"));
-            h.insert(
-                crate::http::cache_status::CACHE_STATUS,
-                HeaderValue::from_static("-"),
-            );
+            h.insert(crate::http::CACHE_STATUS, HeaderValue::from_static("-"));
             h
         })
     }

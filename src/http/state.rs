@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{request, response, HeaderName};
+use http::{header, request, response, HeaderName, Method, Request, StatusCode};
 
 use crate::engine::retained::RetainedStore;
 use crate::engine::Engine;
@@ -195,5 +195,38 @@ impl LayerState {
             }
             _ => verdict,
         }
+    }
+}
+
+impl LayerState {
+    /// Whether `req` is a range request for a key known to be too large to
+    /// store: it goes to the origin untouched, `Range` and all.
+    pub(crate) fn range_to_origin<B>(&self, req: &Request<B>, key: &CacheKey) -> bool {
+        req.method() == Method::GET
+            && req.headers().contains_key(header::RANGE)
+            && self.too_large.contains(key)
+    }
+}
+
+impl LayerState {
+    /// An answer was not stored only because it carries no freshness and no
+    /// TTL applies: warn once per route (per [`ROUTE_INTERVAL`]), naming
+    /// the fix.
+    pub(crate) fn warn_no_freshness(&self, request: &request::Parts, status: StatusCode) {
+        let route = crate::http::warnings::route_of(request);
+        if !self.warnings.due(route) {
+            return;
+        }
+        tracing::warn!(
+            cache = %self.http.cache_name,
+            route = ?route,
+            status = status.as_u16(),
+            "response not stored: it carries no freshness (no Cache-Control max-age or \
+             s-maxage, no Expires) and no TTL is configured, so every request to this route \
+             calls the handler (Cache-Status: detail=no-freshness). Fix: set \
+             `Cache-Control: max-age=N` in the handler, or a TTL on the layer \
+             (CacheLayerBuilder::default_ttl) or the route (RoutePolicy::default_ttl) if the answer \
+             is the same for every user. Logged once per route per 10 minutes."
+        );
     }
 }

@@ -5,10 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use http::{request, StatusCode};
+use http::request;
 use tokio::time::Instant;
-
-use crate::http::state::LayerState;
 
 /// How long one route stays quiet after its warning.
 pub(crate) const ROUTE_INTERVAL: Duration = Duration::from_secs(600);
@@ -65,7 +63,7 @@ impl RouteWarnings {
 
 /// The route a request came through: axum's matched path (`/report/{id}`)
 /// where there is one, else the request's path, cut to a bounded length.
-fn route_of(request: &request::Parts) -> &str {
+pub(crate) fn route_of(request: &request::Parts) -> &str {
     #[cfg(feature = "axum")]
     if let Some(matched) = request.extensions.get::<axum::extract::MatchedPath>() {
         return cut(matched.as_str());
@@ -77,28 +75,5 @@ fn cut(s: &str) -> &str {
     match s.char_indices().nth(ROUTE_CHARS) {
         Some((i, _)) => &s[..i],
         None => s,
-    }
-}
-
-impl LayerState {
-    /// An answer was not stored only because it carries no freshness and no
-    /// TTL applies: warn once per route (per [`ROUTE_INTERVAL`]), naming
-    /// the fix.
-    pub(crate) fn warn_no_freshness(&self, request: &request::Parts, status: StatusCode) {
-        let route = route_of(request);
-        if !self.warnings.due(route) {
-            return;
-        }
-        tracing::warn!(
-            cache = %self.http.cache_name,
-            route = ?route,
-            status = status.as_u16(),
-            "response not stored: it carries no freshness (no Cache-Control max-age or \
-             s-maxage, no Expires) and no TTL is configured, so every request to this route \
-             calls the handler (Cache-Status: detail=no-freshness). Fix: set \
-             `Cache-Control: max-age=N` in the handler, or a TTL on the layer \
-             (CacheLayerBuilder::default_ttl) or the route (RoutePolicy::default_ttl) if the answer \
-             is the same for every user. Logged once per route per 10 minutes."
-        );
     }
 }
