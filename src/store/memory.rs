@@ -188,7 +188,12 @@ impl<V> Stored<V> {
     /// the time since the purge old: stale by every clock that reads it,
     /// its `Age` included, so no cache downstream takes it for fresh.
     pub(crate) fn age(&self) -> Duration {
-        let age = self.age_at_load + self.loaded_at.elapsed();
+        self.age_at(Instant::now())
+    }
+
+    /// [`Self::age`] at `now`, for a hit that read the clock once.
+    pub(crate) fn age_at(&self, now: Instant) -> Duration {
+        let age = self.age_at_load + now.saturating_duration_since(self.loaded_at);
         match self.soft_purged_for() {
             Some(since) => age.max(ceil_secs(self.meta.fresh_for).saturating_add(since)),
             None => age,
@@ -361,10 +366,14 @@ impl<V: Value> MemoryStore<V> {
     }
 
     pub(crate) fn probe(&self, key: &CacheKey) -> Probe<V> {
+        self.probe_at(key, Instant::now())
+    }
+
+    /// [`Self::probe`] at `now`, for a hit that read the clock once.
+    pub(crate) fn probe_at(&self, key: &CacheKey, now: Instant) -> Probe<V> {
         let Some(slot) = self.cache.get(key) else {
             return Probe::Miss;
         };
-        let now = Instant::now();
         match slot {
             Slot::Entry(e) if e.is_fresh(now) => Probe::Fresh(e),
             Slot::Entry(e) if e.is_usable(now) => Probe::Stale(e),

@@ -74,8 +74,19 @@ impl LayerState {
         view: &View<'_>,
         served: Served,
     ) -> Response<CacheBody<B>> {
+        self.respond_aged(entry, entry.age(), view, served)
+    }
+
+    /// [`Self::respond`] with the entry's age (since stored) already read.
+    pub(super) fn respond_aged<B>(
+        &self,
+        entry: &Stored<CachedResponse>,
+        stored_age: std::time::Duration,
+        view: &View<'_>,
+        served: Served,
+    ) -> Response<CacheBody<B>> {
         let value = &entry.value;
-        let age = value.current_age(entry.age()).as_secs();
+        let age = value.current_age(stored_age).as_secs();
         // The entry's own remaining freshness (RFC 9211), not how long this
         // instance keeps its L1 copy before asking Redis again.
         let ttl = i64::from(value.rules.lifetime) - age.min(i64::MAX as u64) as i64;
