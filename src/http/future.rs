@@ -26,6 +26,9 @@ pin_project! {
         strip: Option<HeaderName>,
         // Off by default; set once per call, so the hit path pays one branch.
         hide_cache_status: bool,
+        // The response was built without the headers stripped on the way
+        // out (a served head built for this layer): nothing to remove.
+        stripped: bool,
         // The byte range to cut from the cache's answer (never a bypass's).
         range: Option<Box<RangeRequest>>,
     }
@@ -67,7 +70,18 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            stripped: false,
             range: None,
+        }
+    }
+
+    /// [`Self::ready`] for a response whose head already went without
+    /// `Surrogate-Key` and the layer's own cache-control header, as the
+    /// layer strips them: the exit skips both.
+    pub(crate) fn ready_stripped(response: Response<CacheBody<B>>) -> Self {
+        Self {
+            stripped: true,
+            ..Self::ready(response)
         }
     }
 
@@ -85,6 +99,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            stripped: false,
             range: None,
         }
     }
@@ -95,6 +110,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            stripped: false,
             range: None,
         }
     }
@@ -102,13 +118,15 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     /// Remove `Surrogate-Key` from the response: tags are for the cache,
     /// indexed when it stores, not for clients.
     pub(crate) fn strip_surrogate_key(mut self, on: bool) -> Self {
-        self.strip_surrogate_key = on;
+        self.strip_surrogate_key = on && !self.stripped;
         self
     }
 
     /// Remove `name` (the user's own targeted cache-control header) too.
     pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
-        self.strip = name;
+        if !self.stripped {
+            self.strip = name;
+        }
         self
     }
 

@@ -388,7 +388,9 @@ impl<S> CacheService<S> {
                     );
                     state.engine.refresh_ahead(target.key, &entry, refresh);
                 }
-                ResponseFuture::ready(state.respond_aged(&entry, stored_age, &view, Served::Hit))
+                state
+                    .respond_aged(&entry, stored_age, &view, Served::Hit)
+                    .ready()
             }
             usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
                 state.counters().record(Source::Stale);
