@@ -115,35 +115,30 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    /// Remove `Surrogate-Key` from the response: tags are for the cache,
-    /// indexed when it stores, not for clients.
-    pub(crate) fn strip_surrogate_key(mut self, on: bool) -> Self {
-        self.strip_surrogate_key = on && !self.stripped;
-        self
-    }
-
-    /// Remove `name` (the user's own targeted cache-control header) too.
-    pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
-        if !self.stripped {
-            self.strip = name;
-        }
-        self
-    }
-
-    /// Answer `range` from the response the cache builds. A bypass is the
-    /// origin's own answer to the request as sent, `Range` and all: it is
-    /// left alone.
-    pub(crate) fn ranged(mut self, range: Option<RangeRequest>) -> Self {
+    /// What every answer passes on its way out, set once per call in place
+    /// (the future is large; a chain of by-value setters moved it each
+    /// time): `strip_surrogate_key` removes `Surrogate-Key` (tags are for
+    /// the cache, indexed when it stores, not for clients), `strip` the
+    /// user's own targeted cache-control header, `hide` takes off
+    /// `Cache-Status` (and logs it). `range` is cut from the cache's
+    /// answer; a bypass is the origin's own answer to the request as sent,
+    /// `Range` and all, and is left alone. A response built without the
+    /// stripped headers ([`Self::ready_stripped`]) skips both removals.
+    pub(crate) fn set_exit(
+        &mut self,
+        range: Option<RangeRequest>,
+        strip_surrogate_key: bool,
+        strip: Option<HeaderName>,
+        hide: bool,
+    ) {
         if !matches!(self.kind, Kind::Bypass { .. }) {
             self.range = range.map(Box::new);
         }
-        self
-    }
-
-    /// Take `Cache-Status` off the response (and log it) when `hide`.
-    pub(crate) fn hiding_cache_status(mut self, hide: bool) -> Self {
+        if !self.stripped {
+            self.strip_surrogate_key = strip_surrogate_key;
+            self.strip = strip;
+        }
         self.hide_cache_status = hide;
-        self
     }
 }
 

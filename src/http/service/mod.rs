@@ -152,11 +152,9 @@ where
         } else {
             None
         };
-        self.route(req.map(RequestBody::new), &scan)
-            .ranged(range)
-            .strip_surrogate_key(strip)
-            .hiding_cache_status(hide)
-            .stripping(self.state.stripped_header())
+        let mut fut = self.route(req.map(RequestBody::new), &scan);
+        fut.set_exit(range, strip, self.state.stripped_header(), hide);
+        fut
     }
 }
 
