@@ -5,6 +5,7 @@
 //! text ever reaches a Redis key name: the hash tag `{H}` is hex of the digest,
 //! which no request can steer to a chosen slot or use to break out of braces.
 
+use std::cell::RefCell;
 use std::fmt;
 
 /// The identity of one cache entry: a 128-bit digest.
@@ -136,7 +137,9 @@ impl fmt::Display for CacheKey {
 /// call at the end: for the few dozen bytes of a request's key that is one
 /// or two compressions, where an update per part cost more than the hash
 /// itself. Material past the buffer spills into an incremental hasher;
-/// either way the digest is BLAKE3 of the same byte stream.
+/// either way the digest is BLAKE3 of the same byte stream. Material that
+/// fits the buffer is looked up in a small per-thread memo first (see
+/// [`MEMO`]): the same bytes give the same key without hashing again.
 #[derive(Debug, Clone)]
 pub(crate) struct KeyHasher {
     buf: [u8; KEY_BUF],
@@ -215,18 +218,101 @@ impl KeyHasher {
     }
 
     pub(crate) fn finish(&self) -> CacheKey {
-        let digest = match &self.spill {
-            None => blake3::hash(&self.buf[..self.len]),
+        match &self.spill {
+            None => remembered(&self.buf[..self.len]),
             Some(h) => {
                 let mut h = h.clone();
                 h.update(&self.buf[..self.len]);
-                h.finalize()
+                truncated(&h.finalize())
             }
-        };
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&digest.as_bytes()[..16]);
-        CacheKey(out)
+        }
     }
+}
+
+/// BLAKE3 of `material`, truncated to a key.
+fn digest(material: &[u8]) -> CacheKey {
+    truncated(&blake3::hash(material))
+}
+
+/// A key is the first 128 bits of the digest.
+fn truncated(hash: &blake3::Hash) -> CacheKey {
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&hash.as_bytes()[..16]);
+    CacheKey(out)
+}
+
+/// Key material this long or shorter is remembered per thread.
+const MEMO_BYTES: usize = 128;
+/// Keys remembered per thread (direct-mapped): about 10 KB.
+const MEMO_SLOTS: usize = 64;
+
+/// One remembered key: its material, byte for byte.
+struct Remembered {
+    len: usize,
+    material: [u8; MEMO_BYTES],
+    key: CacheKey,
+}
+
+impl Remembered {
+    /// A slot no material matches (its length is past any slice's).
+    fn empty() -> Self {
+        Self {
+            len: usize::MAX,
+            material: [0; MEMO_BYTES],
+            key: CacheKey([0; 16]),
+        }
+    }
+}
+
+thread_local! {
+    /// The keys this thread derived last, by their material. Hot URLs
+    /// repeat, and BLAKE3 over a URL's key is two compressions, about a
+    /// tenth of an L1 hit: a hit whose material is here compares bytes
+    /// instead. A key is returned only for exactly the same material, so
+    /// nothing can make it answer another key; colliding slots only cost
+    /// the hash that would have run anyway.
+    static MEMO: RefCell<Vec<Remembered>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`digest`] through this thread's [`MEMO`].
+fn remembered(material: &[u8]) -> CacheKey {
+    if material.len() > MEMO_BYTES {
+        return digest(material);
+    }
+    let slot = slot_of(material);
+    MEMO.try_with(|memo| {
+        let mut memo = memo.borrow_mut();
+        if memo.is_empty() {
+            memo.resize_with(MEMO_SLOTS, Remembered::empty);
+        }
+        let r = &mut memo[slot];
+        if r.material.get(..r.len) == Some(material) {
+            return r.key;
+        }
+        // Overwritten in place: no copy of the slot on the stack.
+        r.key = digest(material);
+        r.material[..material.len()].copy_from_slice(material);
+        r.len = material.len();
+        r.key
+    })
+    // The thread is exiting: no memo, just the hash.
+    .unwrap_or_else(|_| digest(material))
+}
+
+/// A slot for `material`: FxHash-style mixing of its words. Not keyed and
+/// not meant to be: a chosen collision evicts a slot, it never matches.
+fn slot_of(material: &[u8]) -> usize {
+    let mut h = material.len() as u64;
+    let mut words = material.chunks_exact(8);
+    for w in &mut words {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    for &b in words.remainder() {
+        h = (h.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    (h >> 58) as usize % MEMO_SLOTS
 }
 
 #[cfg(test)]
@@ -293,6 +379,22 @@ mod tests {
                 "sizes {sizes:?}"
             );
         }
+    }
+
+    /// Materials that share a memo slot each get their own BLAKE3 key, remembered or not.
+    #[test]
+    fn memo_answers_only_the_same_material() {
+        // Of one length, so only their bytes tell them apart.
+        let a = b"m-00000000".to_vec();
+        let b = (1u32..)
+            .map(|i| format!("m-{i:08}").into_bytes())
+            .find(|m| slot_of(m) == slot_of(&a))
+            .unwrap();
+        for m in [&a, &b, &a, &a, &b, &b] {
+            assert_eq!(remembered(m), digest(m), "{:?}", String::from_utf8_lossy(m));
+        }
+        let long = vec![b'x'; MEMO_BYTES + 1];
+        assert_eq!(remembered(&long), digest(&long));
     }
 
     /// The span's short form is the first 8 hex digits, as `short()`.

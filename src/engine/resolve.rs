@@ -135,6 +135,11 @@ impl<V: Value> Engine<V> {
         self.memory.probe(key)
     }
 
+    /// [`Self::probe`] at `now`, for a hit that reads the clock once.
+    pub(crate) fn probe_at(&self, key: &CacheKey, now: tokio::time::Instant) -> Probe<V> {
+        self.memory.probe_at(key, now)
+    }
+
     /// Whether a flight's lookup goes to Redis now (configured, breaker
     /// not open): what memory holds may then be behind it.
     pub(crate) fn shared_store_available(&self) -> bool {

@@ -26,6 +26,9 @@ pin_project! {
         strip: Option<HeaderName>,
         // Off by default; set once per call, so the hit path pays one branch.
         hide_cache_status: bool,
+        // The response was built without the headers stripped on the way
+        // out (a served head built for this layer): nothing to remove.
+        stripped: bool,
         // The byte range to cut from the cache's answer (never a bypass's).
         range: Option<Box<RangeRequest>>,
     }
@@ -67,7 +70,18 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            stripped: false,
             range: None,
+        }
+    }
+
+    /// [`Self::ready`] for a response whose head already went without
+    /// `Surrogate-Key` and the layer's own cache-control header, as the
+    /// layer strips them: the exit skips both.
+    pub(crate) fn ready_stripped(response: Response<CacheBody<B>>) -> Self {
+        Self {
+            stripped: true,
+            ..Self::ready(response)
         }
     }
 
@@ -85,6 +99,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            stripped: false,
             range: None,
         }
     }
@@ -95,37 +110,35 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
+            stripped: false,
             range: None,
         }
     }
 
-    /// Remove `Surrogate-Key` from the response: tags are for the cache,
-    /// indexed when it stores, not for clients.
-    pub(crate) fn strip_surrogate_key(mut self, on: bool) -> Self {
-        self.strip_surrogate_key = on;
-        self
-    }
-
-    /// Remove `name` (the user's own targeted cache-control header) too.
-    pub(crate) fn stripping(mut self, name: Option<HeaderName>) -> Self {
-        self.strip = name;
-        self
-    }
-
-    /// Answer `range` from the response the cache builds. A bypass is the
-    /// origin's own answer to the request as sent, `Range` and all: it is
-    /// left alone.
-    pub(crate) fn ranged(mut self, range: Option<RangeRequest>) -> Self {
+    /// What every answer passes on its way out, set once per call in place
+    /// (the future is large; a chain of by-value setters moved it each
+    /// time): `strip_surrogate_key` removes `Surrogate-Key` (tags are for
+    /// the cache, indexed when it stores, not for clients), `strip` the
+    /// user's own targeted cache-control header, `hide` takes off
+    /// `Cache-Status` (and logs it). `range` is cut from the cache's
+    /// answer; a bypass is the origin's own answer to the request as sent,
+    /// `Range` and all, and is left alone. A response built without the
+    /// stripped headers ([`Self::ready_stripped`]) skips both removals.
+    pub(crate) fn set_exit(
+        &mut self,
+        range: Option<RangeRequest>,
+        strip_surrogate_key: bool,
+        strip: Option<HeaderName>,
+        hide: bool,
+    ) {
         if !matches!(self.kind, Kind::Bypass { .. }) {
             self.range = range.map(Box::new);
         }
-        self
-    }
-
-    /// Take `Cache-Status` off the response (and log it) when `hide`.
-    pub(crate) fn hiding_cache_status(mut self, hide: bool) -> Self {
+        if !self.stripped {
+            self.strip_surrogate_key = strip_surrogate_key;
+            self.strip = strip;
+        }
         self.hide_cache_status = hide;
-        self
     }
 }
 

@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::engine::{Internal, Value};
 use crate::error::DecodeError;
+use crate::http::CACHE_STATUS;
 use crate::http::policy::StoredRules;
 use crate::key::CacheKey;
 
@@ -58,7 +59,34 @@ pub struct CachedResponse {
 
 /// See [`CachedResponse::served_head`].
 #[derive(Debug, Default)]
-pub(crate) struct ServedHead(std::sync::OnceLock<HeaderMap>);
+pub(crate) struct ServedHead(std::sync::OnceLock<Head>);
+
+/// A served head and what it was built without.
+#[derive(Debug)]
+struct Head {
+    surrogate_key: bool,
+    name: Option<HeaderName>,
+    headers: HeaderMap,
+}
+
+/// What a layer takes off every answer on the way out: `Surrogate-Key`
+/// (`surrogate_key`) and its own targeted cache-control header (`name`).
+/// A served head built for it leaves them out once, when it is built,
+/// instead of each answer removing them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Strip<'a> {
+    pub(crate) surrogate_key: bool,
+    pub(crate) name: Option<&'a HeaderName>,
+}
+
+impl Strip<'_> {
+    /// Whether `name` is one the answer loses on the way out.
+    fn drops(&self, name: &HeaderName) -> bool {
+        (self.surrogate_key && name == SURROGATE_KEY) || self.name == Some(name)
+    }
+}
+
+const SURROGATE_KEY: &str = "surrogate-key";
 
 impl Clone for ServedHead {
     fn clone(&self) -> Self {
@@ -86,17 +114,33 @@ impl CachedResponse {
     }
 
     /// The stored headers with `Age` and `Cache-Status` slots (placeholders
-    /// the caller overwrites), so a hit's clone never grows.
-    pub(crate) fn served_headers(&self) -> &HeaderMap {
-        self.served_head.0.get_or_init(|| {
-            let mut h = HeaderMap::with_capacity(self.headers.len() + 2);
-            for (name, value) in &self.headers {
+    /// the caller overwrites with [`fill_served`]), so a hit's clone never
+    /// grows, and without what `strip` takes off on the way out. Built on
+    /// the first call; `None` for a caller that strips otherwise (another
+    /// layer's settings), or strips `Age` or `Cache-Status` themselves.
+    pub(crate) fn served_headers(&self, strip: Strip<'_>) -> Option<&HeaderMap> {
+        let head = self.served_head.0.get_or_init(|| Head {
+            surrogate_key: strip.surrogate_key,
+            name: strip.name.cloned(),
+            headers: self.build_served(strip),
+        });
+        let same = head.surrogate_key == strip.surrogate_key && head.name.as_ref() == strip.name;
+        let placeholders_kept = strip
+            .name
+            .is_none_or(|n| *n != http::header::AGE && *n != CACHE_STATUS);
+        (same && placeholders_kept).then_some(&head.headers)
+    }
+
+    fn build_served(&self, strip: Strip<'_>) -> HeaderMap {
+        let mut h = HeaderMap::with_capacity(self.headers.len() + 2);
+        for (name, value) in &self.headers {
+            if !strip.drops(name) {
                 h.append(name.clone(), value.clone());
             }
-            h.insert(http::header::AGE, HeaderValue::from_static("0"));
-            h.insert(crate::http::CACHE_STATUS, HeaderValue::from_static("-"));
-            h
-        })
+        }
+        h.insert(http::header::AGE, HeaderValue::from_static("0"));
+        h.insert(CACHE_STATUS, HeaderValue::from_static("-"));
+        h
     }
 
     /// The `Surrogate-Key` tags (space separated) this response carries.
@@ -115,6 +159,34 @@ impl CachedResponse {
         self.vary
             .iter()
             .all(|(name, values)| crate::http::vary::values_match(name, request, values))
+    }
+}
+
+/// Write `age` and `status` into the slots of a served head's copy, in
+/// place: one walk over a few entries, where two inserts each hashed a name
+/// and probed the map.
+pub(crate) fn fill_served(headers: &mut HeaderMap, age: HeaderValue, status: HeaderValue) {
+    let (mut age, mut status) = (Some(age), Some(status));
+    for (name, value) in headers.iter_mut() {
+        if *name == http::header::AGE {
+            if let Some(a) = age.take() {
+                *value = a;
+            }
+        } else if *name == CACHE_STATUS {
+            if let Some(s) = status.take() {
+                *value = s;
+            }
+        }
+        if age.is_none() && status.is_none() {
+            return;
+        }
+    }
+    // Not a served head's copy after all: insert as anywhere else.
+    if let Some(a) = age {
+        headers.insert(http::header::AGE, a);
+    }
+    if let Some(s) = status {
+        headers.insert(CACHE_STATUS, s);
     }
 }
 
@@ -438,6 +510,65 @@ mod tests {
     }
 
     /// A header count of 30000 with a valid checksum is an error, not a panic in HeaderMap.
+    fn strip<'a>(own: Option<&'a HeaderName>) -> Strip<'a> {
+        Strip {
+            surrogate_key: true,
+            name: own,
+        }
+    }
+
+    /// A served head leaves out what its layer strips, and keeps the rest with the Age and Cache-Status slots.
+    #[test]
+    fn served_head_leaves_out_what_the_layer_strips() {
+        let own = HeaderName::from_static("edge-cache-control");
+        let mut r = sample();
+        r.headers
+            .insert("surrogate-key", HeaderValue::from_static("a b"));
+        r.headers
+            .insert(own.clone(), HeaderValue::from_static("max-age=9"));
+        let head = r.served_headers(strip(Some(&own))).unwrap();
+        let names: Vec<&str> = head.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["content-type", "x-multi", "age", "cache-status"]);
+        assert_eq!(head.get_all("x-multi").iter().count(), 2);
+    }
+
+    /// A layer that strips otherwise gets no served head built for another.
+    #[test]
+    fn served_head_is_for_one_strip() {
+        let r = sample();
+        assert!(r.served_headers(strip(None)).is_some());
+        let own = HeaderName::from_static("edge-cache-control");
+        assert!(r.served_headers(strip(Some(&own))).is_none());
+        let keep = Strip {
+            surrogate_key: false,
+            name: None,
+        };
+        assert!(r.served_headers(keep).is_none());
+        assert!(r.served_headers(strip(None)).is_some());
+    }
+
+    /// Filling a served head's slots in place gives what two inserts gave, order included.
+    #[test]
+    fn fill_served_matches_inserts() {
+        let mut r = sample();
+        r.headers
+            .insert(http::header::AGE, HeaderValue::from_static("7"));
+        let head = r.served_headers(strip(None)).unwrap();
+        let (age, status) = (HeaderValue::from(12u64), HeaderValue::from_static("x; hit"));
+        let mut filled = head.clone();
+        fill_served(&mut filled, age.clone(), status.clone());
+        let mut inserted = head.clone();
+        inserted.insert(http::header::AGE, age);
+        inserted.insert(CACHE_STATUS, status);
+        let list = |h: &HeaderMap| -> Vec<(String, Vec<u8>)> {
+            h.iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect()
+        };
+        assert_eq!(list(&filled), list(&inserted));
+        assert_eq!(filled.get_all(http::header::AGE).iter().count(), 1);
+    }
+
     #[test]
     fn huge_header_count_is_an_error() {
         let r = decode_entry::<CachedResponse>(sealed(&response_prefix(30000)));

@@ -152,11 +152,9 @@ where
         } else {
             None
         };
-        self.route(req.map(RequestBody::new), &scan)
-            .ranged(range)
-            .strip_surrogate_key(strip)
-            .hiding_cache_status(hide)
-            .stripping(self.state.stripped_header())
+        let mut fut = self.route(req.map(RequestBody::new), &scan);
+        fut.set_exit(range, strip, self.state.stripped_header(), hide);
+        fut
     }
 }
 
@@ -264,7 +262,9 @@ impl<S> CacheService<S> {
             return boxed(Box::pin(fut));
         }
 
-        let candidate = match state.engine.probe(&target.key) {
+        // One clock read for the lookup, the age and the answer.
+        let now = tokio::time::Instant::now();
+        let candidate = match state.engine.probe_at(&target.key, now) {
             Probe::Fresh(e) | Probe::Stale(e) if !e.value.vary_matches(req.headers()) => {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
@@ -364,7 +364,7 @@ impl<S> CacheService<S> {
             );
             return boxed(Box::pin(fut));
         };
-        let stored_age = entry.age();
+        let stored_age = entry.age_at(now);
         let age = entry.value.current_age(stored_age);
         let view = View::scanned(&req, head, scan);
         match policy::usability(&rd, entry.value.rules, age, state.http.rules.grace) {
@@ -386,7 +386,9 @@ impl<S> CacheService<S> {
                     );
                     state.engine.refresh_ahead(target.key, &entry, refresh);
                 }
-                ResponseFuture::ready(state.respond(&entry, &view, Served::Hit))
+                state
+                    .respond_aged(&entry, stored_age, &view, Served::Hit)
+                    .ready()
             }
             usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
                 state.counters().record(Source::Stale);

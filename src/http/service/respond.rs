@@ -9,8 +9,9 @@ use http::{Request, Response, StatusCode};
 use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::conditional;
+use crate::http::future::ResponseFuture;
 use crate::http::policy::{Forward, RequestScan, Usable};
-use crate::http::response::CachedResponse;
+use crate::http::response::{fill_served, CachedResponse, Strip};
 use crate::http::state::LayerState;
 use crate::http::stream::{Stream, StreamReader};
 use crate::metrics::Source;
@@ -36,6 +37,41 @@ impl<'a> View<'a> {
             head,
             headers: req.headers(),
             validators: scan.validators,
+        }
+    }
+}
+
+/// A response built from an entry, and whether its head already went
+/// without the headers the layer strips on the way out (a served head
+/// built for this layer's [`Strip`]), so its exit need not look again.
+pub(super) struct Answer<B> {
+    pub(super) response: Response<CacheBody<B>>,
+    pub(super) stripped: bool,
+}
+
+impl<B> Answer<B> {
+    fn unstripped(
+        mut response: Response<CacheBody<B>>,
+        age: Option<u64>,
+        status: HeaderValue,
+    ) -> Self {
+        let headers = response.headers_mut();
+        if let Some(age) = age {
+            headers.insert(header::AGE, age_value(age));
+        }
+        headers.insert(CACHE_STATUS, status);
+        Self {
+            response,
+            stripped: false,
+        }
+    }
+
+    /// The answer as a ready response future.
+    pub(super) fn ready<F, E>(self) -> ResponseFuture<F, B, E> {
+        if self.stripped {
+            ResponseFuture::ready_stripped(self.response)
+        } else {
+            ResponseFuture::ready(self.response)
         }
     }
 }
@@ -74,8 +110,19 @@ impl LayerState {
         view: &View<'_>,
         served: Served,
     ) -> Response<CacheBody<B>> {
+        self.respond_aged(entry, entry.age(), view, served).response
+    }
+
+    /// [`Self::respond`] with the entry's age (since stored) already read.
+    pub(super) fn respond_aged<B>(
+        &self,
+        entry: &Stored<CachedResponse>,
+        stored_age: std::time::Duration,
+        view: &View<'_>,
+        served: Served,
+    ) -> Answer<B> {
         let value = &entry.value;
-        let age = value.current_age(entry.age()).as_secs();
+        let age = value.current_age(stored_age).as_secs();
         // The entry's own remaining freshness (RFC 9211), not how long this
         // instance keeps its L1 copy before asking Redis again.
         let ttl = i64::from(value.rules.lifetime) - age.min(i64::MAX as u64) as i64;
@@ -120,7 +167,7 @@ impl LayerState {
         // keeps the origin's own Age; anything served from storage, including
         // after a 304, carries the age computed here (RFC 9111 §4.2.3, §5.1).
         let fetched = matches!(served, Served::Forwarded { .. }) && !value.revalidated;
-        self.build(value, view, status, (!fetched).then_some(age))
+        self.build_answer(value, view, status, (!fetched).then_some(age))
     }
 
     /// The initiating request's answer from what its fill handed it.
@@ -198,34 +245,62 @@ impl LayerState {
         status: HeaderValue,
         age: Option<u64>,
     ) -> Response<CacheBody<B>> {
-        let mut response = if view.validators && conditional::not_modified(view.headers, value) {
+        self.build_answer(value, view, status, age).response
+    }
+
+    /// [`Self::build`], saying whether the head already went without what
+    /// the layer strips on the way out.
+    fn build_answer<B>(
+        &self,
+        value: &CachedResponse,
+        view: &View<'_>,
+        status: HeaderValue,
+        age: Option<u64>,
+    ) -> Answer<B> {
+        if view.validators && conditional::not_modified(view.headers, value) {
             let mut r = Response::new(CacheBody::empty());
             *r.status_mut() = StatusCode::NOT_MODIFIED;
             *r.headers_mut() = conditional::not_modified_headers(&value.headers);
-            r
-        } else {
-            let body = if view.head {
-                CacheBody::empty()
-            } else {
-                CacheBody::full(value.body.clone())
-            };
-            let mut r = Response::new(body);
-            *r.status_mut() = value.status;
-            // Served from storage: the prebuilt head, whose Age and
-            // Cache-Status are overwritten below in place. A fetched
-            // response keeps the origin's Age, so it takes the plain copy.
-            *r.headers_mut() = match age {
-                Some(_) => value.served_headers().clone(),
-                None => value.headers.clone(),
-            };
-            r
-        };
-        let headers = response.headers_mut();
-        if let Some(age) = age {
-            headers.insert(header::AGE, age_value(age));
+            return Answer::unstripped(r, age, status);
         }
-        headers.insert(CACHE_STATUS, status);
-        response
+        let body = if view.head {
+            CacheBody::empty()
+        } else {
+            CacheBody::full(value.body.clone())
+        };
+        let mut r = Response::new(body);
+        *r.status_mut() = value.status;
+        // Served from storage: the prebuilt head, its Age and Cache-Status
+        // slots filled in place. A fetched response keeps the origin's
+        // Age, so it takes the plain copy.
+        let served = age.and_then(|age| Some((age, value.served_headers(self.strip())?)));
+        match served {
+            Some((age, head)) => {
+                *r.headers_mut() = head.clone();
+                fill_served(r.headers_mut(), age_value(age), status);
+                Answer {
+                    response: r,
+                    stripped: true,
+                }
+            }
+            None => {
+                *r.headers_mut() = value.headers.clone();
+                Answer::unstripped(r, age, status)
+            }
+        }
+    }
+
+    /// What this layer takes off every answer on the way out.
+    fn strip(&self) -> Strip<'_> {
+        Strip {
+            surrogate_key: self.http.strip_surrogate_key,
+            name: self
+                .http
+                .rules
+                .own_cache_control
+                .as_ref()
+                .filter(|_| self.http.strip_own_cache_control),
+        }
     }
 
     /// An answer of the layer's own for a call outside any flight: the
