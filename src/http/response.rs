@@ -9,8 +9,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::engine::{Internal, Value};
 use crate::error::DecodeError;
-use crate::http::CACHE_STATUS;
 use crate::http::policy::StoredRules;
+use crate::http::CACHE_STATUS;
 use crate::key::CacheKey;
 
 /// Envelope flag: the payload is a [`CachedResponse`], so a diagnostic

@@ -183,7 +183,7 @@ where
             parts,
         };
         let (parts, verdict, body) = match responding.read(Box::pin(body), pass_unstored).await? {
-            Read::Done(fill) => return Ok(fill),
+            Read::Done(fill) => return Ok(*fill),
             Read::Whole(parts, verdict, body) => (parts, verdict, body),
         };
         let value = CachedResponse {
@@ -417,7 +417,7 @@ struct Responding<ResB> {
 
 enum Read {
     /// The body went elsewhere (streamed, handed over): the call's fill.
-    Done(Fill<CachedResponse>),
+    Done(Box<Fill<CachedResponse>>),
     /// The whole body, to store or share.
     Whole(http::response::Parts, policy::ResponseVerdict, Bytes),
 }
@@ -430,7 +430,7 @@ impl<ResB: OriginBody> Responding<ResB> {
         // error status goes the usual way below (an origin error never
         // replaces what stale-if-error may still serve).
         if pass_unstored && self.head.is_none() && !is_error(status) && self.passthrough.is_some() {
-            return Ok(Read::Done(self.pass_on(body)));
+            return Ok(Read::Done(Box::new(self.pass_on(body))));
         }
         let declared = self
             .parts
@@ -439,7 +439,10 @@ impl<ResB: OriginBody> Responding<ResB> {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > self.state.http.max_body_bytes as u64) {
-            return self.declared_too_large(body).await.map(Read::Done);
+            return self
+                .declared_too_large(body)
+                .await
+                .map(|f| Read::Done(Box::new(f)));
         }
         self.frames(body).await
     }
@@ -554,7 +557,7 @@ impl<ResB: OriginBody> Responding<ResB> {
                 // Over budget: stream on to this request alone, store nothing,
                 // and mark nothing (the next request may buffer again).
                 self.alone(chunks, body);
-                return Ok(Read::Done(Fill::Unbuffered));
+                return Ok(Read::Done(Box::new(Fill::Unbuffered)));
             };
             match &mut buffered {
                 Some(held) => held.merge(share),
@@ -577,7 +580,7 @@ impl<ResB: OriginBody> Responding<ResB> {
                         Some(whole) => Read::Whole(self.parts, self.verdict, whole),
                         // Too large, over the budget, or abandoned: none
                         // of these makes the response uncacheable.
-                        None => Read::Done(Fill::Unbuffered),
+                        None => Read::Done(Box::new(Fill::Unbuffered)),
                     });
                 }
             }
@@ -612,11 +615,11 @@ impl<ResB: OriginBody> Responding<ResB> {
                 storing: false,
             };
             self.stream_on(head, start, body).await?;
-            return Ok(Read::Done(Fill::Unbuffered));
+            return Ok(Read::Done(Box::new(Fill::Unbuffered)));
         }
         let fill = self.state.unbuffered_fill(&self.verdict, self.parts.status);
         self.alone(chunks, body);
-        Ok(Read::Done(fill))
+        Ok(Read::Done(Box::new(fill)))
     }
 }
 
