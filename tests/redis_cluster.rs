@@ -154,7 +154,13 @@ async fn wakes_on_notification(layers: Vec<CacheLayer>) {
             let (app, uri) = (apps[0].clone(), uri.clone());
             tokio::spawn(async move { send(&app, get_req(&uri)).await })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await; // the lease is taken
+        // The leader's origin call has started, so its lease is taken (a
+        // fixed pause was not always enough on a loaded machine).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while origin.calls() < round + 1 {
+            assert!(tokio::time::Instant::now() < deadline, "the leader never called");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let waiters: Vec<_> = apps[1..]
             .iter()
             .map(|app| {
