@@ -2,7 +2,7 @@
 //! the leader's answer only if it is for this request, or be released to
 //! call the origin itself under the fallback cap.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue};
@@ -19,10 +19,12 @@ use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
 
 use super::bounds::{Origin, OriginBody};
-use super::direct::{direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, spare_call};
+use super::direct::{
+    direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, refresh_request, spare_call,
+};
 use super::fill::{is_error, is_stored};
 use super::hit_for_miss_permit;
-use super::origin::OriginCall;
+use super::origin::{take_error, take_spare, OriginCall};
 use super::respond::{stale_detail, Served, View};
 use super::target::Target;
 
@@ -65,7 +67,10 @@ where
     ResB: OriginBody,
 {
     let reload = wants == Wants::Refresh;
-    let mut spare = spare_call(&inner, &req);
+    // A spare call for after the flight, made only if this request leads
+    // (its call is spent then): taken from the call's slot after each
+    // resolve. A follower keeps its own call unspent and copies nothing.
+    let mut spare = None;
     let request_headers = req.headers().clone();
     // Not on the hit path: the validators are looked up as before.
     let view = View {
@@ -83,7 +88,7 @@ where
     let stored = stale.as_ref().map(|e| e.value.clone());
     let (leader, mut passthrough_rx, mut error_slot) =
         OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
-    let mut compute = Some(leader);
+    let mut compute = Some(leader.keeping_spare(spare_call));
     let arrived = std::time::Instant::now();
     let grace = state.http.rules.grace;
     // The flight's outcome, or before it: this request's own handoff if it
@@ -112,6 +117,7 @@ where
             resolved = resolving => First::Resolved(resolved),
         }
     };
+    spare = spare.or_else(|| take_spare(&error_slot));
     let mut resolved = match first {
         First::Resolved(r) => r,
         First::Handoff(handoff) => return Ok(state.handed_off(handoff, &view, fwd, Source::Miss)),
@@ -160,6 +166,7 @@ where
                 Some(_) => state.engine.resolve(target.key, &mut compute).await,
                 None => Resolved::Pass(None),
             };
+            spare = spare.or_else(|| take_spare(&error_slot));
         }
     }
     // A copy the flight handed out fresh by the engine's clock (Redis's
@@ -199,6 +206,7 @@ where
                 }
                 resolved = again => resolved,
             };
+            spare = spare.or_else(|| take_spare(&error_slot));
         }
     }
     let counters = state.counters();
@@ -303,7 +311,14 @@ where
                 && matches!(state.engine.probe(&target.key), Probe::Pass)
             {
                 if let Some(permit) = hit_for_miss_permit(&state, &request_headers, head) {
-                    if let Some((inner, req)) = spare.take() {
+                    // A follower kept its own call: the same request, rebuilt.
+                    let spare = spare.take().or_else(|| {
+                        compute.take().map(|c| {
+                            let req = refresh_request(&c.req);
+                            (c.inner, req)
+                        })
+                    });
+                    if let Some((inner, req)) = spare {
                         let state = Arc::clone(&state);
                         return hit_for_miss(state, target, head, inner, req, fwd, permit).await;
                     }
@@ -324,11 +339,7 @@ where
                 return Ok(r);
             }
             // The inner service's own error goes back to the caller that made it.
-            if let Some(e) = error_slot
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
+            if let Some(e) = take_error(&error_slot) {
                 counters.record_error();
                 return Err(e);
             }

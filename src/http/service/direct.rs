@@ -5,7 +5,7 @@
 //! other requests.
 
 use std::future::poll_fn;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use http::header::HeaderValue;
 use http::response::Parts;
@@ -22,7 +22,7 @@ use crate::http::state::LayerState;
 use crate::metrics::Source;
 
 use super::bounds::{Origin, OriginBody};
-use super::origin::{strip_framing, OriginCall};
+use super::origin::{strip_framing, take_error, OriginCall};
 use super::respond::{Served, View};
 use super::target::Target;
 use crate::http::cache_status::CACHE_STATUS;
@@ -161,11 +161,7 @@ where
         },
         Err(error) => {
             counters.record_error();
-            if let Some(e) = error_slot
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
+            if let Some(e) = take_error(&error_slot) {
                 return Err(e);
             }
             Ok(state.error_response(&error))

@@ -29,16 +29,50 @@ use super::target::{url_of, Target};
 use super::{CONDITIONAL, NOT_STORED};
 
 /// What only the request that started a flight receives.
-pub(super) struct Initiator<ResB, E> {
+pub(super) struct Initiator<S, ReqB, ResB, E> {
     /// A response too large to buffer, streamed to this request alone, or
     /// this request's reader of a streamed fill.
     pub(super) passthrough: oneshot::Sender<Handoff<ResB>>,
-    /// The inner service's error, handed back as-is.
-    pub(super) error: Arc<Mutex<Option<E>>>,
+    /// The inner service's error, and the spare call, handed back.
+    pub(super) slot: Arc<Mutex<Slot<S, ReqB, E>>>,
     /// Hand a 2xx or 3xx the cache will not store to this request as it
     /// arrives ([`Handoff::Passed`]) instead of buffering its body: set for
     /// a request under a pass marker, which nobody else waits on.
     pub(super) pass_unstored: bool,
+    /// Makes a spare copy of the service and request into the slot when the
+    /// call starts ([`OriginCall::keeping_spare`]).
+    pub(super) spare: Option<MakeSpare<S, ReqB>>,
+}
+
+/// Copies an inner service and request (`direct::spare_call`).
+pub(super) type MakeSpare<S, ReqB> = fn(&S, &Request<ReqB>) -> Option<(S, Request<ReqB>)>;
+
+/// What a started call hands back to the request that made it.
+pub(super) struct Slot<S, ReqB, E> {
+    /// The inner service's error, as-is.
+    pub(super) error: Option<E>,
+    /// A spare service and request, made as the call started: the call
+    /// itself is spent then (see [`OriginCall::keeping_spare`]).
+    pub(super) spare: Option<(S, Request<ReqB>)>,
+}
+
+/// Shared between a call and the request that made it.
+pub(super) type SlotRef<S, ReqB, E> = Arc<Mutex<Slot<S, ReqB, E>>>;
+
+/// The slot's spare, if the call started and made one.
+pub(super) fn take_spare<S, ReqB, E>(slot: &SlotRef<S, ReqB, E>) -> Option<(S, Request<ReqB>)> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .spare
+        .take()
+}
+
+/// The slot's error, if the inner service returned one.
+pub(super) fn take_error<S, ReqB, E>(slot: &SlotRef<S, ReqB, E>) -> Option<E> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .error
+        .take()
 }
 
 /// One origin request, run as a flight's computation or directly.
@@ -46,7 +80,7 @@ pub(super) struct OriginCall<S, ReqB, ResB, E> {
     pub(super) inner: S,
     pub(super) req: Request<ReqB>,
     pub(super) state: Arc<LayerState>,
-    pub(super) initiator: Option<Initiator<ResB, E>>,
+    pub(super) initiator: Option<Initiator<S, ReqB, ResB, E>>,
     pub(super) target: Target,
     /// The stored response to revalidate: its validators go out with the
     /// request, and a 304 freshens it.
@@ -58,7 +92,7 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         inner: S,
         req: Request<ReqB>,
         state: Arc<LayerState>,
-        initiator: Option<Initiator<ResB, E>>,
+        initiator: Option<Initiator<S, ReqB, ResB, E>>,
         target: Target,
         stale: Option<CachedResponse>,
     ) -> Self {
@@ -81,16 +115,32 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         state: Arc<LayerState>,
         target: Target,
         stale: Option<CachedResponse>,
-    ) -> (Self, Passthrough<ResB>, Arc<Mutex<Option<E>>>) {
+    ) -> (Self, Passthrough<ResB>, SlotRef<S, ReqB, E>) {
         let (passthrough, passthrough_rx) = oneshot::channel();
-        let error = Arc::new(Mutex::new(None));
+        let slot = Arc::new(Mutex::new(Slot {
+            error: None,
+            spare: None,
+        }));
         let initiator = Initiator {
             passthrough,
-            error: Arc::clone(&error),
+            slot: Arc::clone(&slot),
             pass_unstored: false,
+            spare: None,
         };
         let call = Self::new(inner, req, state, Some(initiator), target, stale);
-        (call, passthrough_rx, error)
+        (call, passthrough_rx, slot)
+    }
+
+    /// An initiated call that, when it starts as a flight's computation,
+    /// leaves a spare copy of its service and request in its slot (made by
+    /// `make`): the request that led then still has a call of its own for
+    /// after the flight, and one that follows, whose call is never spent,
+    /// makes no copy.
+    pub(super) fn keeping_spare(mut self, make: MakeSpare<S, ReqB>) -> Self {
+        if let Some(i) = &mut self.initiator {
+            i.spare = Some(make);
+        }
+        self
     }
 
     /// An initiated call whose answer, if it will not be stored and is no
@@ -122,6 +172,12 @@ where
     ResB: OriginBody,
 {
     fn start(self) -> ComputeFuture<CachedResponse> {
+        if let Some(make) = self.initiator.as_ref().and_then(|i| i.spare) {
+            let spare = make(&self.inner, &self.req);
+            if let Some(i) = &self.initiator {
+                i.slot.lock().unwrap_or_else(PoisonError::into_inner).spare = spare;
+            }
+        }
         Box::pin(self.run())
     }
 }
@@ -142,7 +198,7 @@ where
             mut stale,
         } = self;
         let (passthrough, error_slot, pass_unstored) = match initiator {
-            Some(i) => (Some(i.passthrough), Some(i.error), i.pass_unstored),
+            Some(i) => (Some(i.passthrough), Some(i.slot), i.pass_unstored),
             None => (None, None, false),
         };
         let url = url_of(&req);
@@ -184,7 +240,7 @@ where
                 Ok(r) => r,
                 Err(e) => {
                     if let Some(slot) = error_slot {
-                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                        slot.lock().unwrap_or_else(PoisonError::into_inner).error = Some(e);
                     }
                     return Err(Box::new(OriginFailed));
                 }
