@@ -71,11 +71,16 @@ where
     // (its call is spent then): taken from the call's slot after each
     // resolve. A follower keeps its own call unspent and copies nothing.
     let mut spare = None;
-    let request_headers = req.headers().clone();
+    let stored = stale.as_ref().map(|e| e.value.clone());
+    let (leader, mut passthrough_rx, mut error_slot) =
+        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
+    // Read here while the call is unspent, copied only if it is made.
+    let (leader, request_headers) = leader.keeping_spare(spare_call).lending_headers();
+    let request_headers = &*request_headers;
     // Not on the hit path: the validators are looked up as before.
     let view = View {
         head,
-        headers: &request_headers,
+        headers: request_headers,
         validators: true,
     };
     let mut fwd = if reload {
@@ -85,10 +90,7 @@ where
     } else {
         target.miss
     };
-    let stored = stale.as_ref().map(|e| e.value.clone());
-    let (leader, mut passthrough_rx, mut error_slot) =
-        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
-    let mut compute = Some(leader.keeping_spare(spare_call));
+    let mut compute = Some(leader);
     let arrived = std::time::Instant::now();
     let grace = state.http.rules.grace;
     // The flight's outcome, or before it: this request's own handoff if it
@@ -105,8 +107,8 @@ where
         // too late for it share the flight's next call instead.
         let streaming = state.streams.wait(target.key, |s| {
             s.body.attachable()
-                && s.head.value.vary_matches(&request_headers)
-                && acceptable(&request_headers, &s.head, grace)
+                && s.head.value.vary_matches(request_headers)
+                && acceptable(request_headers, &s.head, grace)
         });
         tokio::select! {
             biased;
@@ -144,7 +146,7 @@ where
     // An entry made for other Vary values (or other credentials) names the
     // variant this request needs: follow it once, as a flight of its own.
     if let Resolved::Value { entry, .. } = &resolved {
-        if let Some(next) = state.variant_for(&target, entry, &request_headers) {
+        if let Some(next) = state.variant_for(&target, entry, request_headers) {
             target = next;
             fwd = Forward::VaryMiss;
             compute = match compute {
@@ -177,8 +179,8 @@ where
     // than Redis's, so it finds the entry stale and shares its refresh.
     let expired = match &resolved {
         Resolved::Value { entry, source } => {
-            (refuses(&state, reload, &request_headers, entry, *source)
-                && expired_since_handed_out(&request_headers, entry, *source, grace))
+            (refuses(&state, reload, request_headers, entry, *source)
+                && expired_since_handed_out(request_headers, entry, *source, grace))
             .then(|| Arc::clone(entry))
         }
         _ => None,
@@ -221,7 +223,7 @@ where
                 kept = state
                     .retained
                     .get(&target.key)
-                    .filter(|e| e.value.vary_matches(&request_headers))?;
+                    .filter(|e| e.value.vary_matches(request_headers))?;
                 &kept
             }
         };
@@ -244,14 +246,14 @@ where
     match resolved {
         Resolved::Value { entry, source } => {
             // Never a variant made for other header values, from any path.
-            if !entry.value.vary_matches(&request_headers) {
+            if !entry.value.vary_matches(request_headers) {
                 let status = state.status_fwd(Forward::VaryMiss, None);
                 return released(&state, own_call(compute, spare), status, fallback).await;
             }
             // A stored copy shared by the flight may still be refused by this
             // request's own directives (max-age, min-fresh): such a request
             // goes to the origin itself.
-            if refuses(&state, reload, &request_headers, &entry, source) {
+            if refuses(&state, reload, request_headers, &entry, source) {
                 let call = own_call(compute, spare);
                 return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
             }
@@ -310,12 +312,12 @@ where
             if (compute.is_none() || past_marker)
                 && matches!(state.engine.probe(&target.key), Probe::Pass)
             {
-                if let Some(permit) = hit_for_miss_permit(&state, &request_headers, head) {
+                if let Some(permit) = hit_for_miss_permit(&state, request_headers, head) {
                     // A follower kept its own call: the same request, rebuilt.
                     let spare = spare.take().or_else(|| {
                         compute.take().map(|c| {
-                            let req = refresh_request(&c.req);
-                            (c.inner, req)
+                            let (inner, req) = c.into_parts();
+                            (inner, refresh_request(&req))
                         })
                     });
                     if let Some((inner, req)) = spare {

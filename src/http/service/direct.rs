@@ -220,7 +220,7 @@ pub(super) async fn direct_with<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let Some(OriginCall { inner, req, .. }) = call else {
+    let Some((inner, req)) = call.map(OriginCall::into_parts) else {
         // Only the leader has no call left, and a leader always has an outcome.
         state.counters().record_error();
         return Ok(state.error_response(&Error::Aborted));
@@ -252,7 +252,7 @@ pub(super) async fn pass_uncapped<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let Some(OriginCall { inner, req, .. }) = call else {
+    let Some((inner, req)) = call.map(OriginCall::into_parts) else {
         // Only the leader has no call left, and it keeps a spare.
         state.counters().record_error();
         return Ok(state.error_response(&Error::Aborted));

@@ -42,6 +42,9 @@ pub(super) struct Initiator<S, ReqB, ResB, E> {
     /// Makes a spare copy of the service and request into the slot when the
     /// call starts ([`OriginCall::keeping_spare`]).
     pub(super) spare: Option<MakeSpare<S, ReqB>>,
+    /// The request's headers, lent to the request waiting on this call
+    /// ([`OriginCall::lending_headers`]): put back before the call is made.
+    pub(super) headers: Option<Arc<HeaderMap>>,
 }
 
 /// Copies an inner service and request (`direct::spare_call`).
@@ -126,6 +129,7 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
             slot: Arc::clone(&slot),
             pass_unstored: false,
             spare: None,
+            headers: None,
         };
         let call = Self::new(inner, req, state, Some(initiator), target, stale);
         (call, passthrough_rx, slot)
@@ -141,6 +145,33 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
             i.spare = Some(make);
         }
         self
+    }
+
+    /// An initiated call whose request's headers the request waiting on it
+    /// reads meanwhile: moved out into an `Arc` it shares, not copied, and
+    /// put back when the call starts, runs or is taken apart. A follower,
+    /// whose call never starts, so copies no headers.
+    pub(super) fn lending_headers(mut self) -> (Self, Arc<HeaderMap>) {
+        let headers = Arc::new(std::mem::take(self.req.headers_mut()));
+        match &mut self.initiator {
+            Some(i) => i.headers = Some(Arc::clone(&headers)),
+            // Nobody to put them back: the call keeps its own.
+            None => *self.req.headers_mut() = (*headers).clone(),
+        }
+        (self, headers)
+    }
+
+    /// Put lent headers back into the request.
+    fn restore_headers(&mut self) {
+        if let Some(h) = self.initiator.as_mut().and_then(|i| i.headers.take()) {
+            *self.req.headers_mut() = Arc::unwrap_or_clone(h);
+        }
+    }
+
+    /// The service and the request, headers back in place.
+    pub(super) fn into_parts(mut self) -> (S, Request<ReqB>) {
+        self.restore_headers();
+        (self.inner, self.req)
     }
 
     /// An initiated call whose answer, if it will not be stored and is no
@@ -171,7 +202,8 @@ where
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
-    fn start(self) -> ComputeFuture<CachedResponse> {
+    fn start(mut self) -> ComputeFuture<CachedResponse> {
+        self.restore_headers();
         if let Some(make) = self.initiator.as_ref().and_then(|i| i.spare) {
             let spare = make(&self.inner, &self.req);
             if let Some(i) = &self.initiator {
@@ -188,7 +220,8 @@ where
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
-    pub(super) async fn run(self) -> Result<Fill<CachedResponse>, BoxError> {
+    pub(super) async fn run(mut self) -> Result<Fill<CachedResponse>, BoxError> {
+        self.restore_headers();
         let OriginCall {
             mut inner,
             req,
