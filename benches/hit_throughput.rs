@@ -14,6 +14,7 @@
 //! cargo bench --bench hit_throughput
 //! cargo bench --features cli --bench hit_throughput -- --load wrk --seconds 4 --rounds 2   # the proxy row needs the cli feature
 //! cargo bench --bench hit_throughput -- --seconds 5 --connections 64 --rounds 5    # starts its own redis-server; --redis none to skip
+//! cargo bench --bench hit_throughput -- --load wrk --only axum,redis    # only the rows whose names contain one of these
 //! ```
 //! Each variant gets `--seconds` of load in all, cut into `--rounds` slices
 //! run in turn (a, b, c, a, b, c, …) so machine noise lands on every variant
@@ -47,9 +48,19 @@ use common::wrk::{self, WrkRun};
 
 const USAGE: &str = "cargo bench --bench hit_throughput -- [--seconds 5] [--connections 64] \
 [--rounds 5] [--body-bytes 512] [--client-threads 1] [--server-threads 2] [--redis spawn|URL|none] \
-[--load builtin|wrk] [--wrk-threads 2] [--proxy-bin PATH]";
+[--load builtin|wrk] [--wrk-threads 2] [--proxy-bin PATH] [--only NAME,NAME]";
 
 const PATH: &str = "/k/hot";
+
+// The rows, in the order of the table; `--only` matches parts of these.
+const HYPER: &str = "bare hyper origin";
+const LAYERED: &str = "layer in bare hyper, L1";
+const PROXY: &str = "herdguard proxy, file log";
+const NGINX: &str = "nginx proxy_cache, buf log";
+const VARNISH: &str = "varnish";
+const AXUM: &str = "bare axum handler";
+const AXUM_L1: &str = "axum + herdguard, L1 hit";
+const REDIS: &str = "axum + herdguard, Redis";
 
 /// One server under test.
 struct Variant {
@@ -60,6 +71,9 @@ struct Variant {
     note: String,
     report: Report,
     wrk: Vec<WrkRun>,
+    /// This process's CPU time during the row's wrk slices: with `--load
+    /// wrk` only the servers run here (wrk and redis-server are children).
+    cpu: Duration,
 }
 
 impl Variant {
@@ -75,6 +89,7 @@ impl Variant {
             note,
             report: Report::new(),
             wrk: Vec::new(),
+            cpu: Duration::ZERO,
         }
     }
 
@@ -129,7 +144,19 @@ fn proxy_bin(args: &Args) -> Result<PathBuf, String> {
     }
 }
 
-/// Start every server, in the order of the table.
+/// Whether the row `name` runs: `--only` lists parts of row names
+/// (case-insensitive), any of which selects a row; without it, every row.
+fn selected(args: &Args, name: &str) -> bool {
+    let Some(only) = args.value("only") else {
+        return true;
+    };
+    let name = name.to_ascii_lowercase();
+    only.split(',')
+        .map(|part| part.trim().to_ascii_lowercase())
+        .any(|part| !part.is_empty() && name.contains(&part))
+}
+
+/// Start every server `--only` selects, in the order of the table.
 fn variants(args: &Args, servers: &Runtime, body: &Bytes, children: &mut Children) -> Vec<Variant> {
     let start = |r: Router| {
         servers
@@ -138,50 +165,65 @@ fn variants(args: &Args, servers: &Runtime, body: &Bytes, children: &mut Childre
             .map(|(addr, _task)| addr)
             .map_err(|e| format!("bind: {e}"))
     };
+    // A row `--only` leaves out is not started: `Err` is its note.
+    let run = |name: &str| {
+        if selected(args, name) {
+            Ok(())
+        } else {
+            Err("skipped: --only".to_owned())
+        }
+    };
+    // The origin of the proxy rows, started whatever rows run.
     let origin = servers
         .block_on(common::bare::origin(body.clone()))
         .unwrap_or_else(|e| panic!("bind: {e}"));
-    let layered = servers
-        .block_on(common::bare::cached_origin(body.clone(), CacheLayer::new()))
-        .map_err(|e| format!("bind: {e}"));
+    let layered = run(LAYERED).and_then(|()| {
+        servers
+            .block_on(common::bare::cached_origin(body.clone(), CacheLayer::new()))
+            .map_err(|e| format!("bind: {e}"))
+    });
     // Long enough for any run; each child ends by itself after it.
     let lifetime = Duration::from_secs(60 + 12 * args.get("seconds", 5u64).max(1));
-    let proxy = proxy_bin(args).and_then(|bin| {
+    let proxy = run(PROXY).and_then(|()| proxy_bin(args)).and_then(|bin| {
         children.keep(servers.block_on(PeerProxy::start_herdguard(&bin, origin, lifetime)))
     });
-    let nginx = children.keep(servers.block_on(PeerProxy::start_logging(
-        Peer::Nginx,
-        origin,
-        lifetime,
-        true,
-    )));
-    let varnish =
-        children.keep(servers.block_on(PeerProxy::start(Peer::Varnish, origin, lifetime)));
-    let redis = RedisTarget::from_args(args).unwrap_or_else(|e| {
-        eprintln!("redis: {e}");
-        std::process::exit(2);
+    let nginx = run(NGINX).and_then(|()| {
+        children.keep(servers.block_on(PeerProxy::start_logging(
+            Peer::Nginx,
+            origin,
+            lifetime,
+            true,
+        )))
     });
-    let redis_hit = match &redis {
+    let varnish = run(VARNISH).and_then(|()| {
+        children.keep(servers.block_on(PeerProxy::start(Peer::Varnish, origin, lifetime)))
+    });
+    let redis = match run(REDIS) {
+        Ok(()) => RedisTarget::from_args(args).unwrap_or_else(|e| {
+            eprintln!("redis: {e}");
+            std::process::exit(2);
+        }),
+        Err(_) => None,
+    };
+    let redis_hit = run(REDIS).and_then(|()| match &redis {
         None => Err("skipped: --redis none".to_owned()),
         Some(target) => with_redis(CacheLayer::builder(), &target.url, L1::Off, None)
             .and_then(|b| b.build().map_err(|e| e.to_string()))
             .and_then(|layer| start(router(body.clone()).layer(layer))),
-    };
+    });
     // A spawned redis-server lives as long as the other children.
     children.1 = redis;
+    let axum = run(AXUM).and_then(|()| start(router(body.clone())));
+    let axum_l1 = run(AXUM_L1).and_then(|()| start(router(body.clone()).layer(CacheLayer::new())));
     vec![
-        Variant::new("bare hyper origin", Ok(origin), false),
-        Variant::new("layer in bare hyper, L1", layered, true),
-        Variant::new("herdguard proxy, file log", proxy, true),
-        Variant::new("nginx proxy_cache, buf log", nginx, true),
-        Variant::new("varnish", varnish, true),
-        Variant::new("bare axum handler", start(router(body.clone())), false),
-        Variant::new(
-            "axum + herdguard, L1 hit",
-            start(router(body.clone()).layer(CacheLayer::new())),
-            true,
-        ),
-        Variant::new("axum + herdguard, Redis", redis_hit, true),
+        Variant::new(HYPER, run(HYPER).map(|()| origin), false),
+        Variant::new(LAYERED, layered, true),
+        Variant::new(PROXY, proxy, true),
+        Variant::new(NGINX, nginx, true),
+        Variant::new(VARNISH, varnish, true),
+        Variant::new(AXUM, axum, false),
+        Variant::new(AXUM_L1, axum_l1, true),
+        Variant::new(REDIS, redis_hit, true),
     ]
 }
 
@@ -218,6 +260,7 @@ fn main() {
             "load",
             "wrk-threads",
             "proxy-bin",
+            "only",
         ],
         USAGE,
     );
@@ -263,10 +306,12 @@ fn main() {
             if use_wrk {
                 let secs = slice.as_secs_f64().round().max(1.0) as u64;
                 let threads = args.get("wrk-threads", 2usize).clamp(1, 64);
+                let before = process_cpu();
                 match wrk::run(addr, PATH, threads, connections, secs) {
                     Ok(r) => v.wrk.push(r),
                     Err(e) => v.note = e,
                 }
+                v.cpu += process_cpu().saturating_sub(before);
                 continue;
             }
             let load = Load {
@@ -285,21 +330,37 @@ fn main() {
     drop(children);
 }
 
+/// User and system CPU time of this process so far (`/proc/self/stat`,
+/// in ticks of 10 ms); zero where that cannot be read.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name's closing parenthesis start at
+    // field 3 (state); utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
 fn print_table(variants: &[Variant]) {
     let base = variants[0].rps();
     let axum = variants
         .iter()
-        .find(|v| v.name == "bare axum handler")
+        .find(|v| v.name == AXUM)
         .map_or(0.0, Variant::rps);
     println!(
-        "{:<28} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7}  note",
-        "variant", "req/s", "÷hyper", "÷axum", "p50 ms", "p99 ms", "hits", "errors"
+        "{:<28} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>8}  note",
+        "variant", "req/s", "÷hyper", "÷axum", "p50 ms", "p99 ms", "hits", "errors", "cpu µs"
     );
     for v in variants {
         if v.addr.is_none() {
             println!(
-                "{:<28} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7}  {}",
-                v.name, "-", "-", "-", "-", "-", "-", "-", v.note
+                "{:<28} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>8}  {}",
+                v.name, "-", "-", "-", "-", "-", "-", "-", "-", v.note
             );
             continue;
         }
@@ -316,16 +377,33 @@ fn print_table(variants: &[Variant]) {
             (p50, p99, errors, "warm".to_owned())
         };
         let hits = if v.cached { hits } else { "-".to_owned() };
+        // A base row left out (`--only`) measured nothing: no ratio to it.
+        let ratio = |base: f64| {
+            if base > 0.0 {
+                format!("{:.2}", v.rps() / base)
+            } else {
+                "-".to_owned()
+            }
+        };
+        // Server CPU per request in this process (wrk rows only; not the
+        // child processes' own: nginx, Varnish, the proxy, redis-server).
+        let requests: u64 = v.wrk.iter().map(|w| w.requests).sum();
+        let cpu = if requests == 0 {
+            "-".to_owned()
+        } else {
+            format!("{:.2}", v.cpu.as_secs_f64() * 1e6 / requests as f64)
+        };
         println!(
-            "{:<28} {:>10.0} {:>7.2} {:>7.2} {:>8} {:>8} {:>8} {:>7}  {}",
+            "{:<28} {:>10.0} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>8}  {}",
             v.name,
             v.rps(),
-            v.rps() / base.max(1e-9),
-            v.rps() / axum.max(1e-9),
+            ratio(base),
+            ratio(axum),
             ms(p50),
             ms(p99),
             hits,
             errors,
+            cpu,
             v.note
         );
     }

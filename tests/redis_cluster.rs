@@ -158,7 +158,10 @@ async fn wakes_on_notification(layers: Vec<CacheLayer>) {
         // fixed pause was not always enough on a loaded machine).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while origin.calls() < round + 1 {
-            assert!(tokio::time::Instant::now() < deadline, "the leader never called");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the leader never called"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let waiters: Vec<_> = apps[1..]

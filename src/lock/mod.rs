@@ -16,10 +16,14 @@ pub(crate) struct LeaseToken(String);
 
 impl LeaseToken {
     pub(crate) fn random() -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let bytes: [u8; 16] = rand::random();
+        // Every flight's lookup makes one: written in place, one allocation
+        // (formatting each byte allocated sixteen).
         let mut s = String::with_capacity(32);
         for b in bytes {
-            s.push_str(&format!("{b:02x}"));
+            s.push(char::from(HEX[usize::from(b >> 4)]));
+            s.push(char::from(HEX[usize::from(b & 0x0f)]));
         }
         Self(s)
     }
@@ -66,4 +70,23 @@ pub(crate) fn register_metrics() {
 
 pub(crate) fn record_held(seconds: f64) {
     metrics::histogram!(names::LOCK_HELD_SECONDS).record(seconds);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease token is 32 lowercase hex digits (16 random bytes), and two differ.
+    #[test]
+    fn lease_tokens_are_32_hex_digits() {
+        let (a, b) = (LeaseToken::random(), LeaseToken::random());
+        for t in [&a, &b] {
+            assert_eq!(t.as_str().len(), 32, "{:?}", t.as_str());
+            assert!(t
+                .as_str()
+                .bytes()
+                .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
+        }
+        assert_ne!(a.as_str(), b.as_str());
+    }
 }

@@ -2,7 +2,7 @@
 //! the leader's answer only if it is for this request, or be released to
 //! call the origin itself under the fallback cap.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue};
@@ -19,10 +19,12 @@ use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
 
 use super::bounds::{Origin, OriginBody};
-use super::direct::{direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, spare_call};
+use super::direct::{
+    direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, refresh_request, spare_call,
+};
 use super::fill::{is_error, is_stored};
 use super::hit_for_miss_permit;
-use super::origin::OriginCall;
+use super::origin::{take_error, take_spare, OriginCall};
 use super::respond::{stale_detail, Served, View};
 use super::target::Target;
 
@@ -65,12 +67,20 @@ where
     ResB: OriginBody,
 {
     let reload = wants == Wants::Refresh;
-    let mut spare = spare_call(&inner, &req);
-    let request_headers = req.headers().clone();
+    // A spare call for after the flight, made only if this request leads
+    // (its call is spent then): taken from the call's slot after each
+    // resolve. A follower keeps its own call unspent and copies nothing.
+    let mut spare = None;
+    let stored = stale.as_ref().map(|e| e.value.clone());
+    let (leader, mut passthrough_rx, mut error_slot) =
+        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
+    // Read here while the call is unspent, copied only if it is made.
+    let (leader, request_headers) = leader.keeping_spare(spare_call).lending_headers();
+    let request_headers = &*request_headers;
     // Not on the hit path: the validators are looked up as before.
     let view = View {
         head,
-        headers: &request_headers,
+        headers: request_headers,
         validators: true,
     };
     let mut fwd = if reload {
@@ -80,9 +90,6 @@ where
     } else {
         target.miss
     };
-    let stored = stale.as_ref().map(|e| e.value.clone());
-    let (leader, mut passthrough_rx, mut error_slot) =
-        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let mut compute = Some(leader);
     let arrived = std::time::Instant::now();
     let grace = state.http.rules.grace;
@@ -100,8 +107,8 @@ where
         // too late for it share the flight's next call instead.
         let streaming = state.streams.wait(target.key, |s| {
             s.body.attachable()
-                && s.head.value.vary_matches(&request_headers)
-                && acceptable(&request_headers, &s.head, grace)
+                && s.head.value.vary_matches(request_headers)
+                && acceptable(request_headers, &s.head, grace)
         });
         tokio::select! {
             biased;
@@ -112,6 +119,7 @@ where
             resolved = resolving => First::Resolved(resolved),
         }
     };
+    spare = spare.or_else(|| take_spare(&error_slot));
     let mut resolved = match first {
         First::Resolved(r) => r,
         First::Handoff(handoff) => return Ok(state.handed_off(handoff, &view, fwd, Source::Miss)),
@@ -138,7 +146,7 @@ where
     // An entry made for other Vary values (or other credentials) names the
     // variant this request needs: follow it once, as a flight of its own.
     if let Resolved::Value { entry, .. } = &resolved {
-        if let Some(next) = state.variant_for(&target, entry, &request_headers) {
+        if let Some(next) = state.variant_for(&target, entry, request_headers) {
             target = next;
             fwd = Forward::VaryMiss;
             compute = match compute {
@@ -160,6 +168,7 @@ where
                 Some(_) => state.engine.resolve(target.key, &mut compute).await,
                 None => Resolved::Pass(None),
             };
+            spare = spare.or_else(|| take_spare(&error_slot));
         }
     }
     // A copy the flight handed out fresh by the engine's clock (Redis's
@@ -170,8 +179,8 @@ where
     // than Redis's, so it finds the entry stale and shares its refresh.
     let expired = match &resolved {
         Resolved::Value { entry, source } => {
-            (refuses(&state, reload, &request_headers, entry, *source)
-                && expired_since_handed_out(&request_headers, entry, *source, grace))
+            (refuses(&state, reload, request_headers, entry, *source)
+                && expired_since_handed_out(request_headers, entry, *source, grace))
             .then(|| Arc::clone(entry))
         }
         _ => None,
@@ -199,6 +208,7 @@ where
                 }
                 resolved = again => resolved,
             };
+            spare = spare.or_else(|| take_spare(&error_slot));
         }
     }
     let counters = state.counters();
@@ -213,7 +223,7 @@ where
                 kept = state
                     .retained
                     .get(&target.key)
-                    .filter(|e| e.value.vary_matches(&request_headers))?;
+                    .filter(|e| e.value.vary_matches(request_headers))?;
                 &kept
             }
         };
@@ -236,14 +246,14 @@ where
     match resolved {
         Resolved::Value { entry, source } => {
             // Never a variant made for other header values, from any path.
-            if !entry.value.vary_matches(&request_headers) {
+            if !entry.value.vary_matches(request_headers) {
                 let status = state.status_fwd(Forward::VaryMiss, None);
                 return released(&state, own_call(compute, spare), status, fallback).await;
             }
             // A stored copy shared by the flight may still be refused by this
             // request's own directives (max-age, min-fresh): such a request
             // goes to the origin itself.
-            if refuses(&state, reload, &request_headers, &entry, source) {
+            if refuses(&state, reload, request_headers, &entry, source) {
                 let call = own_call(compute, spare);
                 return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
             }
@@ -302,8 +312,15 @@ where
             if (compute.is_none() || past_marker)
                 && matches!(state.engine.probe(&target.key), Probe::Pass)
             {
-                if let Some(permit) = hit_for_miss_permit(&state, &request_headers, head) {
-                    if let Some((inner, req)) = spare.take() {
+                if let Some(permit) = hit_for_miss_permit(&state, request_headers, head) {
+                    // A follower kept its own call: the same request, rebuilt.
+                    let spare = spare.take().or_else(|| {
+                        compute.take().map(|c| {
+                            let (inner, req) = c.into_parts();
+                            (inner, refresh_request(&req))
+                        })
+                    });
+                    if let Some((inner, req)) = spare {
                         let state = Arc::clone(&state);
                         return hit_for_miss(state, target, head, inner, req, fwd, permit).await;
                     }
@@ -324,11 +341,7 @@ where
                 return Ok(r);
             }
             // The inner service's own error goes back to the caller that made it.
-            if let Some(e) = error_slot
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
+            if let Some(e) = take_error(&error_slot) {
                 counters.record_error();
                 return Err(e);
             }

@@ -5,7 +5,7 @@
 //! other requests.
 
 use std::future::poll_fn;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use http::header::HeaderValue;
 use http::response::Parts;
@@ -22,7 +22,7 @@ use crate::http::state::LayerState;
 use crate::metrics::Source;
 
 use super::bounds::{Origin, OriginBody};
-use super::origin::{strip_framing, OriginCall};
+use super::origin::{strip_framing, take_error, OriginCall};
 use super::respond::{Served, View};
 use super::target::Target;
 use crate::http::cache_status::CACHE_STATUS;
@@ -167,11 +167,10 @@ where
         },
         Err(error) => {
             counters.record_error();
-            let own = error_slot
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            own.map_or_else(|| Ok(state.error_response(&error)), Err)
+            if let Some(e) = take_error(&error_slot) {
+                return Err(e);
+            }
+            Ok(state.error_response(&error))
         }
     }
 }
@@ -227,7 +226,7 @@ pub(super) async fn direct_with<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let Some(OriginCall { inner, req, .. }) = call else {
+    let Some((inner, req)) = call.map(OriginCall::into_parts) else {
         // Only the leader has no call left, and a leader always has an outcome.
         state.counters().record_error();
         return Ok(state.error_response(&Error::Aborted));
@@ -259,7 +258,7 @@ pub(super) async fn pass_uncapped<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let Some(OriginCall { inner, req, .. }) = call else {
+    let Some((inner, req)) = call.map(OriginCall::into_parts) else {
         // Only the leader has no call left, and it keeps a spare.
         state.counters().record_error();
         return Ok(state.error_response(&Error::Aborted));

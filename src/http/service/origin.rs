@@ -32,16 +32,53 @@ use super::target::{url_of, Target};
 use super::{CONDITIONAL, NOT_STORED};
 
 /// What only the request that started a flight receives.
-pub(super) struct Initiator<ResB, E> {
+pub(super) struct Initiator<S, ReqB, ResB, E> {
     /// A response too large to buffer, streamed to this request alone, or
     /// this request's reader of a streamed fill.
     pub(super) passthrough: oneshot::Sender<Handoff<ResB>>,
-    /// The inner service's error, handed back as-is.
-    pub(super) error: Arc<Mutex<Option<E>>>,
+    /// The inner service's error, and the spare call, handed back.
+    pub(super) slot: Arc<Mutex<Slot<S, ReqB, E>>>,
     /// Hand a 2xx or 3xx the cache will not store to this request as it
     /// arrives ([`Handoff::Passed`]) instead of buffering its body: set for
     /// a request under a pass marker, which nobody else waits on.
     pub(super) pass_unstored: bool,
+    /// Makes a spare copy of the service and request into the slot when the
+    /// call starts ([`OriginCall::keeping_spare`]).
+    pub(super) spare: Option<MakeSpare<S, ReqB>>,
+    /// The request's headers, lent to the request waiting on this call
+    /// ([`OriginCall::lending_headers`]): put back before the call is made.
+    pub(super) headers: Option<Arc<HeaderMap>>,
+}
+
+/// Copies an inner service and request (`direct::spare_call`).
+pub(super) type MakeSpare<S, ReqB> = fn(&S, &Request<ReqB>) -> Option<(S, Request<ReqB>)>;
+
+/// What a started call hands back to the request that made it.
+pub(super) struct Slot<S, ReqB, E> {
+    /// The inner service's error, as-is.
+    pub(super) error: Option<E>,
+    /// A spare service and request, made as the call started: the call
+    /// itself is spent then (see [`OriginCall::keeping_spare`]).
+    pub(super) spare: Option<(S, Request<ReqB>)>,
+}
+
+/// Shared between a call and the request that made it.
+pub(super) type SlotRef<S, ReqB, E> = Arc<Mutex<Slot<S, ReqB, E>>>;
+
+/// The slot's spare, if the call started and made one.
+pub(super) fn take_spare<S, ReqB, E>(slot: &SlotRef<S, ReqB, E>) -> Option<(S, Request<ReqB>)> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .spare
+        .take()
+}
+
+/// The slot's error, if the inner service returned one.
+pub(super) fn take_error<S, ReqB, E>(slot: &SlotRef<S, ReqB, E>) -> Option<E> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .error
+        .take()
 }
 
 /// One origin request, run as a flight's computation or directly.
@@ -49,7 +86,7 @@ pub(super) struct OriginCall<S, ReqB, ResB, E> {
     pub(super) inner: S,
     pub(super) req: Request<ReqB>,
     pub(super) state: Arc<LayerState>,
-    pub(super) initiator: Option<Initiator<ResB, E>>,
+    pub(super) initiator: Option<Initiator<S, ReqB, ResB, E>>,
     pub(super) target: Target,
     /// The stored response to revalidate: its validators go out with the
     /// request, and a 304 freshens it.
@@ -61,7 +98,7 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         inner: S,
         req: Request<ReqB>,
         state: Arc<LayerState>,
-        initiator: Option<Initiator<ResB, E>>,
+        initiator: Option<Initiator<S, ReqB, ResB, E>>,
         target: Target,
         stale: Option<CachedResponse>,
     ) -> Self {
@@ -84,16 +121,60 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         state: Arc<LayerState>,
         target: Target,
         stale: Option<CachedResponse>,
-    ) -> (Self, Passthrough<ResB>, Arc<Mutex<Option<E>>>) {
+    ) -> (Self, Passthrough<ResB>, SlotRef<S, ReqB, E>) {
         let (passthrough, passthrough_rx) = oneshot::channel();
-        let error = Arc::new(Mutex::new(None));
+        let slot = Arc::new(Mutex::new(Slot {
+            error: None,
+            spare: None,
+        }));
         let initiator = Initiator {
             passthrough,
-            error: Arc::clone(&error),
+            slot: Arc::clone(&slot),
             pass_unstored: false,
+            spare: None,
+            headers: None,
         };
         let call = Self::new(inner, req, state, Some(initiator), target, stale);
-        (call, passthrough_rx, error)
+        (call, passthrough_rx, slot)
+    }
+
+    /// An initiated call that, when it starts as a flight's computation,
+    /// leaves a spare copy of its service and request in its slot (made by
+    /// `make`): the request that led then still has a call of its own for
+    /// after the flight, and one that follows, whose call is never spent,
+    /// makes no copy.
+    pub(super) fn keeping_spare(mut self, make: MakeSpare<S, ReqB>) -> Self {
+        if let Some(i) = &mut self.initiator {
+            i.spare = Some(make);
+        }
+        self
+    }
+
+    /// An initiated call whose request's headers the request waiting on it
+    /// reads meanwhile: moved out into an `Arc` it shares, not copied, and
+    /// put back when the call starts, runs or is taken apart. A follower,
+    /// whose call never starts, so copies no headers.
+    pub(super) fn lending_headers(mut self) -> (Self, Arc<HeaderMap>) {
+        let headers = Arc::new(std::mem::take(self.req.headers_mut()));
+        match &mut self.initiator {
+            Some(i) => i.headers = Some(Arc::clone(&headers)),
+            // Nobody to put them back: the call keeps its own.
+            None => *self.req.headers_mut() = (*headers).clone(),
+        }
+        (self, headers)
+    }
+
+    /// Put lent headers back into the request.
+    fn restore_headers(&mut self) {
+        if let Some(h) = self.initiator.as_mut().and_then(|i| i.headers.take()) {
+            *self.req.headers_mut() = Arc::unwrap_or_clone(h);
+        }
+    }
+
+    /// The service and the request, headers back in place.
+    pub(super) fn into_parts(mut self) -> (S, Request<ReqB>) {
+        self.restore_headers();
+        (self.inner, self.req)
     }
 
     /// With `on`, an initiated call whose answer, if it will not be stored
@@ -124,7 +205,14 @@ where
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
-    fn start(self) -> ComputeFuture<CachedResponse> {
+    fn start(mut self) -> ComputeFuture<CachedResponse> {
+        self.restore_headers();
+        if let Some(make) = self.initiator.as_ref().and_then(|i| i.spare) {
+            let spare = make(&self.inner, &self.req);
+            if let Some(i) = &self.initiator {
+                i.slot.lock().unwrap_or_else(PoisonError::into_inner).spare = spare;
+            }
+        }
         Box::pin(self.run())
     }
 }
@@ -135,7 +223,8 @@ where
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
-    pub(super) async fn run(self) -> Result<Fill<CachedResponse>, BoxError> {
+    pub(super) async fn run(mut self) -> Result<Fill<CachedResponse>, BoxError> {
+        self.restore_headers();
         let OriginCall {
             mut inner,
             req,
@@ -145,7 +234,7 @@ where
             mut stale,
         } = self;
         let (passthrough, error_slot, pass_unstored) = match initiator {
-            Some(i) => (Some(i.passthrough), Some(i.error), i.pass_unstored),
+            Some(i) => (Some(i.passthrough), Some(i.slot), i.pass_unstored),
             None => (None, None, false),
         };
         // A copy kept aside since the call was made (read from Redis past its
@@ -158,7 +247,7 @@ where
             Ok(Exchange::Revalidated(fill)) => return Ok(*fill),
             Err(e) => {
                 if let Some(slot) = error_slot {
-                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    slot.lock().unwrap_or_else(PoisonError::into_inner).error = Some(e);
                 }
                 return Err(Box::new(OriginFailed));
             }
