@@ -323,85 +323,33 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 pub(crate) async fn run_subscriber(
     fills: Weak<Fills>,
     source: FillSource,
-    mut changes: mpsc::UnboundedReceiver<CacheKey>,
+    changes: mpsc::UnboundedReceiver<CacheKey>,
     connect_timeout: Duration,
     response_timeout: Duration,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     renew: Arc<tokio::sync::Notify>,
 ) {
+    let mut listener = Listener {
+        fills,
+        changes,
+        response_timeout,
+        shutdown,
+        renew,
+    };
     let mut backoff = Duration::from_millis(100);
     loop {
-        let mut renewed = false;
-        let (push_tx, mut pushes) = mpsc::unbounded_channel();
+        let (push_tx, pushes) = mpsc::unbounded_channel();
         let connected = tokio::time::timeout(
             connect_timeout,
             Subscriber::connect(&source, connect_timeout, response_timeout, push_tx),
         )
         .await;
-        if let Ok(Ok(mut conn)) = connected {
-            let Some(f) = fills.upgrade() else { return };
-            f.connected.store(true, Ordering::SeqCst);
-            // Whatever was subscribed before is gone with the old connection.
-            let mut subscribed = HashSet::new();
-            let mut dirty = f.waiting_keys();
-            drop(f);
-            let mut ping = tokio::time::interval(PING_EVERY);
-            ping.reset();
-            loop {
-                if !dirty.is_empty() {
-                    let Some(f) = fills.upgrade() else { return };
-                    let keys = std::mem::take(&mut dirty);
-                    if !reconcile(&f, &conn, &mut subscribed, keys, response_timeout).await {
-                        break;
-                    }
-                    backoff = Duration::from_millis(100);
-                }
-                tokio::select! {
-                    change = changes.recv() => match change {
-                        Some(key) => {
-                            dirty.insert(key);
-                            while let Ok(key) = changes.try_recv() {
-                                dirty.insert(key);
-                            }
-                        }
-                        None => return,
-                    },
-                    push = pushes.recv() => match push {
-                        Some(p) => match p.kind {
-                            PushKind::SMessage | PushKind::Message => {
-                                if let (Some(msg), Some(f)) = (redis::Msg::from_push_info(p), fills.upgrade()) {
-                                    f.notify(msg.get_channel_name().as_bytes(), msg.get_payload_bytes().to_vec());
-                                }
-                            }
-                            // The server dropped a subscription we did not
-                            // give up (its slot moved): subscribe again.
-                            PushKind::SUnsubscribe => {
-                                if let Some(key) = p.data.first().and_then(channel_bytes).and_then(key_of_channel) {
-                                    subscribed.remove(&key);
-                                    dirty.insert(key);
-                                }
-                            }
-                            PushKind::Disconnection if matches!(conn, Subscriber::Standalone(_)) => break,
-                            _ => {}
-                        },
-                        None => break,
-                    },
-                    _ = ping.tick() => {
-                        let alive = tokio::time::timeout(response_timeout, conn.ping()).await;
-                        if !matches!(alive, Ok(true)) {
-                            break;
-                        }
-                    }
-                    // The data connections found the server demoted: this
-                    // connection may lead to it too (a failover behind one name).
-                    _ = renew.notified() => {
-                        renewed = true;
-                        break;
-                    }
-                    _ = shutdown.changed() => return,
-                }
+        if let Ok(Ok(conn)) = connected {
+            let ended = listener.serve(conn, pushes, &mut backoff).await;
+            if matches!(ended, Ended::Stop) {
+                return;
             }
-            match fills.upgrade() {
+            match listener.fills.upgrade() {
                 Some(f) => {
                     f.connected.store(false, Ordering::SeqCst);
                     f.set_all_unready();
@@ -409,19 +357,140 @@ pub(crate) async fn run_subscriber(
                 None => return,
             }
             tracing::debug!("fill notification connection lost; reconnecting");
-            if renewed {
+            if matches!(ended, Ended::Renewed) {
                 // Asked to move, not failed: reconnect at once.
                 continue;
             }
         }
-        if fills.strong_count() == 0 {
+        if listener.fills.strong_count() == 0 {
             return;
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.changed() => return,
+            _ = listener.shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// What the subscriber task keeps across its connections.
+struct Listener {
+    fills: Weak<Fills>,
+    /// Keys whose waiting changed: subscribe or unsubscribe their channels.
+    changes: mpsc::UnboundedReceiver<CacheKey>,
+    response_timeout: Duration,
+    shutdown: watch::Receiver<bool>,
+    /// The data connections found the server demoted.
+    renew: Arc<tokio::sync::Notify>,
+}
+
+/// How one connection's service ended.
+enum Ended {
+    /// The connection failed: reconnect after the back-off.
+    Lost,
+    /// Asked to reconnect (a failover behind one name): at once.
+    Renewed,
+    /// The layer is gone or shutting down.
+    Stop,
+}
+
+impl Listener {
+    /// Keep the subscriptions of the keys waited on in step on `conn`, and
+    /// hand every notification to the fills, until the connection ends.
+    async fn serve(
+        &mut self,
+        mut conn: Subscriber,
+        mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+        backoff: &mut Duration,
+    ) -> Ended {
+        let Some(f) = self.fills.upgrade() else {
+            return Ended::Stop;
+        };
+        f.connected.store(true, Ordering::SeqCst);
+        // Whatever was subscribed before is gone with the old connection.
+        let mut subscribed = HashSet::new();
+        let mut dirty = f.waiting_keys();
+        drop(f);
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.reset();
+        loop {
+            if !dirty.is_empty() {
+                let Some(f) = self.fills.upgrade() else {
+                    return Ended::Stop;
+                };
+                let keys = std::mem::take(&mut dirty);
+                if !reconcile(&f, &conn, &mut subscribed, keys, self.response_timeout).await {
+                    return Ended::Lost;
+                }
+                *backoff = Duration::from_millis(100);
+            }
+            tokio::select! {
+                change = self.changes.recv() => match change {
+                    Some(key) => {
+                        dirty.insert(key);
+                        while let Ok(key) = self.changes.try_recv() {
+                            dirty.insert(key);
+                        }
+                    }
+                    None => return Ended::Stop,
+                },
+                push = pushes.recv() => match push {
+                    Some(p) => {
+                        if !self.on_push(p, &conn, &mut subscribed, &mut dirty) {
+                            return Ended::Lost;
+                        }
+                    }
+                    None => return Ended::Lost,
+                },
+                _ = ping.tick() => {
+                    let alive = tokio::time::timeout(self.response_timeout, conn.ping()).await;
+                    if !matches!(alive, Ok(true)) {
+                        return Ended::Lost;
+                    }
+                }
+                // The data connections found the server demoted: this
+                // connection may lead to it too (a failover behind one name).
+                _ = self.renew.notified() => return Ended::Renewed,
+                _ = self.shutdown.changed() => return Ended::Stop,
+            }
+        }
+    }
+
+    /// One push from the server; whether the connection is still usable.
+    fn on_push(
+        &self,
+        p: redis::PushInfo,
+        conn: &Subscriber,
+        subscribed: &mut HashSet<CacheKey>,
+        dirty: &mut HashSet<CacheKey>,
+    ) -> bool {
+        match p.kind {
+            PushKind::SMessage | PushKind::Message => {
+                if let (Some(msg), Some(f)) = (redis::Msg::from_push_info(p), self.fills.upgrade())
+                {
+                    f.notify(
+                        msg.get_channel_name().as_bytes(),
+                        msg.get_payload_bytes().to_vec(),
+                    );
+                }
+            }
+            // The server dropped a subscription we did not
+            // give up (its slot moved): subscribe again.
+            PushKind::SUnsubscribe => {
+                if let Some(key) = p
+                    .data
+                    .first()
+                    .and_then(channel_bytes)
+                    .and_then(key_of_channel)
+                {
+                    subscribed.remove(&key);
+                    dirty.insert(key);
+                }
+            }
+            PushKind::Disconnection if matches!(conn, Subscriber::Standalone(_)) => return false,
+            _ => {}
+        }
+        true
     }
 }
 
