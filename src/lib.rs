@@ -106,7 +106,9 @@
 //!   cache.rs         the public Cache<V>
 //!   resolve.rs       Engine::resolve: the miss path in reading order
 //!   flight.rs        the local single flight
-//!   remote.rs        leading and waiting across instances (Redis)
+//!   remote/          across instances (Redis): mod.rs the lookup-or-lease
+//!                    and waiting for another's fill, lead.rs the leader's
+//!                    write and copies, stale.rs stale replies
 //!   quorum_lease.rs  a key's lease on the Redlock quorum
 //!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
 //!   value.rs (Value), envelope.rs (the stored bytes)

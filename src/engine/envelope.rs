@@ -31,7 +31,7 @@ pub(crate) const VERSION: u8 = 4;
 pub(crate) const STALE_OFFSET: usize = 20;
 /// Where the shared store's keep time past freshness (u64 LE, milliseconds)
 /// sits: the stale window, or the `stale-if-error` window when that is
-/// longer (see `remote::shared_lifetime`). The Lua lookup takes it off the
+/// longer (see `remote::lead::shared_lifetime`). The Lua lookup takes it off the
 /// entry's PTTL to tell fresh from stale, so this offset is part of the format.
 pub(crate) const KEPT_OFFSET: usize = 36;
 /// Where the fence token (u64 LE) sits: the fenced write reads it in Lua
