@@ -16,6 +16,7 @@ use crate::engine::flight::Outcome;
 use crate::engine::resolve::Engine;
 use crate::engine::value::{Value, ValueMeta};
 use crate::key::CacheKey;
+use crate::lock::redlock::{Redlock, RedlockLease};
 use crate::lock::watchdog::{HeldLease, Watchdog};
 use crate::lock::{FenceToken, LeaseToken};
 use crate::metrics::Source;
@@ -35,25 +36,8 @@ impl<V: Value> Engine<V> {
         fut: ComputeFuture<V>,
     ) -> Outcome<V> {
         let single = matches!(lease, HeldLease::Single(_));
-        let ttl = match &lease {
-            HeldLease::Single(_) => {
-                self.counters.lock_acquire("acquired");
-                remote.options.lease_ttl
-            }
-            HeldLease::Redlock(lock, _) => lock.ttl(),
-        };
         let held_since = Instant::now();
-        let (watchdog, token) = Watchdog::watch(
-            remote,
-            key,
-            lease,
-            ttl,
-            remote.options.watchdog,
-            self.counters.lease_lost(),
-        );
-        let span = tracing::Span::current();
-        span.record("lease", token.prefix());
-        span.record("fence", fence.0);
+        let (watchdog, token) = self.watch_lease(remote, key, lease, fence);
         self.counters.origin_call();
         let started = Instant::now();
         let result = self.run_compute(fut).await;
@@ -75,24 +59,14 @@ impl<V: Value> Engine<V> {
                 let _ = remote
                     .write_and_release(&key, &token, fence, WriteMode::Release)
                     .await;
-                if let Some((lock, lease)) = redlock {
-                    lock.release(lease).await;
-                }
-                if single {
-                    self.counters.lock_held(held_since.elapsed().as_secs_f64());
-                }
+                self.release_quorum(redlock, single, held_since).await;
                 return Outcome::Failed(error);
             }
         };
         let (fill, written) = self
             .write_lead(remote, key, &token, fence, asked, fill)
             .await;
-        if let Some((lock, lease)) = redlock {
-            lock.release(lease).await;
-        }
-        if single {
-            self.counters.lock_held(held_since.elapsed().as_secs_f64());
-        }
+        self.release_quorum(redlock, single, held_since).await;
         match written {
             Err(e) => {
                 // Redis went away mid-flight: memory carries the entry.
@@ -104,42 +78,11 @@ impl<V: Value> Engine<V> {
                 if single && !w.released && !lost {
                     self.counters.lock_acquire("expired_mid_work");
                 }
-                if w.purged {
-                    tracing::debug!(key = %key.short(), "purged in redis while filling: shared, not stored");
-                } else if !w.accepted
-                    && !w.kept
-                    && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
-                {
-                    self.counters.fenced_rejection();
-                    tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
-                }
+                self.note_rejection(key, fence, &w, &fill);
                 match (fill, meta) {
                     (Fill::Store { value, copies, .. }, Some(meta)) if w.accepted => {
-                        self.counters.entry_bytes(value.weight());
-                        let hard = shared_lifetime(&value, meta.fresh_for, meta.stale_for);
-                        let wanted = copies.len();
-                        let copies = Self::write_copies(remote, fence, &meta, &value, copies).await;
-                        if copies.len() < wanted {
-                            self.counters.fenced_rejection();
-                        }
-                        // Measured from the store, not from now: the write's
-                        // round trip is part of the entry's age.
-                        let since = meta.elapsed();
-                        let entry = self.fill_l1(
-                            key,
-                            value,
-                            meta,
-                            meta.fresh_for.saturating_sub(since),
-                            hard.saturating_sub(since),
-                            took,
-                        );
-                        if !copies.is_empty() && !remote.options.l1_ttl.is_zero() {
-                            self.insert_checked(key, &entry, &copies, None);
-                        }
-                        Outcome::Value {
-                            entry,
-                            source: Source::Miss,
-                        }
+                        self.land(remote, key, fence, took, (value, copies), meta)
+                            .await
                     }
                     // Rejected: our value is still a correct answer for the
                     // requests that waited on it, but it is not stored.
@@ -157,6 +100,103 @@ impl<V: Value> Engine<V> {
                     (Fill::Unbuffered, _) => Outcome::Pass(None),
                 }
             }
+        }
+    }
+
+    /// Keep `lease` alive while the leader computes (its watchdog), with
+    /// the lease and fence on the request's span.
+    fn watch_lease(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        lease: HeldLease,
+        fence: FenceToken,
+    ) -> (Watchdog, LeaseToken) {
+        let ttl = match &lease {
+            HeldLease::Single(_) => {
+                self.counters.lock_acquire("acquired");
+                remote.options.lease_ttl
+            }
+            HeldLease::Redlock(lock, _) => lock.ttl(),
+        };
+        let (watchdog, token) = Watchdog::watch(
+            remote,
+            key,
+            lease,
+            ttl,
+            remote.options.watchdog,
+            self.counters.lease_lost(),
+        );
+        let span = tracing::Span::current();
+        span.record("lease", token.prefix());
+        span.record("fence", fence.0);
+        (watchdog, token)
+    }
+
+    /// Release a lease that lives on the Redlock quorum (a single lease is
+    /// released by the write), and count how long a single one was held.
+    async fn release_quorum(
+        &self,
+        redlock: Option<(Arc<Redlock>, RedlockLease)>,
+        single: bool,
+        held_since: Instant,
+    ) {
+        if let Some((lock, lease)) = redlock {
+            lock.release(lease).await;
+        }
+        if single {
+            self.counters.lock_held(held_since.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Say why a leader's write stored nothing, when Redis refused it.
+    fn note_rejection(&self, key: CacheKey, fence: FenceToken, w: &WriteOutcome, fill: &Fill<V>) {
+        if w.purged {
+            tracing::debug!(key = %key.short(), "purged in redis while filling: shared, not stored");
+        } else if !w.accepted
+            && !w.kept
+            && !matches!(fill, Fill::Share(_) | Fill::Private(_) | Fill::Unbuffered)
+        {
+            self.counters.fenced_rejection();
+            tracing::warn!(key = %key.short(), fence = fence.0, "fenced write rejected: a newer write already landed");
+        }
+    }
+
+    /// A leader's accepted write: its copies under the same fence, then the
+    /// entry in L1, aged from when Redis stored it.
+    async fn land(
+        &self,
+        remote: &Arc<RedisStore>,
+        key: CacheKey,
+        fence: FenceToken,
+        took: Duration,
+        (value, copies): (V, Vec<Copy>),
+        meta: EntryMeta,
+    ) -> Outcome<V> {
+        self.counters.entry_bytes(value.weight());
+        let hard = shared_lifetime(&value, meta.fresh_for, meta.stale_for);
+        let wanted = copies.len();
+        let copies = Self::write_copies(remote, fence, &meta, &value, copies).await;
+        if copies.len() < wanted {
+            self.counters.fenced_rejection();
+        }
+        // Measured from the store, not from now: the write's
+        // round trip is part of the entry's age.
+        let since = meta.elapsed();
+        let entry = self.fill_l1(
+            key,
+            value,
+            meta,
+            meta.fresh_for.saturating_sub(since),
+            hard.saturating_sub(since),
+            took,
+        );
+        if !copies.is_empty() && !remote.options.l1_ttl.is_zero() {
+            self.insert_checked(key, &entry, &copies, None);
+        }
+        Outcome::Value {
+            entry,
+            source: Source::Miss,
         }
     }
 
