@@ -335,3 +335,25 @@ pub(super) fn refresh_request<B: Default>(req: &Request<B>) -> Request<B> {
     *r.extensions_mut() = req.extensions().clone();
     r
 }
+
+/// A request released from a flight calls the origin itself, under the
+/// fallback cap (waiting at most `max_wait` for a permit); past the cap it
+/// gets stale-if-error or a 503.
+pub(super) async fn released<S, ReqB, ResB>(
+    state: &LayerState,
+    call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
+    status: HeaderValue,
+    fallback: impl FnOnce(Option<u16>) -> Option<Response<CacheBody<ResB>>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let Some(permit) = state.engine.fallback_permit().await else {
+        if let Some(r) = fallback(None) {
+            return Ok(r);
+        }
+        state.counters().record_error();
+        return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
+    };
+    direct_with(state, call, status, Some(permit)).await
+}

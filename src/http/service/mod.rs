@@ -53,6 +53,7 @@ use origin::OriginCall;
 use respond::{stale_detail, Served, View};
 use target::{effective_uri, lowercase_host};
 
+mod acceptance;
 mod bounds;
 mod coalesce;
 mod direct;
