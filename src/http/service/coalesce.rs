@@ -68,7 +68,9 @@ where
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
-    let mut m = Miss::start(state, target, head, (inner, req), stale, wants);
+    // Boxed: the steps below move it, and each step's future would
+    // otherwise hold a copy of all of it.
+    let mut m = Box::new(Miss::start(state, target, head, (inner, req), stale, wants));
     let resolved = match m.first().await {
         First::Resolved(r) => r,
         First::Handoff(handoff) => return Ok(m.handed_off(handoff)),
@@ -261,7 +263,7 @@ where
     /// Read the leader's stream from its first byte, or call alone when the
     /// window has left the start.
     async fn join_stream(
-        mut self,
+        mut self: Box<Self>,
         stream: Arc<Stream>,
     ) -> Result<Response<CacheBody<ResB>>, S::Error> {
         let Some(reader) = stream.body.reader(Some(self.arrived)) else {
@@ -402,13 +404,13 @@ where
 
     /// Released to call the origin itself under the fallback cap, with
     /// `detail` in its `Cache-Status`.
-    async fn release(self, detail: &str) -> Result<Response<CacheBody<ResB>>, S::Error> {
+    async fn release(self: Box<Self>, detail: &str) -> Result<Response<CacheBody<ResB>>, S::Error> {
         let status = self.state.status_fwd(self.fwd, Some(detail));
         self.release_with(status).await
     }
 
     async fn release_with(
-        mut self,
+        mut self: Box<Self>,
         status: HeaderValue,
     ) -> Result<Response<CacheBody<ResB>>, S::Error> {
         let call = self.own_call();
@@ -418,7 +420,7 @@ where
 
     /// The flight's entry, if it is for this request: else its own call.
     async fn answer_entry(
-        mut self,
+        mut self: Box<Self>,
         entry: Arc<Stored<CachedResponse>>,
         source: Source,
     ) -> Result<Response<CacheBody<ResB>>, S::Error> {
@@ -473,7 +475,7 @@ where
 
     /// No answer for everyone: its own handoff, hit-for-miss under a pass
     /// marker, or its own call.
-    async fn answer_unshared(mut self) -> Result<Response<CacheBody<ResB>>, S::Error> {
+    async fn answer_unshared(mut self: Box<Self>) -> Result<Response<CacheBody<ResB>>, S::Error> {
         if let Ok(handoff) = self.passthrough_rx.try_recv() {
             return Ok(self.handed_off(handoff));
         }
