@@ -509,7 +509,6 @@ mod tests {
         p
     }
 
-    /// A header count of 30000 with a valid checksum is an error, not a panic in HeaderMap.
     fn strip<'a>(own: Option<&'a HeaderName>) -> Strip<'a> {
         Strip {
             surrogate_key: true,
@@ -569,6 +568,7 @@ mod tests {
         assert_eq!(filled.get_all(http::header::AGE).iter().count(), 1);
     }
 
+    /// A header count of 30000 with a valid checksum is an error, not a panic in HeaderMap.
     #[test]
     fn huge_header_count_is_an_error() {
         let r = decode_entry::<CachedResponse>(sealed(&response_prefix(30000)));
