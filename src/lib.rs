@@ -161,6 +161,7 @@ pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFai
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};
+pub use http::policy::host_is_valid;
 pub use http::purge::{AsUri, PurgeError, PurgeHandle, Purged};
 pub use http::request_body::RequestBody;
 pub use http::response::CachedResponse;

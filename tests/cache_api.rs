@@ -2,7 +2,7 @@
 //! `insert` and `invalidate`, and serde values through a real redis-server.
 
 #[cfg(all(feature = "redis", feature = "serde"))]
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! layers sharing a real redis-server (real time: Redis expiry).
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

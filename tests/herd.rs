@@ -5,7 +5,7 @@
 //! the Redis cases run two layers against a real redis-server.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! global to this test binary.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! holds one lock and reads only its own `cache` label).
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -2,7 +2,7 @@
 //! a real redis-server, cheap `Redlock` handles, and the service accessors.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! per receiver. Real redis-server; a slow path to one instance.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

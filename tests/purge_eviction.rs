@@ -6,7 +6,7 @@
 //! happen. On a server that cannot evict, the check costs nothing.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

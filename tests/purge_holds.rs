@@ -6,7 +6,7 @@
 //! that race a purge are held at a gate until the purge has answered.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! and other tests' timings should not share that.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! with bounds a loaded 2-core machine meets.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::{Duration, Instant};
 

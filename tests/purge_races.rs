@@ -4,7 +4,7 @@
 //! instances on a real redis-server.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! by tag, and the purge index.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

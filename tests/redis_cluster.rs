@@ -4,7 +4,7 @@
 //! failover under load with fencing still in force.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! whole fill, and each instance that waits for it.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

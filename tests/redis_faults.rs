@@ -3,7 +3,7 @@
 //! a frozen server, a full server (OOM), and foreign values at entry keys.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

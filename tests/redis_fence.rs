@@ -3,7 +3,7 @@
 //! never shortens, and an older release's hash replaced, not an error.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::{Duration, Instant};
 

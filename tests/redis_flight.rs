@@ -4,7 +4,7 @@
 //! number of Redis commands a flight costs.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! whatever its age by the writer's stamp (the write lands after the stamp).
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! full at once with `CONFIG SET maxmemory 1` after the entry was stored.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! writes, and corrupt entries are misses that the next fill overwrites.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! instance's L1 through pub/sub, and the Redis copies too.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::time::Duration;
 

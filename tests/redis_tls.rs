@@ -4,7 +4,7 @@
 //! print the password.
 #![cfg(feature = "tls")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

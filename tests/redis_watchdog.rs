@@ -4,7 +4,7 @@
 //! Redis TTLs do not follow tokio's paused clock.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! randomized stress run, and Redlock as the cache layer's lease backend.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! in-process origin that echoes whose request it answered.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

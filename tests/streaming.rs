@@ -3,7 +3,7 @@
 //! whose body the test feeds chunk by chunk, so every assertion is about
 //! order and bytes, not about timing; tokio time is paused throughout.
 
-mod stream_support;
+use herdguard_testkit::stream as stream_support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

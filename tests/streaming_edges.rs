@@ -3,7 +3,7 @@
 //! The origin is a service whose bodies the test feeds chunk by chunk;
 //! tokio time is paused.
 
-mod stream_support;
+use herdguard_testkit::stream as stream_support;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

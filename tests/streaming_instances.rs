@@ -7,9 +7,9 @@
 //! server), so they use real time with bounded waits.
 
 #[cfg(feature = "redis")]
-mod support;
+use herdguard_testkit as support;
 
-mod stream_support;
+use herdguard_testkit::stream as stream_support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,7 +3,7 @@
 //! recorded from the spawned task that ran the origin call.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

@@ -8,79 +8,19 @@
 //!     [--trusted-proxies 10.0.0.0/8,127.0.0.1]
 //! ```
 //!
-//! This is `herdguard proxy` (feature `cli`; see its `--help` for TLS,
-//! limits, an admin listener and the rest) with a few flags: the proxy's
-//! code lives in `src/bin/herdguard/proxy/` and both include it. No peer is
+//! This is `herdguard proxy` (see its `--help` for TLS, limits, an admin
+//! listener and the rest) with a few flags: the proxy's code is the
+//! `herdguard_cli` library (cli/src/proxy/), which both use. No peer is
 //! trusted to report Forwarded / X-Forwarded-* unless `--trusted-proxies`
 //! names it: from anyone else they are replaced or removed, since the cache
 //! key does not hold them.
 
-#[path = "../src/bin/herdguard/proxy/mod.rs"]
-#[allow(
-    dead_code,
-    reason = "the example uses part of the proxy's options; the binary uses all"
-)]
-mod shared;
-
-use std::convert::Infallible;
 use std::net::SocketAddr;
 
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::http::{Request, Uri};
-use axum::Router;
+use axum::http::Uri;
 use herdguard::CacheLayer;
-use http_body_util::BodyExt;
-
-use shared::body::ProxyBody;
-use shared::{Peer, Proxy, ProxyConfig};
-
-/// What the proxy needs to know.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    /// Scheme and authority of the upstream, e.g. `http://127.0.0.1:8000`.
-    pub(crate) upstream: Uri,
-    /// Enables PURGE and the tag purge route when set.
-    pub(crate) purge_token: Option<String>,
-}
-
-impl Config {
-    fn shared(self) -> ProxyConfig {
-        let mut config = ProxyConfig::new(self.upstream);
-        config.purge_token = self.purge_token;
-        config
-    }
-}
-
-/// The proxy as an axum router (serve it with
-/// `into_make_service_with_connect_info::<SocketAddr>()`, so X-Forwarded-For
-/// knows the client).
-///
-/// # Panics
-/// If the upstream is not `http(s)://host[:port]`.
-#[allow(
-    dead_code,
-    reason = "for the tests that include this file; main runs the proxy's own server"
-)]
-pub(crate) fn app(config: Config, cache: CacheLayer) -> Router {
-    let proxy = Proxy::new(config.shared(), cache).unwrap_or_else(|e| panic!("{e}"));
-    Router::new().fallback_service(tower::service_fn(move |req: Request<Body>| {
-        let (mut parts, body) = req.into_parts();
-        if let Some(ConnectInfo(addr)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
-            let peer = Peer {
-                addr: *addr,
-                tls: false,
-            };
-            parts.extensions.insert(peer);
-        }
-        let body = ProxyBody::Boxed(body.map_err(Into::into).boxed_unsync());
-        let proxy = proxy.clone();
-        async move {
-            let response = proxy.handle(Request::from_parts(parts, body)).await;
-            Ok::<_, Infallible>(response.map(Body::new))
-        }
-    }))
-}
+use herdguard_cli::app::Config;
+use herdguard_cli::proxy::{self as shared, Proxy};
 
 fn arg_value(args: &[String], flag: &str) -> Option<String> {
     args.iter()
@@ -111,12 +51,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Stale-while-updating on the operator's say-so (`60s`, `500ms`, `2m`).
         builder = builder.grace(shared::parse_duration(&grace)?);
     }
-    #[cfg(feature = "redis")]
     if let Some(redis) = arg_value(&args, "--redis") {
         // Every proxy on this Redis shares entries and the single flight.
         builder = builder.redis(herdguard::RedisOptions::new(redis).namespace("proxy"));
     }
-    #[cfg(feature = "redis")]
     if let Some(seeds) = arg_value(&args, "--redis-cluster") {
         let urls: Vec<String> = seeds
             .split(',')

@@ -31,7 +31,7 @@ mod clock_skew;
 mod conn;
 mod inspect;
 mod locks;
-mod proxy;
+use herdguard_cli::proxy;
 mod proxy_cmd;
 mod purge;
 mod report;

@@ -1,9 +1,8 @@
 //! The `herdguard` diagnostics CLI against real redis-server processes:
 //! inspect, locks (a split made by hand), clock-skew and purge, with their
 //! exit codes (0 healthy, 1 problem, 2 usage or connection error).
-#![cfg(feature = "cli")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;

@@ -2,12 +2,9 @@
 //! loopback HTTP through the reverse proxy example, against an echo origin
 //! that reports whose request it answered, and (for the cross-instance
 //! cases) real redis-server processes.
-#![cfg(feature = "redis")]
 
-#[path = "../examples/reverse_proxy.rs"]
-#[allow(dead_code, reason = "the example's main is not used here")]
-mod proxy;
-mod support;
+use herdguard_cli::app as proxy;
+use herdguard_testkit as support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

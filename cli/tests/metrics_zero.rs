@@ -1,9 +1,8 @@
 //! Every metric a layer records is on `/metrics` at 0 as soon as the layer
 //! is built, before any request: scraped through the Prometheus exporter.
 //! One test: the recorder is global to this binary.
-#![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
 use herdguard::{metric_names as names, CacheLayer, RedisOptions};
 use metrics_exporter_prometheus::PrometheusBuilder;

@@ -1,9 +1,8 @@
 //! `herdguard proxy`, the binary, over real loopback: an axum origin (or an
 //! https one with a private CA) on 127.0.0.1:0, the proxy process on
 //! 127.0.0.1:0, and hyper clients or raw sockets.
-#![cfg(feature = "cli")]
 
-mod support;
+use herdguard_testkit as support;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

@@ -1,9 +1,7 @@
 //! The reverse proxy example over real loopback HTTP: an axum origin on
 //! 127.0.0.1:0, the proxy on 127.0.0.1:0, and a hyper client.
 
-#[path = "../examples/reverse_proxy.rs"]
-#[allow(dead_code, reason = "the example's main is not used here")]
-mod proxy;
+use herdguard_cli::app as proxy;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

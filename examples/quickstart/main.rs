@@ -338,3 +338,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     server.await??;
     Ok(())
 }
+
+// The example's own tests (cargo test runs them: `test = true` in Cargo.toml).
+#[cfg(test)]
+mod tests;

@@ -1,14 +1,10 @@
-//! The quickstart's burst (the example file is compiled in here): the line
+//! The quickstart's burst (tests of the example, run by `cargo test`): the line
 //! the README's demo prints must report one origin call, on one instance
 //! and across instances sharing a real redis-server.
 #![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
-#[path = "../examples/quickstart.rs"]
-#[allow(dead_code, reason = "the example's main is not run here")]
-#[allow(unreachable_pub, reason = "the example's items are pub for this test")]
-mod example;
 
 use std::time::Duration;
 
@@ -29,9 +25,9 @@ const DELAY: Duration = Duration::from_millis(200);
 /// The demo's own burst of 1000 concurrent requests prints "1000 requests → 1 origin call".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_burst_prints_one_origin_call() {
-    let target = serve(example::router(CacheLayer::new(), DELAY)).await;
-    let at_once = example::burst_width(1000, true);
-    let burst = example::burst(&[target], 1000, at_once).await.unwrap();
+    let target = serve(super::router(CacheLayer::new(), DELAY)).await;
+    let at_once = super::burst_width(1000, true);
+    let burst = super::burst(&[target], 1000, at_once).await.unwrap();
     let line = burst.line();
     assert!(
         line.starts_with("1000 requests → 1 origin call ("),
@@ -55,11 +51,11 @@ async fn demo_burst_over_instances_on_redis_prints_one_origin_call() {
             .response_timeout(Duration::from_secs(5))
             .pool_wait_timeout(Duration::from_secs(5));
         let cache = CacheLayer::builder().redis(options).build().unwrap();
-        example::router(cache, DELAY)
+        super::router(cache, DELAY)
     };
     let targets = vec![serve(instance()).await, serve(instance()).await];
-    let at_once = example::burst_width(400, true);
-    let burst = example::burst(&targets, 400, at_once).await.unwrap();
+    let at_once = super::burst_width(400, true);
+    let burst = super::burst(&targets, 400, at_once).await.unwrap();
     let line = burst.line();
     assert!(
         line.starts_with("400 requests over 2 instances → 1 origin call ("),

@@ -1,17 +1,14 @@
 //! Test support: real `redis-server` processes on free loopback ports, and a
 //! small counting origin. Servers are stopped when dropped.
-#![allow(
-    dead_code,
-    reason = "each test crate uses a different part of the support code"
-)]
-#![allow(
-    unreachable_pub,
-    reason = "support is a private module of each test crate"
-)]
+//!
+//! A crate of its own (unpublished) so the library's tests and
+//! herdguard-cli's share it without `#[path]`. The stream helpers are
+//! [`stream`].
 
 pub mod cluster;
 pub mod echo;
 pub mod origin;
+pub mod stream;
 pub mod tls;
 
 use std::io::{Read, Write};

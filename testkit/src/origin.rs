@@ -7,10 +7,13 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
-use axum::routing::get;
+use std::convert::Infallible;
+
+use axum::response::IntoResponse;
+use axum::routing::{get, Route};
+use tower_service::Service;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::CacheLayer;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
@@ -54,8 +57,16 @@ impl Origin {
         self.calls.load(Ordering::SeqCst)
     }
 
-    /// A router serving every path through `layer`.
-    pub fn app(&self, layer: CacheLayer) -> Router {
+    /// A router serving every path through `layer` (a `CacheLayer`; any
+    /// layer axum accepts).
+    pub fn app<L>(&self, layer: L) -> Router
+    where
+        L: tower_layer::Layer<Route> + Clone + Send + Sync + 'static,
+        L::Service: Service<Request<Body>> + Clone + Send + Sync + 'static,
+        <L::Service as Service<Request<Body>>>::Response: IntoResponse + 'static,
+        <L::Service as Service<Request<Body>>>::Error: Into<Infallible> + 'static,
+        <L::Service as Service<Request<Body>>>::Future: Send + 'static,
+    {
         Router::new()
             .fallback(get(handler).post(handler))
             .layer(layer)

@@ -1,13 +1,5 @@
 //! Shared by the streamed-fill tests: a response body the test feeds chunk
 //! by chunk, and the byte helpers they check bodies with.
-#![allow(
-    dead_code,
-    reason = "each test crate uses a different part of the support code"
-)]
-#![allow(
-    unreachable_pub,
-    reason = "support is a private module of each test crate"
-)]
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};

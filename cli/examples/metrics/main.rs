@@ -140,3 +140,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     axum::serve(listener, app).await?;
     Ok(())
 }
+
+// The example's own tests (cargo test runs them: `test = true` in Cargo.toml).
+#[cfg(test)]
+mod tests;

@@ -1,15 +1,10 @@
-//! The metrics example's own router and recorder (the example file is
-//! compiled in here), two instances on one real redis-server, a stampede over
+//! The metrics example's own router and recorder (tests of the example, run by
+//! `cargo test`), two instances on one real redis-server, a stampede over
 //! loopback HTTP, a forced fence rejection and a Redis outage; then `/metrics`
 //! is scraped and parsed. One test: the recorder is global to this binary.
-#![cfg(feature = "redis")]
 
-mod support;
+use herdguard_testkit as support;
 
-#[path = "../examples/metrics.rs"]
-#[allow(dead_code, reason = "the example's main is not run here")]
-#[allow(unreachable_pub, reason = "the example's items are pub for this test")]
-mod example;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -129,16 +124,16 @@ fn instance(server: &RedisServer) -> CacheLayer {
 /// After a two-instance stampede, a fence rejection and a Redis outage, every documented metric is on `/metrics` with its labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scraped_metrics_have_documented_names_and_labels() {
-    let prometheus = example::install_prometheus().expect("first recorder in this binary");
+    let prometheus = super::install_prometheus().expect("first recorder in this binary");
     let mut server = RedisServer::start();
     let delay = Duration::from_millis(300);
-    let a = serve(example::router(
+    let a = serve(super::router(
         instance(&server),
         delay,
         prometheus.clone(),
     ))
     .await;
-    let b = serve(example::router(
+    let b = serve(super::router(
         instance(&server),
         delay,
         prometheus.clone(),

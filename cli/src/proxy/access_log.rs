@@ -17,19 +17,19 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Lines waiting past this size wake the writer before [`FLUSH_EVERY`].
-pub(crate) const FLUSH_BYTES: usize = 256 * 1024;
+pub const FLUSH_BYTES: usize = 256 * 1024;
 /// The longest a written line waits in memory.
-pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Bytes held for the writer; past it lines are dropped and counted.
-pub(crate) const MAX_BUFFERED: usize = 4 * 1024 * 1024;
+pub const MAX_BUFFERED: usize = 4 * 1024 * 1024;
 /// Counter of access-log lines dropped because the writer fell behind.
-pub(crate) const DROPPED_METRIC: &str = herdguard::metric_names::ACCESS_LOG_DROPPED;
+pub const DROPPED_METRIC: &str = herdguard::metric_names::ACCESS_LOG_DROPPED;
 /// How long the last lines may take to reach the disk at exit.
 const FINISH_WAIT: Duration = Duration::from_secs(5);
 
 /// Where the lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Destination {
+pub enum Destination {
     Stdout,
     Stderr,
     /// Appended to, created if missing.
@@ -39,7 +39,7 @@ pub(crate) enum Destination {
 impl Destination {
     /// `off` (None), `stdout`, `stderr`, or a file path. `true`/`on` and
     /// `false` are the flag's older boolean spellings (stderr / off).
-    pub(crate) fn parse(s: &str) -> Result<Option<Self>, String> {
+    pub fn parse(s: &str) -> Result<Option<Self>, String> {
         match s.trim() {
             "" => Err("--access-log needs a value: a file path, stdout, stderr or off".into()),
             "off" | "false" => Ok(None),
@@ -52,7 +52,7 @@ impl Destination {
 
 /// Line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Format {
+pub enum Format {
     /// `time method target status total_ms upstream_ms "cache-status"`.
     Text,
     /// One JSON object per line.
@@ -61,15 +61,15 @@ pub(crate) enum Format {
 
 /// One request, as the log records it.
 #[derive(Debug)]
-pub(crate) struct Entry<'a> {
-    pub(crate) method: &'a str,
-    pub(crate) path: &'a str,
-    pub(crate) status: u16,
-    pub(crate) cache_status: &'a str,
+pub struct Entry<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    pub cache_status: &'a str,
     /// Microseconds; None when no upstream call was made for this request.
-    pub(crate) upstream_us: Option<u64>,
+    pub upstream_us: Option<u64>,
     /// Microseconds, written as milliseconds with 3 decimals.
-    pub(crate) total_us: u64,
+    pub total_us: u64,
 }
 
 /// `us` as milliseconds with three decimals (`1.500`), by integer
@@ -101,13 +101,13 @@ struct Shared {
 
 /// The handle requests log through; cheap to clone.
 #[derive(Debug, Clone)]
-pub(crate) struct AccessLog {
+pub struct AccessLog {
     shared: Arc<Shared>,
 }
 
 /// The writer thread; [`Writer::finish`] writes what is left and stops it.
 #[derive(Debug)]
-pub(crate) struct Writer {
+pub struct Writer {
     shared: Arc<Shared>,
     done: std::sync::mpsc::Receiver<()>,
 }
@@ -116,7 +116,7 @@ pub(crate) struct Writer {
 ///
 /// # Errors
 /// The file cannot be opened for appending, or the thread cannot start.
-pub(crate) fn start(dest: Destination, format: Format) -> Result<(AccessLog, Writer), String> {
+pub fn start(dest: Destination, format: Format) -> Result<(AccessLog, Writer), String> {
     let mut out: Box<dyn std::io::Write + Send> = match &dest {
         Destination::Stdout => Box::new(std::io::stdout()),
         Destination::Stderr => Box::new(std::io::stderr()),
@@ -183,7 +183,7 @@ pub(crate) fn start(dest: Destination, format: Format) -> Result<(AccessLog, Wri
 
 /// Describe the dropped-lines counter and show it at 0 before any drop, on
 /// the metrics recorder installed now.
-pub(crate) fn register_metric() {
+pub fn register_metric() {
     metrics::describe_counter!(
         DROPPED_METRIC,
         "access-log lines dropped because the writer fell behind"
@@ -194,7 +194,7 @@ pub(crate) fn register_metric() {
 impl Writer {
     /// Write every line logged so far and stop the thread; waits at most
     /// [`FINISH_WAIT`] for a slow destination.
-    pub(crate) fn finish(self) {
+    pub fn finish(self) {
         if let Ok(mut p) = self.shared.pending.lock() {
             p.closed = true;
         }
@@ -205,7 +205,7 @@ impl Writer {
 
 impl AccessLog {
     /// Append one line; never waits for the disk.
-    pub(crate) fn record(&self, e: &Entry<'_>) {
+    pub fn record(&self, e: &Entry<'_>) {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();

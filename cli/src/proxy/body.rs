@@ -11,12 +11,12 @@ use herdguard::CacheBody;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A request body (from hyper or from an embedding axum router) or an
 /// upstream response body, or a short local answer.
 #[derive(Debug, Default)]
-pub(crate) enum ProxyBody {
+pub enum ProxyBody {
     #[default]
     Empty,
     Full(Option<Bytes>),
@@ -26,7 +26,7 @@ pub(crate) enum ProxyBody {
 }
 
 impl ProxyBody {
-    pub(crate) fn text(text: impl Into<Bytes>) -> Self {
+    pub fn text(text: impl Into<Bytes>) -> Self {
         Self::Full(Some(text.into()))
     }
 }
@@ -71,7 +71,7 @@ pin_project_lite::pin_project! {
     /// (a 400, a purge result).
     #[project = ClientBodyProj]
     #[derive(Debug)]
-    pub(crate) enum ClientBody {
+    pub enum ClientBody {
         Cached { #[pin] body: CacheBody<ProxyBody> },
         Local { body: ProxyBody },
     }

@@ -9,13 +9,13 @@ use http::header::{HeaderMap, HeaderValue};
 /// What the server knows about the connection a request came on; put in the
 /// request's extensions (the cache copies them onto the requests it builds).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer {
-    pub(crate) addr: SocketAddr,
-    pub(crate) tls: bool,
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub tls: bool,
 }
 
 /// Append to a comma-separated list header (Via, X-Forwarded-For).
-pub(crate) fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
+pub fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
     let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
         Some(existing) if !existing.is_empty() => {
             HeaderValue::from_str(&format!("{existing}, {item}"))
@@ -29,10 +29,10 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: &'static str, item: &st
 
 /// An address range, `10.0.0.0/8`, `::1/128`, or one address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Cidr(ipnet::IpNet);
+pub struct Cidr(ipnet::IpNet);
 
 impl Cidr {
-    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
+    pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = match ip {
             // A v4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -69,7 +69,7 @@ const NOT_OURS: [&str; 5] = [
 ];
 
 /// Whether `peer` may tell the upstream about the hops before it.
-pub(crate) fn is_trusted(peer: Option<Peer>, trusted: &[Cidr]) -> bool {
+pub fn is_trusted(peer: Option<Peer>, trusted: &[Cidr]) -> bool {
     peer.is_some_and(|p| trusted.iter().any(|c| c.contains(p.addr.ip())))
 }
 
@@ -77,7 +77,7 @@ pub(crate) fn is_trusted(peer: Option<Peer>, trusted: &[Cidr]) -> bool {
 /// before the cache keys the request: `Forwarded` (replaced by ours later),
 /// every `X-Forwarded-*` but -For and -Proto (replaced too), `X-Host`,
 /// `Front-End-Https`, `X-Original-URL`, `X-Rewrite-URL`.
-pub(crate) fn strip_untrusted(headers: &mut HeaderMap) {
+pub fn strip_untrusted(headers: &mut HeaderMap) {
     let theirs: Vec<http::HeaderName> = headers
         .keys()
         .filter(|n| {
@@ -101,7 +101,7 @@ const X_FORWARDED_PROTO: http::HeaderName = http::HeaderName::from_static("x-for
 /// that redirect served to HTTPS clients). A trusted peer's first value
 /// when it is `http` or `https`, else this connection's own scheme; no
 /// peer (a test calling the service): none.
-pub(crate) fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted: &[Cidr]) {
+pub fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted: &[Cidr]) {
     let Some(p) = peer else {
         headers.remove(&X_FORWARDED_PROTO);
         return;
@@ -126,7 +126,7 @@ pub(crate) fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted:
 /// chains are extended; anyone else's are replaced, so a client cannot
 /// claim an address, a scheme or a host it does not have. `host` is the one
 /// the cache keyed.
-pub(crate) fn apply(
+pub fn apply(
     headers: &mut HeaderMap,
     peer: Option<Peer>,
     trusted: &[Cidr],

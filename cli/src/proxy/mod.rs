@@ -1,7 +1,7 @@
 //! The caching reverse proxy behind `herdguard proxy`, built on herdguard's
-//! public API only. `examples/reverse_proxy.rs` runs this same code (through
-//! `#[path]`), so there is one proxy. It must not use anything outside
-//! `proxy/` (no flags, no diagnostics): the example compiles it alone.
+//! public API only. The `reverse_proxy` example and the tests run this same
+//! code, so there is one proxy. It must not use anything outside `proxy/`
+//! (no flags, no diagnostics: those are the binary's).
 //!
 //! - Every method and every end-to-end header is forwarded; hop-by-hop
 //!   headers (RFC 9110 §7.6.1, plus those the Connection header names) are
@@ -15,8 +15,8 @@
 //!   userinfo (`evil@app.test`, in `Host` or h2 `:authority`), characters or
 //!   a port outside the grammar, an empty host, none on HTTP/1.1 or h2, two
 //!   `Host` headers, an absolute-form target or `:authority` that disagrees
-//!   with `Host`. (The grammar is the layer's own file, so the proxy refuses
-//!   exactly what the layer would pass by.) An HTTP/1.0 request without a
+//!   with `Host`. (The grammar is the layer's own, [`herdguard::host_is_valid`], so the
+//!   proxy refuses exactly what the layer would pass by.) An HTTP/1.0 request without a
 //!   host gets the upstream's own as `Host`.
 //! - `Forwarded`, `X-Forwarded-For` / `-Proto`: from a peer in
 //!   `trusted_proxies`, the incoming chains are kept (this hop appended) and
@@ -44,21 +44,13 @@
 //!   (retry it), 500 when it failed part-way or its outcome in Redis is
 //!   unknown (a timeout; retry it too).
 
-pub(crate) mod access_log;
-pub(crate) mod body;
-pub(crate) mod forwarded;
+pub mod access_log;
+pub mod body;
+pub mod forwarded;
 mod origin;
 use origin::{Origin, Upstream};
-pub(crate) mod server;
-pub(crate) mod upstream;
-// The layer's Host grammar, compiled into the proxy (it imports only `http`).
-#[path = "../../../http/policy/unkeyed.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "the proxy uses the host check; the rest is the layer's"
-)]
-mod unkeyed;
+pub mod server;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,7 +64,7 @@ use tower_service::Service;
 
 use access_log::AccessLog;
 use body::{ClientBody, ProxyBody};
-pub(crate) use forwarded::Peer;
+pub use forwarded::Peer;
 use forwarded::{append_list, Cidr};
 use upstream::{Connector, UpstreamOptions};
 
@@ -99,22 +91,22 @@ const PURGE_TAG_PREFIX: &str = "/.herdguard/purge/tag/";
 /// What the proxy does with requests (the server's own settings are in
 /// [`server::ServerConfig`]).
 #[derive(Debug, Clone)]
-pub(crate) struct ProxyConfig {
+pub struct ProxyConfig {
     /// Scheme and authority of the upstream, e.g. `http://127.0.0.1:8000`.
-    pub(crate) upstream: Uri,
+    pub upstream: Uri,
     /// Enables PURGE and the tag purge route when set.
-    pub(crate) purge_token: Option<String>,
+    pub purge_token: Option<String>,
     /// Peers whose X-Forwarded-For / -Proto are kept.
-    pub(crate) trusted_proxies: Vec<Cidr>,
-    pub(crate) upstream_options: UpstreamOptions,
+    pub trusted_proxies: Vec<Cidr>,
+    pub upstream_options: UpstreamOptions,
     /// One line per request through this handle (see [`access_log`]); off
     /// when None.
-    pub(crate) access_log: Option<AccessLog>,
+    pub access_log: Option<AccessLog>,
 }
 
 impl ProxyConfig {
     /// Defaults for everything but the upstream: no purge, no trusted proxies.
-    pub(crate) fn new(upstream: Uri) -> Self {
+    pub fn new(upstream: Uri) -> Self {
         Self {
             upstream,
             purge_token: None,
@@ -135,7 +127,7 @@ struct UpstreamClock(Arc<std::sync::atomic::AtomicU64>);
 
 /// The proxy: normalize, purge, cache, upstream. Cheap to clone (Arcs).
 #[derive(Debug, Clone)]
-pub(crate) struct Proxy {
+pub struct Proxy {
     cached: CacheService<Origin>,
     cache: CacheLayer,
     purge_token: Option<Arc<str>>,
@@ -146,7 +138,7 @@ pub(crate) struct Proxy {
 impl Proxy {
     /// # Errors
     /// The upstream is not `http(s)://host[:port]`, or its TLS setup failed.
-    pub(crate) fn new(config: ProxyConfig, cache: CacheLayer) -> Result<Self, String> {
+    pub fn new(config: ProxyConfig, cache: CacheLayer) -> Result<Self, String> {
         let scheme = config.upstream.scheme_str();
         if !matches!(scheme, Some("http" | "https")) || config.upstream.authority().is_none() {
             return Err("the upstream must be http://host[:port] or https://host[:port]".into());
@@ -177,12 +169,12 @@ impl Proxy {
     }
 
     /// The layer this proxy caches with.
-    pub(crate) fn cache(&self) -> &CacheLayer {
+    pub fn cache(&self) -> &CacheLayer {
         &self.cache
     }
 
     /// Answer one request; never fails (upstream trouble is a 502/504).
-    pub(crate) async fn handle(mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
+    pub async fn handle(mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
         let start = Instant::now();
         // Copies for the log line only when it will be written.
         let mut req = req;
@@ -353,7 +345,7 @@ fn normalize(
         },
         (None, None) => None,
     };
-    if unkeyed::host_form(parts.version, &parts.uri, &parts.headers).is_none() {
+    if !herdguard::host_is_valid(parts.version, &parts.uri, &parts.headers) {
         return Err(bad(match host {
             None => "missing Host",
             Some(_) => "bad Host",
@@ -479,7 +471,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-pub(crate) fn status(code: StatusCode, text: &str) -> Response<ProxyBody> {
+pub fn status(code: StatusCode, text: &str) -> Response<ProxyBody> {
     let mut r = Response::new(ProxyBody::text(format!("{text}\n")));
     *r.status_mut() = code;
     r.headers_mut().insert(
@@ -506,7 +498,7 @@ fn percent_decode(s: &str) -> String {
 
 /// A duration as people write it (`60s`, `500ms`, `2m`, `1h 30m`, see
 /// `humantime`), or bare seconds (`60`), as before.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if let Ok(secs) = s.parse::<u64>() {
         return Ok(Duration::from_secs(secs));

@@ -26,14 +26,14 @@ use super::{append_via, status, strip_hop_by_hop, UpstreamClock, X_FORWARDED_HOS
 /// `Arc`: a hyper `Client` clone is a dozen reference counts, which the
 /// profile of an L1 hit showed.
 #[derive(Debug, Clone)]
-pub(super) struct Origin(pub(super) Arc<Upstream>);
+pub struct Origin(pub Arc<Upstream>);
 
 #[derive(Debug)]
-pub(super) struct Upstream {
-    pub(super) client: Client<Connector, ProxyBody>,
-    pub(super) upstream: Uri,
-    pub(super) trusted: Arc<[Cidr]>,
-    pub(super) response_timeout: Duration,
+pub struct Upstream {
+    pub client: Client<Connector, ProxyBody>,
+    pub upstream: Uri,
+    pub trusted: Arc<[Cidr]>,
+    pub response_timeout: Duration,
 }
 
 type OriginFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;

@@ -27,24 +27,24 @@ use super::{Peer, Proxy};
 
 /// How the proxy serves its clients.
 #[derive(Debug, Clone)]
-pub(crate) struct ServerConfig {
-    pub(crate) listen: SocketAddr,
+pub struct ServerConfig {
+    pub listen: SocketAddr,
     /// `/healthz`, `/readyz`, `/metrics`; off when `None`.
-    pub(crate) admin: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
     /// Connections served at once; further ones wait in the kernel's backlog.
-    pub(crate) max_connections: usize,
+    pub max_connections: usize,
     /// Bound on receiving a request head (slow-header clients are closed).
-    pub(crate) header_timeout: Duration,
+    pub header_timeout: Duration,
     /// Largest request head accepted (HTTP/1.1 answers 431 above it).
-    pub(crate) max_header_bytes: usize,
+    pub max_header_bytes: usize,
     /// Bound on finishing in-flight requests after SIGTERM/SIGINT.
-    pub(crate) shutdown_timeout: Duration,
+    pub shutdown_timeout: Duration,
     /// PEM certificate chain and key: serve TLS (h2 and http/1.1 by ALPN).
-    pub(crate) tls: Option<(PathBuf, PathBuf)>,
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl ServerConfig {
-    pub(crate) fn new(listen: SocketAddr) -> Self {
+    pub fn new(listen: SocketAddr) -> Self {
         Self {
             listen,
             admin: None,
@@ -59,9 +59,9 @@ impl ServerConfig {
 
 /// Where the listeners ended up (port 0 picks one).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Bound {
-    pub(crate) listen: SocketAddr,
-    pub(crate) admin: Option<SocketAddr>,
+pub struct Bound {
+    pub listen: SocketAddr,
+    pub admin: Option<SocketAddr>,
 }
 
 /// Serve until SIGTERM or SIGINT, then drain. `ready` is called once both
@@ -69,7 +69,7 @@ pub(crate) struct Bound {
 ///
 /// # Errors
 /// A listener cannot be bound, or the TLS files are unusable.
-pub(crate) async fn run(
+pub async fn run(
     config: ServerConfig,
     proxy: Proxy,
     metrics: Option<PrometheusHandle>,
@@ -370,7 +370,7 @@ impl Admin {
 ///
 /// # Errors
 /// A recorder is already installed.
-pub(crate) fn install_metrics() -> Result<PrometheusHandle, String> {
+pub fn install_metrics() -> Result<PrometheusHandle, String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     const SECONDS: &[f64] = &[
         0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

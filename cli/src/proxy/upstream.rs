@@ -26,18 +26,18 @@ use super::body::BoxError;
 
 /// How the proxy talks to its upstream.
 #[derive(Debug, Clone)]
-pub(crate) struct UpstreamOptions {
+pub struct UpstreamOptions {
     /// Bound on TCP connect (each resolved address).
-    pub(crate) connect_timeout: Duration,
+    pub connect_timeout: Duration,
     /// Bound from sending the request to the response head.
-    pub(crate) response_timeout: Duration,
+    pub response_timeout: Duration,
     /// Idle pooled connections are closed after this.
-    pub(crate) idle_timeout: Duration,
+    pub idle_timeout: Duration,
     /// Idle connections kept per upstream host.
-    pub(crate) max_idle: usize,
+    pub max_idle: usize,
     /// PEM file of the CA(s) to trust for an https upstream, instead of the
     /// system roots.
-    pub(crate) ca_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for UpstreamOptions {
@@ -54,7 +54,7 @@ impl Default for UpstreamOptions {
 
 /// Plain or TLS connector for the pooled client.
 #[derive(Clone)]
-pub(crate) struct Connector {
+pub struct Connector {
     http: HttpConnector,
     tls: Option<TlsConnector>,
 }
@@ -70,7 +70,7 @@ impl std::fmt::Debug for Connector {
 impl Connector {
     /// # Errors
     /// The CA file cannot be read, or no trusted root was found.
-    pub(crate) fn new(upstream: &Uri, options: &UpstreamOptions) -> Result<Self, String> {
+    pub fn new(upstream: &Uri, options: &UpstreamOptions) -> Result<Self, String> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -118,7 +118,7 @@ fn client_tls(options: &UpstreamOptions) -> Result<rustls::ClientConfig, String>
 }
 
 /// Whether a client error was a timeout (504) rather than a refusal (502).
-pub(crate) fn is_timeout(error: &hyper_util::client::legacy::Error) -> bool {
+pub fn is_timeout(error: &hyper_util::client::legacy::Error) -> bool {
     let mut source = std::error::Error::source(error);
     while let Some(e) = source {
         if e.downcast_ref::<io::Error>()
@@ -165,7 +165,7 @@ impl Service<Uri> for Connector {
 
 /// One upstream connection.
 #[derive(Debug)]
-pub(crate) enum Stream {
+pub enum Stream {
     Plain(TokioIo<TcpStream>),
     Tls(Box<TokioIo<TlsStream<TcpStream>>>),
 }

@@ -27,9 +27,7 @@
 //! test id: a pass, or a listed deviation with the reason (see
 //! `/// Mirrors` lines and the `KNOWN` tables).
 
-#[path = "../../examples/reverse_proxy.rs"]
-#[allow(dead_code, reason = "the example's main is not used here")]
-mod proxy;
+use herdguard_cli::app as proxy;
 
 mod age_expires;
 mod cdn_cache_control;

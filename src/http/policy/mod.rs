@@ -19,6 +19,7 @@ pub(crate) use storability::{
     ResponseVerdict,
 };
 pub(crate) use unkeyed::{request_form, RequestForm};
+pub use unkeyed::host_is_valid;
 
 #[cfg(test)]
 mod tests {

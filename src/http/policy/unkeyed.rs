@@ -58,9 +58,32 @@ pub(crate) fn request_form(version: Version, uri: &Uri, headers: &HeaderMap) -> 
     }
 }
 
+/// Whether the host a request names is one the cache can key (RFC 9112
+/// §3.2, RFC 9113 §8.3.1): exactly one `Host` (or only the h2 `:authority` /
+/// absolute-form target), agreeing with the target when both are sent, no
+/// userinfo, host and port inside the grammar; an HTTP/1.0 request may name
+/// none. A GET or HEAD that fails this bypasses the cache
+/// (`detail=bad-host`); a proxy in front can answer such a request 400, as
+/// `herdguard proxy` does, and so refuse exactly what the layer would not key.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, Uri, Version};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("host", HeaderValue::from_static("api.example"));
+/// let uri = Uri::from_static("/users/7");
+/// assert!(herdguard::host_is_valid(Version::HTTP_11, &uri, &headers));
+///
+/// headers.insert("host", HeaderValue::from_static("evil@api.example"));
+/// assert!(!herdguard::host_is_valid(Version::HTTP_11, &uri, &headers));
+/// assert!(!herdguard::host_is_valid(Version::HTTP_11, &uri, &HeaderMap::new()));
+/// ```
+pub fn host_is_valid(version: Version, uri: &Uri, headers: &HeaderMap) -> bool {
+    host_form(version, uri, headers).is_some()
+}
+
 /// Whether the host a request names is valid (RFC 9112 §3.2, RFC 9113
-/// §8.3.1): `None` when not, else whether it has capitals. Shared with
-/// `herdguard proxy`, which answers 400 to what the layer would bypass.
+/// §8.3.1): `None` when not, else whether it has capitals.
 pub(crate) fn host_form(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<bool> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let host = hosts.next().map(http::HeaderValue::as_bytes);
