@@ -36,6 +36,10 @@ pub(crate) enum FlightState<V> {
 }
 
 /// How a flight ended; cloned out to every waiter.
+/// Not [`Resolved`](super::resolve::Resolved): this one is shared by every
+/// waiter (so `Clone`, and `Pass` still holds the leader's value), that one
+/// is one caller's result (a permit it alone holds, `Pass` kept only for the
+/// initiator, and the waits that never reach a flight).
 #[derive(Debug)]
 pub(crate) enum Outcome<V> {
     /// A value everyone may use. `source` is how the leader got it (a
