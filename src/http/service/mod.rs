@@ -232,7 +232,7 @@ impl<S> CacheService<S> {
 }
 
 /// A fallback permit for a request under a pass marker to ask the origin
-/// again ([`hit_for_miss`]), if one is free and the request is a plain GET:
+/// again ([`hit_for_miss`](direct::hit_for_miss)), if one is free and the request is a plain GET:
 /// a HEAD, a `Range` or a conditional request needs the origin's own answer
 /// to it (a 206, a 304), which a fill request would not carry. `None`: it
 /// passes as before.
