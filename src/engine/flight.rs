@@ -36,6 +36,10 @@ pub(crate) enum FlightState<V> {
 }
 
 /// How a flight ended; cloned out to every waiter.
+/// Not [`Resolved`](super::resolve::Resolved): this one is shared by every
+/// waiter (so `Clone`, and `Pass` still holds the leader's value), that one
+/// is one caller's result (a permit it alone holds, `Pass` kept only for the
+/// initiator, and the waits that never reach a flight).
 #[derive(Debug)]
 pub(crate) enum Outcome<V> {
     /// A value everyone may use. `source` is how the leader got it (a
@@ -76,11 +80,19 @@ pub(crate) struct Flights<V> {
     pub(crate) purges: PurgeLog,
 }
 
-/// A running flight's id (so a finished leader never removes its successor),
-/// the receiver new waiters clone, whether it is a forced refresh (its
-/// outcome is always a new origin answer, never the stored entry), and the
-/// purge generation it started at.
-type Running<V> = (u64, watch::Receiver<FlightState<V>>, bool, u64);
+/// One running flight, as the map holds it.
+#[derive(Debug)]
+struct Running<V> {
+    /// Its id, so a finished leader never removes its successor.
+    id: u64,
+    /// The receiver new waiters clone.
+    rx: watch::Receiver<FlightState<V>>,
+    /// A forced refresh: its outcome is always a new origin answer, never
+    /// the stored entry.
+    forced: bool,
+    /// The purge generation it started at.
+    generation: u64,
+}
 
 /// Whether the caller leads a new flight or follows a running one.
 #[derive(Debug)]
@@ -112,8 +124,8 @@ impl<V> Flights<V> {
         // A poisoned map only means a panic elsewhere mid-insert; the map
         // itself is still consistent, so keep using it.
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, rx, forced, _)) = map.get(&key) {
-            return (Role::Follower(rx.clone()), *forced);
+        if let Some(running) = map.get(&key) {
+            return (Role::Follower(running.rx.clone()), running.forced);
         }
         // Taken under the map lock (never waits), so a key never has a
         // flight that lost its permit race.
@@ -122,7 +134,13 @@ impl<V> Flights<V> {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(FlightState::Running);
-        map.insert(key, (id, rx, refresh, self.purges.generation()));
+        let running = Running {
+            id,
+            rx,
+            forced: refresh,
+            generation: self.purges.generation(),
+        };
+        map.insert(key, running);
         drop(map);
         let handle = FlightHandle {
             flights: Arc::clone(self),
@@ -175,7 +193,7 @@ impl<V> Flights<V> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(key)
-            .map(|(_, _, _, generation)| *generation);
+            .map(|running| running.generation);
         started.is_some_and(|since| {
             let names = || {
                 let mut names = groups();
@@ -196,8 +214,8 @@ impl<V> Flights<V> {
     /// then waits for its outcome instead of taking the purged copy.
     pub(crate) fn purge_published(&self, matches: impl Fn(&CacheKey, &V) -> bool) {
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        for (key, (_, rx, _, _)) in map.iter() {
-            if let FlightState::Stale(e) | FlightState::Fresh(e) = &*rx.borrow() {
+        for (key, running) in map.iter() {
+            if let FlightState::Stale(e) | FlightState::Fresh(e) = &*running.rx.borrow() {
                 if matches(key, &e.value) {
                     e.mark_purged();
                 }
@@ -214,10 +232,7 @@ impl<V> Flights<V> {
 
     fn remove(&self, key: &CacheKey, id: u64) {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if map
-            .get(key)
-            .is_some_and(|(current, _, _, _)| *current == id)
-        {
+        if map.get(key).is_some_and(|running| running.id == id) {
             map.remove(key);
         }
     }

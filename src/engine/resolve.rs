@@ -25,6 +25,9 @@ use crate::store::notice::{Notice, PurgeMode};
 use crate::store::redis::RedisStore;
 
 /// The result of the miss path, for the caller to turn into an answer.
+/// Not [`Outcome`]: that is a flight's end as every waiter shares it; this
+/// is one caller's, with what only it may hold (a fallback permit, the
+/// private value of the request it led) and the ends outside any flight.
 #[derive(Debug)]
 pub(crate) enum Resolved<V> {
     Value {

@@ -49,7 +49,7 @@ pub struct CachedResponse {
     /// Why this answer was not stored, when `Cache-Status` can say it more
     /// precisely than `uncacheable` (`no-freshness`). Not encoded: it only
     /// tells the request that led the flight.
-    pub(crate) not_stored: Option<&'static str>,
+    pub(crate) not_stored: Option<crate::http::policy::NotStored>,
     /// The headers as a response served from storage carries them, with
     /// room for `Age` and `Cache-Status` already made, built on the first
     /// hit and cloned on every later one. Not encoded, and not cloned with

@@ -9,7 +9,7 @@ use http::{header, request, response, HeaderName, Method, Request, StatusCode};
 
 use crate::engine::retained::RetainedStore;
 use crate::engine::Engine;
-use crate::http::policy::{ResponseRules, ResponseVerdict};
+use crate::http::policy::{self, ResponseRules, ResponseVerdict};
 use crate::http::response::CachedResponse;
 use crate::http::route::{RouteKey, RoutePredicate};
 use crate::http::stream::Streams;
@@ -191,7 +191,7 @@ impl LayerState {
                 if matches!(verdict, ResponseVerdict::Store { .. })
                     && !p.0.should_cache(request, response) =>
             {
-                ResponseVerdict::Pass("predicate")
+                ResponseVerdict::Pass(policy::NotStored::Predicate)
             }
             _ => verdict,
         }

@@ -3,12 +3,14 @@
 
 mod directives;
 mod freshness;
+mod not_stored;
 mod request;
 mod storability;
 pub(crate) mod targeted;
 mod unkeyed;
 
 pub(crate) use freshness::{stale_if_error_allows, usability, StoredRules, Usable};
+pub(crate) use not_stored::NotStored;
 pub(crate) use request::{
     classify_request, classify_scanned, invalidates, Forward, RequestDirectives, RequestScan,
     RequestVerdict,

@@ -10,6 +10,7 @@ use super::directives::CacheControl;
 use super::freshness::{
     corrected_initial_age, freshness_lifetime, http_date, secs_u32, StoredRules,
 };
+use super::not_stored::NotStored;
 
 /// What may be done with an origin response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +28,7 @@ pub(crate) enum ResponseVerdict {
     /// (no freshness information).
     Share,
     /// Neither store nor share with other requests.
-    Pass(&'static str),
+    Pass(NotStored),
 }
 
 /// Settings that change response decisions.
@@ -147,37 +148,37 @@ fn pass_reason(
     request_had_authorization: bool,
     status: StatusCode,
     headers: &HeaderMap,
-) -> Option<&'static str> {
+) -> Option<NotStored> {
     // RFC 9111 §5.2.2.3: with must-understand, a status whose caching rules
     // we know overrides no-store, and any other status is not stored.
     if cc.must_understand && !understood(status) {
-        return Some("must-understand");
+        return Some(NotStored::MustUnderstand);
     }
     if cc.no_store && !cc.must_understand {
-        return Some("no-store");
+        return Some(NotStored::NoStore);
     }
     if cc.private {
-        return Some("private");
+        return Some(NotStored::Private);
     }
     if headers.contains_key(header::SET_COOKIE) {
-        return Some("set-cookie");
+        return Some(NotStored::SetCookie);
     }
     if vary_names(headers).is_none() {
-        return Some("vary-star");
+        return Some(NotStored::VaryStar);
     }
     // RFC 9111 §3.5: a shared cache stores a response to an authorized
     // request only when the origin explicitly allows it.
     if request_had_authorization && !(cc.public || cc.s_maxage.is_some() || cc.must_revalidate) {
-        return Some("authorization");
+        return Some(NotStored::Authorization);
     }
     // A 206 answers the request that got it (its range, or an origin
     // that answered a whole-object fill with a part): never stored, and
     // never a reason to stop caching the URL.
     if status == StatusCode::PARTIAL_CONTENT {
-        return Some("partial-content");
+        return Some(NotStored::PartialContent);
     }
     if status.is_informational() || status == StatusCode::NOT_MODIFIED {
-        return Some("status");
+        return Some(NotStored::Status);
     }
     None
 }
@@ -257,8 +258,11 @@ pub(crate) fn shared_across_credentials(rules: &ResponseRules, headers: &HeaderM
 /// Whether a [`ResponseVerdict::Pass`] reason lies with the one request that
 /// got the response (its credentials, a cookie set for it) rather than with
 /// the resource: then the stored entry stays and no pass marker is set.
-pub(crate) fn request_specific(reason: &str) -> bool {
-    matches!(reason, "set-cookie" | "authorization" | "partial-content")
+pub(crate) fn request_specific(reason: NotStored) -> bool {
+    matches!(
+        reason,
+        NotStored::SetCookie | NotStored::Authorization | NotStored::PartialContent
+    )
 }
 
 /// Statuses whose caching requirements this cache implements (for

@@ -16,7 +16,7 @@ use tower_service::Service;
 use crate::engine::{Compute, Fill, Freshness};
 use crate::error::Error;
 use crate::http::body::CacheBody;
-use crate::http::policy::{self, Forward};
+use crate::http::policy::{self, Forward, NotStored};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::metrics::Source;
@@ -154,7 +154,7 @@ where
         Ok(Fill::Share(mut value) | Fill::Pass(Some(mut value)) | Fill::Private(mut value)) => {
             counters.record(Source::Bypass);
             if under_marker {
-                value.not_stored = Some("hit-for-pass");
+                value.not_stored = Some(NotStored::HitForPass);
             }
             Ok(state.respond_uncached(value, &view, fwd))
         }

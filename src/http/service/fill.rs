@@ -7,7 +7,7 @@ use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 
 use crate::engine::{Copy, Fill};
-use crate::http::policy::{self, Forward, RequestDirectives, ResponseVerdict, Usable};
+use crate::http::policy::{self, Forward, NotStored, RequestDirectives, ResponseVerdict, Usable};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::vary::variant_key;
@@ -26,8 +26,8 @@ impl LayerState {
         request_headers: &HeaderMap,
     ) -> Fill<CachedResponse> {
         match &verdict {
-            ResponseVerdict::Share => self.counters().not_stored("no-freshness"),
-            ResponseVerdict::Pass(reason) => self.counters().not_stored(reason),
+            ResponseVerdict::Share => self.counters().not_stored(NotStored::NoFreshness.label()),
+            ResponseVerdict::Pass(reason) => self.counters().not_stored(reason.label()),
             ResponseVerdict::Store { .. } => {}
         }
         match verdict {
@@ -50,7 +50,10 @@ impl LayerState {
                 if self.http.share_uncacheable || is_error(value.status) =>
             {
                 if let ResponseVerdict::Pass(reason) = verdict {
-                    tracing::debug!(reason, "response is not cacheable; shared with waiters");
+                    tracing::debug!(
+                        reason = reason.as_str(),
+                        "response is not cacheable; shared with waiters"
+                    );
                     // The opt-in shares it, but the resource said so for everyone.
                     let everyone = !is_error(value.status) && !policy::request_specific(reason);
                     if everyone && !self.usable_entry(&target) {
@@ -62,7 +65,10 @@ impl LayerState {
             // Uncacheable because of this request alone: the stored entry
             // stays and nobody else is told to pass.
             ResponseVerdict::Pass(reason) if policy::request_specific(reason) => {
-                tracing::debug!(reason, "response is for its own request only");
+                tracing::debug!(
+                    reason = reason.as_str(),
+                    "response is for its own request only"
+                );
                 Fill::Private(value)
             }
             // Uncacheable for everyone, but an entry still usable for other
@@ -71,7 +77,7 @@ impl LayerState {
             ResponseVerdict::Share | ResponseVerdict::Pass(_) if self.usable_entry(&target) => {
                 tracing::debug!("uncacheable answer; the usable stored entry stays");
                 if matches!(verdict, ResponseVerdict::Share) {
-                    value.not_stored = Some("no-freshness");
+                    value.not_stored = Some(NotStored::NoFreshness);
                 }
                 Fill::Private(value)
             }
@@ -81,7 +87,7 @@ impl LayerState {
                 tracing::debug!("response is not cacheable");
                 self.retained.remove(&target.key);
                 if matches!(verdict, ResponseVerdict::Share) {
-                    value.not_stored = Some("no-freshness");
+                    value.not_stored = Some(NotStored::NoFreshness);
                 }
                 Fill::Pass(Some(value))
             }
@@ -155,7 +161,7 @@ impl LayerState {
             ResponseVerdict::Pass(reason) => {
                 !self.http.share_uncacheable
                     && !is_error(status)
-                    && !policy::request_specific(reason)
+                    && !policy::request_specific(*reason)
             }
         };
         if for_everyone {

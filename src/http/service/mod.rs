@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Request, Response};
 use http_body::Body;
@@ -37,27 +36,24 @@ use crate::error::BoxError;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::future::ResponseFuture;
-use crate::http::policy::{
-    self, Forward, RequestDirectives, RequestForm, RequestScan, RequestVerdict, Usable,
-};
+use crate::http::policy::{Forward, RequestScan};
 use crate::http::range::RangeRequest;
 use crate::http::request_body::RequestBody;
-use crate::http::state::{LayerState, ReloadMode};
+use crate::http::state::LayerState;
 use crate::metrics::Source;
 use crate::store::memory::Probe;
 
 use bounds::{Origin, OriginBody};
-use coalesce::{miss, reload, Wants};
-use direct::{hit_for_miss, refresh_request};
-use origin::OriginCall;
-use respond::{stale_detail, Served, View};
-use target::{effective_uri, lowercase_host};
+use coalesce::Wants;
+use lookup::{request_span, Found, Gate, Past, Use};
+use target::lowercase_host;
 
 mod acceptance;
 mod bounds;
 mod coalesce;
 mod direct;
 mod fill;
+mod lookup;
 mod origin;
 mod respond;
 mod streamed;
@@ -163,7 +159,7 @@ impl<S> CacheService<S> {
     /// `call` but for the final header touch.
     fn route<ReqB, ResB>(
         &mut self,
-        req: Request<ReqB>,
+        mut req: Request<ReqB>,
         scan: &RequestScan,
     ) -> ResponseFuture<S::Future, ResB, S::Error>
     where
@@ -175,47 +171,19 @@ impl<S> CacheService<S> {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = &self.state;
-
-        let rd = match policy::classify_scanned(req.method(), req.headers(), scan) {
-            // Refusals of the stored response are dropped here, so the
-            // request is served like any other.
-            RequestVerdict::Cacheable(rd) if state.http.reload == ReloadMode::Ignore => {
-                RequestDirectives {
-                    no_cache: false,
-                    max_age: None,
-                    min_fresh: None,
-                    ..rd
-                }
+        // The request stays a local here: a helper that took it by value
+        // would copy all of it on the hit path.
+        let rd = match state.admit(&req, scan) {
+            Gate::Cache(rd) => rd,
+            Gate::LowercaseHost(rd) => {
+                req = lowercase_host(req);
+                rd
             }
-            RequestVerdict::Cacheable(rd) => rd,
-            RequestVerdict::Bypass(fwd) => {
-                let invalidate =
-                    policy::invalidates(req.method()).then(|| state.invalidation_for(&req));
+            Gate::Bypass(status, invalidate) => {
                 state.counters().record(Source::Bypass);
-                let status = state.status_fwd(fwd, None);
                 return ResponseFuture::bypass(inner.call(req), status, invalidate);
             }
         };
-        // A GET or HEAD with a body means something the key cannot see, and
-        // a rebuilt request would drop the body but keep its framing: pass
-        // it through untouched, body and all.
-        if scan.framing && has_body(req.headers()) {
-            state.counters().record(Source::Bypass);
-            let status = state.status_fwd(Forward::Request, Some("request-body"));
-            return ResponseFuture::bypass(inner.call(req), status, None);
-        }
-        // The key and the origin must read one host and one method and URL:
-        // an odd Host or an override header goes past the cache untouched.
-        let req = match policy::request_form(req.version(), effective_uri(&req), req.headers()) {
-            RequestForm::Keyed => req,
-            RequestForm::UppercaseHost => lowercase_host(req),
-            RequestForm::Unkeyed(why) => {
-                state.counters().record(Source::Bypass);
-                let status = state.status_fwd(Forward::Request, Some(why.detail()));
-                return ResponseFuture::bypass(inner.call(req), status, None);
-            }
-        };
-
         let head = req.method() == Method::HEAD;
         let (req, route_key) = state.route_key(req);
         let target = state.target_with(&req, route_key, scan.authorization);
@@ -224,217 +192,47 @@ impl<S> CacheService<S> {
             let status = state.status_fwd(Forward::Request, Some("too-large"));
             return ResponseFuture::bypass(inner.call(req), status, None);
         }
-        // One span per request; fields are filled in as the outcome is known
-        // (lease and fence by the leader's task, which carries this span).
-        let span = tracing::debug_span!(
-            "herdguard",
-            key = %target.key.short_display(),
-            outcome = tracing::field::Empty,
-            lease = tracing::field::Empty,
-            fence = tracing::field::Empty,
-            wait_ms = tracing::field::Empty,
-        );
+        let span = request_span(&target.key);
         let _entered = span.enter();
-        let boxed = |fut: BoxFuture<'static, Result<Response<CacheBody<ResB>>, S::Error>>| {
-            ResponseFuture::boxed(Box::pin(tracing::Instrument::instrument(fut, span.clone())))
-        };
+        let past = Past::new(state, head, &span);
         if rd.no_cache && !rd.only_if_cached {
-            // Refresh, with the stored response's validators when there is
-            // one: the origin may then answer 304 and the entry is freshened.
-            let stored = match state.engine.probe(&target.key) {
-                Probe::Fresh(e) | Probe::Stale(e) => Some(e),
-                Probe::Pass | Probe::Miss => state.retained.get(&target.key),
-            };
-            // Stored for other header values: refresh this request's own variant.
-            let (target, stored) = match stored {
-                Some(e) if !e.value.vary_matches(req.headers()) => {
-                    let t = state
-                        .variant_for(&target, &e, req.headers())
-                        .unwrap_or(target);
-                    let v = match state.engine.probe(&t.key) {
-                        Probe::Fresh(v) | Probe::Stale(v) => Some(v),
-                        Probe::Pass | Probe::Miss => state.retained.get(&t.key),
-                    };
-                    (t, v.filter(|v| v.value.vary_matches(req.headers())))
-                }
-                other => (target, other),
-            };
-            let fut = reload(Arc::clone(state), target, head, inner, req, stored);
-            return boxed(Box::pin(fut));
+            return past.refresh(target, inner, req);
         }
-
         // One clock read for the lookup, the age and the answer.
         let now = tokio::time::Instant::now();
-        let candidate = match state.engine.probe_at(&target.key, now) {
+        let (entry, engine_fresh) = match state.engine.probe_at(&target.key, now) {
             Probe::Fresh(e) | Probe::Stale(e) if !e.value.vary_matches(req.headers()) => {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
                 }
-                // Another variant is stored here (this instance did not know
-                // the URL varies): the request's own variant gets a flight
-                // of its own, keyed by the names the stored one varies on.
-                let target = state
-                    .variant_for(&target, &e, req.headers())
-                    .unwrap_or(target);
-                let stale = match state.engine.probe(&target.key) {
-                    Probe::Fresh(v) | Probe::Stale(v) if v.value.vary_matches(req.headers()) => {
-                        let age = v.value.current_age(v.age());
-                        let fresh = v.fresh_by_meta()
-                            && policy::usability(&rd, v.value.rules, age, state.http.rules.grace)
-                                == Usable::Fresh;
-                        if fresh {
-                            state.counters().record(Source::Hit);
-                            let view = View::scanned(&req, head, scan);
-                            return ResponseFuture::ready(state.respond(&v, &view, Served::Hit));
-                        }
-                        Some(v)
-                    }
-                    _ => None,
+                return match past.own_variant(&rd, target, &e, &req, scan) {
+                    Ok(hit) => hit,
+                    Err((target, stale)) => past.miss(target, inner, req, stale, Wants::Entry),
                 };
-                let fut = miss(
-                    Arc::clone(state),
-                    target,
-                    head,
-                    inner,
-                    req,
-                    stale,
-                    Wants::Entry,
-                );
-                return boxed(Box::pin(fut));
             }
-            Probe::Fresh(e) => Some((e, true)),
-            Probe::Stale(e) => Some((e, false)),
-            Probe::Pass => {
-                if rd.only_if_cached {
-                    return ResponseFuture::ready(state.only_if_cached());
-                }
-                // With Redis, another instance's hit-for-miss may have stored
-                // the entry over the marker since this one was set here: a
-                // plain GET looks there first (one lookup; the marker there
-                // sends it on as below, in `miss`).
-                if plain_get(req.headers(), head) && state.engine.shared_store_available() {
-                    let fut = miss(
-                        Arc::clone(state),
-                        target,
-                        head,
-                        inner,
-                        req,
-                        None,
-                        Wants::PastMarker,
-                    );
-                    return boxed(Box::pin(fut));
-                }
-                // Hit-for-miss: the marker may come from an answer made for
-                // one request alone, so a free fallback permit asks again,
-                // and a storable answer replaces the marker.
-                if let Some(permit) = hit_for_miss_permit(state, req.headers(), head) {
-                    let fut = hit_for_miss(
-                        Arc::clone(state),
-                        target,
-                        head,
-                        inner,
-                        req,
-                        Forward::UriMiss,
-                        permit,
-                    );
-                    return boxed(Box::pin(fut));
-                }
-                state.counters().record(Source::Bypass);
-                let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
-                return ResponseFuture::bypass(inner.call(req), status, None);
+            Probe::Fresh(e) => (e, true),
+            Probe::Stale(e) => (e, false),
+            Probe::Pass if rd.only_if_cached => {
+                return ResponseFuture::ready(state.only_if_cached())
             }
-            Probe::Miss => state
-                .retained
-                .get(&target.key)
-                .filter(|e| e.value.vary_matches(req.headers()))
-                .map(|e| (e, false)),
+            Probe::Pass => return past.under_marker(target, inner, req),
+            Probe::Miss => match state.retained.get(&target.key) {
+                Some(e) if e.value.vary_matches(req.headers()) => (e, false),
+                _ if rd.only_if_cached => return ResponseFuture::ready(state.only_if_cached()),
+                _ => return past.miss(target, inner, req, None, Wants::Entry),
+            },
         };
-
-        let Some((entry, engine_fresh)) = candidate else {
-            if rd.only_if_cached {
-                return ResponseFuture::ready(state.only_if_cached());
-            }
-            let fut = miss(
-                Arc::clone(state),
-                target,
-                head,
-                inner,
-                req,
-                None,
-                Wants::Entry,
-            );
-            return boxed(Box::pin(fut));
-        };
-        let stored_age = entry.age_at(now);
-        let age = entry.value.current_age(stored_age);
-        let view = View::scanned(&req, head, scan);
-        match policy::usability(&rd, entry.value.rules, age, state.http.rules.grace) {
-            // The engine's own clock may end freshness earlier (an L1 bound
-            // in front of a shared store): then ask the flight.
-            Usable::Fresh if engine_fresh => {
-                state.counters().record(Source::Hit);
-                // Refresh-ahead: the one hit that finds this copy in the last
-                // part of its freshness starts the background refresh.
-                if entry.claim_refresh(stored_age) {
-                    let stale = Some(entry.value.clone());
-                    let refresh = OriginCall::new(
-                        inner,
-                        refresh_request(&req),
-                        Arc::clone(state),
-                        None,
-                        target,
-                        stale,
-                    );
-                    state.engine.refresh_ahead(target.key, &entry, refresh);
-                }
-                state
-                    .respond_aged(&entry, stored_age, &view, Served::Hit)
-                    .ready()
-            }
-            usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
-                state.counters().record(Source::Stale);
-                let refresh = OriginCall::new(
-                    inner,
-                    refresh_request(&req),
-                    Arc::clone(state),
-                    None,
-                    target,
-                    Some(entry.value.clone()),
-                );
-                state.engine.refresh_in_background(target.key, refresh);
-                let served = Served::Stale(stale_detail(usable));
-                ResponseFuture::ready(state.respond(&entry, &view, served))
-            }
-            Usable::StaleAccepted => {
-                state.counters().record(Source::Stale);
-                let served = Served::Stale("max-stale");
-                ResponseFuture::ready(state.respond(&entry, &view, served))
-            }
-            _ if rd.only_if_cached => ResponseFuture::ready(state.only_if_cached()),
-            // Fresh for everyone else, but this request's directives refuse
-            // it (max-age, min-fresh): refresh it, as for no-cache.
-            Usable::Revalidate if engine_fresh => {
-                let fut = reload(Arc::clone(state), target, head, inner, req, Some(entry));
-                boxed(Box::pin(fut))
-            }
-            Usable::Fresh | Usable::Revalidate => {
-                let fut = miss(
-                    Arc::clone(state),
-                    target,
-                    head,
-                    inner,
-                    req,
-                    Some(entry),
-                    Wants::Entry,
-                );
-                boxed(Box::pin(fut))
-            }
+        let found = Found::new(entry, engine_fresh, now);
+        match past.judge(&rd, &found) {
+            Use::Reload => past.reload(target, inner, req, Some(found.entry)),
+            Use::Flight => past.miss(target, inner, req, Some(found.entry), Wants::Entry),
+            Use::Answer(a) => past.answer(a, &req, scan, found, target, inner),
         }
     }
 }
 
 /// A fallback permit for a request under a pass marker to ask the origin
-/// again ([`hit_for_miss`]), if one is free and the request is a plain GET:
+/// again ([`hit_for_miss`](direct::hit_for_miss)), if one is free and the request is a plain GET:
 /// a HEAD, a `Range` or a conditional request needs the origin's own answer
 /// to it (a 206, a 304), which a fill request would not carry. `None`: it
 /// passes as before.

@@ -539,8 +539,13 @@ impl<ResB: OriginBody> Responding<ResB> {
     /// Hand an answer that will not be stored to its request, unbuffered.
     fn pass_on(mut self, body: Pin<Box<ResB>>) -> Fill<CachedResponse> {
         match &self.verdict {
-            policy::ResponseVerdict::Pass(reason) => self.state.counters().not_stored(reason),
-            policy::ResponseVerdict::Share => self.state.counters().not_stored("no-freshness"),
+            policy::ResponseVerdict::Pass(reason) => {
+                self.state.counters().not_stored(reason.label())
+            }
+            policy::ResponseVerdict::Share => self
+                .state
+                .counters()
+                .not_stored(policy::NotStored::NoFreshness.label()),
             policy::ResponseVerdict::Store { .. } => {}
         }
         let fill = self.state.unbuffered_fill(&self.verdict, self.parts.status);
@@ -578,7 +583,9 @@ impl<ResB: OriginBody> Responding<ResB> {
         mut self,
         body: Pin<Box<ResB>>,
     ) -> Result<Fill<CachedResponse>, BoxError> {
-        self.state.counters().not_stored("too-large");
+        self.state
+            .counters()
+            .not_stored(policy::NotStored::TooLarge.label());
         self.state.too_large.mark(self.key);
         let Some(head) = self.head.take() else {
             let fill = self.state.unbuffered_fill(&self.verdict, self.parts.status);
@@ -691,7 +698,9 @@ impl<ResB: OriginBody> Responding<ResB> {
         buffered: Option<OwnedSemaphorePermit>,
         body: Pin<Box<ResB>>,
     ) -> Result<Read, BoxError> {
-        self.state.counters().not_stored("too-large");
+        self.state
+            .counters()
+            .not_stored(policy::NotStored::TooLarge.label());
         self.state.too_large.mark(self.key);
         let limit = self.state.http.max_body_bytes;
         let storable = self.head.take();

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::conditional;
 use crate::http::future::ResponseFuture;
-use crate::http::policy::{Forward, RequestScan, Usable};
+use crate::http::policy::{Forward, NotStored, RequestScan, Usable};
 use crate::http::response::{fill_served, CachedResponse, Strip};
 use crate::http::state::LayerState;
 use crate::http::stream::{Stream, StreamReader};
@@ -233,7 +233,7 @@ impl LayerState {
             "fwd={}; fwd-status={}; detail={}",
             fwd.as_str(),
             value.status.as_u16(),
-            value.not_stored.unwrap_or("uncacheable")
+            value.not_stored.map_or("uncacheable", NotStored::as_str)
         ));
         self.build(&value, view, status, None)
     }

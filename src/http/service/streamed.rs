@@ -14,7 +14,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
-use crate::http::policy::ResponseVerdict;
+use crate::http::policy::{NotStored, ResponseVerdict};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::http::stream::{SharedBody, Stream, StreamReader, Writer};
@@ -204,7 +204,7 @@ impl StreamStart {
             // pays for as the window, and stop keeping the rest.
             _ => {
                 if self.total > state.http.max_body_bytes {
-                    state.counters().not_stored("too-large");
+                    state.counters().not_stored(NotStored::TooLarge.label());
                     state.too_large.mark(key);
                 }
                 self.storing = false;
