@@ -5,9 +5,9 @@
 //! tests pause tokio time; the Redis one runs on real time against a real
 //! redis-server.
 
-use herdguard_testkit::stream as stream_support;
 #[cfg(feature = "redis")]
 use herdguard_testkit as support;
+use herdguard_testkit::stream as stream_support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

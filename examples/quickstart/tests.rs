@@ -5,7 +5,6 @@
 
 use herdguard_testkit as support;
 
-
 use std::time::Duration;
 
 use herdguard::{CacheLayer, RedisOptions};

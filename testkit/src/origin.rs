@@ -11,11 +11,11 @@ use std::convert::Infallible;
 
 use axum::response::IntoResponse;
 use axum::routing::{get, Route};
-use tower_service::Service;
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
+use tower_service::Service;
 
 /// An origin whose headers, body tag and delay a test chooses; it counts calls.
 #[derive(Clone)]

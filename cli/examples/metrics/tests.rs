@@ -5,7 +5,6 @@
 
 use herdguard_testkit as support;
 
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -127,18 +126,8 @@ async fn scraped_metrics_have_documented_names_and_labels() {
     let prometheus = super::install_prometheus().expect("first recorder in this binary");
     let mut server = RedisServer::start();
     let delay = Duration::from_millis(300);
-    let a = serve(super::router(
-        instance(&server),
-        delay,
-        prometheus.clone(),
-    ))
-    .await;
-    let b = serve(super::router(
-        instance(&server),
-        delay,
-        prometheus.clone(),
-    ))
-    .await;
+    let a = serve(super::router(instance(&server), delay, prometheus.clone())).await;
+    let b = serve(super::router(instance(&server), delay, prometheus.clone())).await;
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
 
     // The stampede: 8 requests on each instance for one cold key.

@@ -20,8 +20,8 @@ pub(crate) use storability::{
     classify_response, request_specific, shared_across_credentials, vary_names, ResponseRules,
     ResponseVerdict,
 };
-pub(crate) use unkeyed::{request_form, RequestForm};
 pub use unkeyed::host_is_valid;
+pub(crate) use unkeyed::{request_form, RequestForm};
 
 #[cfg(test)]
 mod tests {
