@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! cargo bench --bench hit_throughput
-//! cargo bench --features cli --bench hit_throughput -- --load wrk --seconds 4 --rounds 2   # the proxy row needs the cli feature
+//! cargo build --release -p herdguard-cli && cargo bench --bench hit_throughput -- --load wrk --seconds 4 --rounds 2   # the proxy row runs the herdguard binary
 //! cargo bench --bench hit_throughput -- --seconds 5 --connections 64 --rounds 5    # starts its own redis-server; --redis none to skip
 //! cargo bench --bench hit_throughput -- --load wrk --only axum,redis    # only the rows whose names contain one of these
 //! ```
@@ -133,15 +133,21 @@ impl Children {
     }
 }
 
-/// The `herdguard` binary: `--proxy-bin`, else the one cargo built with
-/// this bench (`--features cli`).
+/// The `herdguard` binary: `--proxy-bin`, else the one
+/// `cargo build --release -p herdguard-cli` put beside this bench's own
+/// profile folder (target/release/herdguard).
 fn proxy_bin(args: &Args) -> Result<PathBuf, String> {
-    match args.value("proxy-bin") {
-        Some(p) => Ok(PathBuf::from(p)),
-        None => option_env!("CARGO_BIN_EXE_herdguard")
-            .map(PathBuf::from)
-            .ok_or_else(|| "skipped: build with --features cli (or --proxy-bin)".to_owned()),
+    if let Some(p) = args.value("proxy-bin") {
+        return Ok(PathBuf::from(p));
     }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("herdguard")))
+        .filter(|p| p.is_file());
+    beside.ok_or_else(|| {
+        "skipped: run `cargo build --release -p herdguard-cli` first (or pass --proxy-bin)"
+            .to_owned()
+    })
 }
 
 /// Whether the row `name` runs: `--only` lists parts of row names

@@ -11,7 +11,7 @@
 //! herdguard proxy --upstream URL [--listen ADDR] [--admin ADDR] ...
 //! ```
 //!
-//! `proxy` runs the caching reverse proxy (src/bin/herdguard/proxy/); it
+//! `proxy` runs the caching reverse proxy (the `herdguard_cli::proxy` library, cli/src/proxy/); it
 //! runs until SIGTERM or SIGINT and exits 0 after a graceful stop.
 //!
 //! Exit codes: 0 healthy, 1 problem found, 2 usage or connection error.
@@ -22,7 +22,7 @@
 //! Modules: `inspect`, `locks`, `clock_skew`, `purge` (one per diagnostic)
 //! over `conn` (bounded Redis calls) and `report` (verdict and output);
 //! `proxy_cmd` (the proxy's flags) over `proxy/` (the proxy itself, shared
-//! with `examples/reverse_proxy.rs`).
+//! with `cli/examples/reverse_proxy.rs`).
 
 use std::process::ExitCode;
 use std::time::Duration;

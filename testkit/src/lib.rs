@@ -149,7 +149,7 @@ impl RedisServer {
         self.port
     }
 
-    /// The URL of the documented ACL user (see [`documented_user`]): what
+    /// The URL of the documented ACL user (see `documented_user`): what
     /// the code under test connects with.
     pub fn url(&self) -> String {
         format!("redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{}", self.port)

@@ -193,7 +193,7 @@ pub fn register_metric() {
 
 impl Writer {
     /// Write every line logged so far and stop the thread; waits at most
-    /// [`FINISH_WAIT`] for a slow destination.
+    /// `FINISH_WAIT` for a slow destination.
     pub fn finish(self) {
         if let Ok(mut p) = self.shared.pending.lock() {
             p.closed = true;

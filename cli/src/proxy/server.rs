@@ -365,7 +365,7 @@ impl Admin {
 }
 
 /// Install the Prometheus recorder for this process, with buckets for the
-/// histograms (as examples/metrics.rs does). Before the layer is built, so
+/// histograms (as cli/examples/metrics/main.rs does). Before the layer is built, so
 /// gauges set at build time are recorded.
 ///
 /// # Errors
