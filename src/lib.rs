@@ -88,8 +88,10 @@
 //!   state.rs         what every clone and route layer shares
 //!   service/         the Tower service, one file per step:
 //!     mod.rs           classify the request, find the candidate, pick the path
+//!     lookup.rs        route's steps: admit, the stored candidate, its use
 //!     coalesce.rs      miss: lead or follow the key's flight, or be released
 //!     origin.rs        one origin request as the flight's computation
+//!     responding.rs    its answer's body read: buffered, streamed or passed on
 //!     streamed.rs      a fill that spans frames, read once by every reader
 //!     fill.rs          the origin's answer and verdict turned into a fill
 //!     direct.rs        calls outside any flight (Honor reloads, released)
@@ -120,6 +122,11 @@
 //! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
 //! docs/            the sections of these crate docs below this map
 //! ```
+//!
+//! Beside the library, in the same Cargo workspace: `cli/` (package
+//! herdguard-cli: the `herdguard` binary, and the proxy as the library
+//! `herdguard_cli`, on this crate's public API only) and `testkit/`
+//! (unpublished test support both packages' tests share).
 //!
 #![doc = include_str!("docs/failure.md")]
 #![doc = include_str!("docs/http_choices.md")]

@@ -56,6 +56,7 @@ mod fill;
 mod lookup;
 mod origin;
 mod respond;
+mod responding;
 mod streamed;
 mod target;
 
