@@ -86,6 +86,7 @@
 //!   layer.rs         CacheLayer (the public handle, purges)
 //!   builder.rs       CacheLayerBuilder: every setting, its bounds checked
 //!   state.rs         what every clone and route layer shares
+//!   keys.rs          how HTTP names an entry: URL key, base and variant key
 //!   service/         the Tower service, one file per step:
 //!     mod.rs           classify the request, find the candidate, pick the path
 //!     lookup.rs        route's steps: admit, the stored candidate, its use
@@ -96,7 +97,6 @@
 //!     fill.rs          the origin's answer and verdict turned into a fill
 //!     direct.rs        calls outside any flight (Honor reloads, released)
 //!     respond.rs       building answers from entries; the layer's own answers
-//!     target.rs        where a request's entry lives (base and variant key)
 //!   policy/          RFC 9111: directives, request, freshness, storability,
 //!                    targeted (RFC 9213)
 //!   stream/          a streaming fill's shared body: window, pace (cut-off

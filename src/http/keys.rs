@@ -1,29 +1,28 @@
-//! Where a request's entry lives: its base key (URL, credentials present,
-//! key headers) and its variant key by the learned Vary names.
+//! How HTTP names an entry, all in one place: the key of a URL alone
+//! (`url_key`, `key_authority`: what purges and invalidations compute), a
+//! request's base key (URL, credentials present, key headers) and its
+//! variant key by the learned Vary names (`target_for`, `variant_key`).
 
-use std::sync::Arc;
-
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::Request;
 
 use crate::http::policy::Forward;
-use crate::http::purge::{key_authority, url_key, Invalidation};
 use crate::http::state::LayerState;
-use crate::http::vary::variant_key;
+use crate::http::vary::normal_form;
 use crate::key::{CacheKey, KeyHasher};
 
 /// Where a request's entry lives.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Target {
     /// URL + Authorization presence + configured key headers.
-    pub(super) base: CacheKey,
+    pub(crate) base: CacheKey,
     /// `base` refined by the request's values of the learned Vary headers.
     pub(crate) key: CacheKey,
     /// What a miss is reported as: `vary-miss` when other variants are known.
-    pub(super) miss: Forward,
+    pub(crate) miss: Forward,
     /// The route's own key, when it has a key function: stored with the
     /// entry, so a purge by that key finds it.
-    pub(super) route: Option<CacheKey>,
+    pub(crate) route: Option<CacheKey>,
 }
 
 impl LayerState {
@@ -84,20 +83,10 @@ impl LayerState {
             },
         }
     }
-
-    /// What a successful unsafe request to this URI invalidates.
-    pub(super) fn invalidation_for<B>(self: &Arc<Self>, req: &Request<B>) -> Invalidation {
-        let uri = effective_uri(req);
-        let authority = request_authority(req, uri).and_then(|a| std::str::from_utf8(a).ok());
-        let path = uri
-            .path_and_query()
-            .map_or("/", http::uri::PathAndQuery::as_str);
-        Invalidation::new(Arc::clone(self), authority, path)
-    }
 }
 
 /// The authority a request names: the URI's, else the Host header.
-pub(super) fn request_authority<'a, B>(
+pub(crate) fn request_authority<'a, B>(
     req: &'a Request<B>,
     uri: &'a http::Uri,
 ) -> Option<&'a [u8]> {
@@ -109,7 +98,7 @@ pub(super) fn request_authority<'a, B>(
 /// The request with its host lowercased wherever it is named (Host, the
 /// target, axum's original URI): the key lowercases hosts, and the
 /// application must see the string the key used.
-pub(super) fn lowercase_host<B>(req: Request<B>) -> Request<B> {
+pub(crate) fn lowercase_host<B>(req: Request<B>) -> Request<B> {
     let (mut parts, body) = req.into_parts();
     if let Some(host) = parts.headers.get(header::HOST) {
         if let Ok(v) = HeaderValue::from_bytes(&host.as_bytes().to_ascii_lowercase()) {
@@ -135,7 +124,7 @@ fn lowercase_authority(uri: &http::Uri) -> http::Uri {
 }
 
 /// The key of a request's URL alone (purge by URL matches on it).
-pub(super) fn url_of<B>(req: &Request<B>) -> CacheKey {
+pub(crate) fn url_of<B>(req: &Request<B>) -> CacheKey {
     let uri = effective_uri(req);
     url_key(
         request_authority(req, uri),
@@ -145,7 +134,7 @@ pub(super) fn url_of<B>(req: &Request<B>) -> CacheKey {
 }
 
 /// `""` and `"/"` name the same resource.
-pub(super) fn non_empty_path(path: &[u8]) -> &[u8] {
+pub(crate) fn non_empty_path(path: &[u8]) -> &[u8] {
     if path.is_empty() {
         b"/"
     } else {
@@ -155,12 +144,64 @@ pub(super) fn non_empty_path(path: &[u8]) -> &[u8] {
 
 /// The URI as the client sent it: axum's nested routers strip their prefix,
 /// and two nested routes must not share a key.
-pub(super) fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
+pub(crate) fn effective_uri<B>(req: &Request<B>) -> &http::Uri {
     #[cfg(feature = "axum")]
     if let Some(original) = req.extensions().get::<axum::extract::OriginalUri>() {
         return &original.0;
     }
     req.uri()
+}
+
+/// The key of a URL alone: authority (lowercase, port kept, userinfo
+/// dropped, as in the main key), path and query.
+pub(crate) fn url_key(authority: Option<&[u8]>, path: &[u8], query: Option<&[u8]>) -> CacheKey {
+    let mut h = crate::key::KeyHasher::new();
+    h.part(b"url");
+    // Hosts are case-insensitive: lowercased while hashing, no allocation.
+    h.opt_part_lowercase(authority.map(key_authority));
+    h.part(if path.is_empty() { b"/" } else { path })
+        .opt_part(query);
+    h.finish()
+}
+
+/// The authority as the key sees it: without userinfo, port kept. The
+/// host a request names, port included, is what the origin is told (Host,
+/// X-Forwarded-Host) and may build links from, so `shop.test:1337` and
+/// `shop.test` are different resources. Userinfo is dropped only from the
+/// URLs given to a purge and from unsafe requests' invalidation targets: a
+/// GET or HEAD naming userinfo never gets this far, it bypasses the cache
+/// (the origin would see a host the key does not).
+pub(crate) fn key_authority(authority: &[u8]) -> &[u8] {
+    match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    }
+}
+
+/// The key of the variant of `base` that `request` selects.
+pub(crate) fn variant_key(base: &CacheKey, names: &[HeaderName], request: &HeaderMap) -> CacheKey {
+    if names.is_empty() {
+        return *base;
+    }
+    let mut h = KeyHasher::new();
+    h.part(b"variant").part(base.as_bytes());
+    for name in names {
+        h.part(name.as_str().as_bytes());
+        if name == header::AUTHORIZATION {
+            let values = request.get_all(name);
+            h.part(&(values.iter().count() as u64).to_le_bytes());
+            for v in values {
+                h.part(v.as_bytes());
+            }
+            continue;
+        }
+        // Absent and present-but-empty are different requests.
+        match normal_form(name, request) {
+            None => h.part(&0u64.to_le_bytes()),
+            Some(v) => h.part(&1u64.to_le_bytes()).part(&v),
+        };
+    }
+    h.finish()
 }
 
 #[cfg(test)]
@@ -169,7 +210,7 @@ mod tests {
 
     /// The key keeps the port (the upstream is told it too) and drops userinfo.
     #[test]
-    pub(super) fn key_authority_keeps_port_drops_userinfo() {
+    pub(crate) fn key_authority_keeps_port_drops_userinfo() {
         assert_eq!(key_authority(b"example.com:8080"), b"example.com:8080");
         assert_eq!(key_authority(b"user:pw@example.com:1"), b"example.com:1");
         assert_eq!(key_authority(b"[::1]:3000"), b"[::1]:3000");

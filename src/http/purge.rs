@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::header::{self, HeaderMap, HeaderValue};
-use http::Uri;
+use http::{Request, Uri};
 use tokio::sync::oneshot;
 
 use crate::engine::Internal;
 use crate::error::StoreFailure;
+use crate::http::keys::{effective_uri, key_authority, request_authority, url_key};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
 use crate::key::CacheKey;
@@ -543,28 +544,14 @@ fn split_query(s: &str) -> (&str, Option<&[u8]>) {
     }
 }
 
-/// The key of a URL alone: authority (lowercase, port kept, userinfo
-/// dropped, as in the main key), path and query.
-pub(crate) fn url_key(authority: Option<&[u8]>, path: &[u8], query: Option<&[u8]>) -> CacheKey {
-    let mut h = crate::key::KeyHasher::new();
-    h.part(b"url");
-    // Hosts are case-insensitive: lowercased while hashing, no allocation.
-    h.opt_part_lowercase(authority.map(key_authority));
-    h.part(if path.is_empty() { b"/" } else { path })
-        .opt_part(query);
-    h.finish()
-}
-
-/// The authority as the key sees it: without userinfo, port kept. The
-/// host a request names, port included, is what the origin is told (Host,
-/// X-Forwarded-Host) and may build links from, so `shop.test:1337` and
-/// `shop.test` are different resources. Userinfo is dropped only from the
-/// URLs given to a purge and from unsafe requests' invalidation targets: a
-/// GET or HEAD naming userinfo never gets this far, it bypasses the cache
-/// (the origin would see a host the key does not).
-pub(crate) fn key_authority(authority: &[u8]) -> &[u8] {
-    match authority.iter().rposition(|&b| b == b'@') {
-        Some(at) => &authority[at + 1..],
-        None => authority,
+impl LayerState {
+    /// What a successful unsafe request to this URI invalidates.
+    pub(crate) fn invalidation_for<B>(self: &Arc<Self>, req: &Request<B>) -> Invalidation {
+        let uri = effective_uri(req);
+        let authority = request_authority(req, uri).and_then(|a| std::str::from_utf8(a).ok());
+        let path = uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        Invalidation::new(Arc::clone(self), authority, path)
     }
 }

@@ -72,32 +72,6 @@ impl VaryIndex {
     }
 }
 
-/// The key of the variant of `base` that `request` selects.
-pub(crate) fn variant_key(base: &CacheKey, names: &[HeaderName], request: &HeaderMap) -> CacheKey {
-    if names.is_empty() {
-        return *base;
-    }
-    let mut h = KeyHasher::new();
-    h.part(b"variant").part(base.as_bytes());
-    for name in names {
-        h.part(name.as_str().as_bytes());
-        if name == header::AUTHORIZATION {
-            let values = request.get_all(name);
-            h.part(&(values.iter().count() as u64).to_le_bytes());
-            for v in values {
-                h.part(v.as_bytes());
-            }
-            continue;
-        }
-        // Absent and present-but-empty are different requests.
-        match normal_form(name, request) {
-            None => h.part(&0u64.to_le_bytes()),
-            Some(v) => h.part(&1u64.to_le_bytes()).part(&v),
-        };
-    }
-    h.finish()
-}
-
 /// The request's values of a varied header as a stored entry keeps them:
 /// the normal form, as one value (none when absent). Credentials are kept
 /// as a digest: the secret itself never reaches Redis.
@@ -320,6 +294,7 @@ fn lowercase_outside_quotes(bytes: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::keys::variant_key;
 
     fn form(name: &str, lines: &[&str]) -> Option<String> {
         let mut h = HeaderMap::new();

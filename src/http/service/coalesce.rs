@@ -28,7 +28,7 @@ use super::hit_for_miss_permit;
 use super::origin::{take_error, take_spare, OriginCall, SlotRef};
 use super::respond::{stale_detail, Served, View};
 use super::streamed::{Handoff, Passthrough};
-use super::target::Target;
+use crate::http::keys::Target;
 
 /// What a request in [`miss`] takes from its flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

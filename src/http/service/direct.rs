@@ -24,8 +24,8 @@ use crate::metrics::Source;
 use super::bounds::{Origin, OriginBody};
 use super::origin::{strip_framing, take_error, OriginCall};
 use super::respond::{Served, View};
-use super::target::Target;
 use crate::http::cache_status::CACHE_STATUS;
+use crate::http::keys::Target;
 
 /// Why a request calls the origin for itself, outside any flight, and
 /// stores what may be stored.

@@ -7,13 +7,13 @@ use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 
 use crate::engine::{Copy, Fill};
+use crate::http::keys::variant_key;
 use crate::http::policy::{self, Forward, NotStored, RequestDirectives, ResponseVerdict, Usable};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
-use crate::http::vary::variant_key;
 use crate::store::memory::{Probe, Stored};
 
-use super::target::Target;
+use crate::http::keys::Target;
 
 impl LayerState {
     /// Turn a response and its verdict into a fill, keeping the Vary index

@@ -15,10 +15,10 @@ use super::coalesce::{miss, reload, Wants};
 use super::direct::{hit_for_miss, refresh_request};
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
-use super::target::{effective_uri, Target};
 use super::{has_body, hit_for_miss_permit, plain_get};
 use crate::http::body::CacheBody;
 use crate::http::future::ResponseFuture;
+use crate::http::keys::{effective_uri, Target};
 use crate::http::policy::{
     self, Forward, RequestDirectives, RequestForm, RequestScan, RequestVerdict, Usable,
 };

@@ -43,10 +43,10 @@ use crate::http::state::LayerState;
 use crate::metrics::Source;
 use crate::store::memory::Probe;
 
+use crate::http::keys::lowercase_host;
 use bounds::{Origin, OriginBody};
 use coalesce::Wants;
 use lookup::{request_span, Found, Gate, Past, Use};
-use target::lowercase_host;
 
 mod acceptance;
 mod bounds;
@@ -58,7 +58,6 @@ mod origin;
 mod respond;
 mod responding;
 mod streamed;
-mod target;
 
 /// Request headers dropped from the leader's origin request, so the stored
 /// response is a complete one rather than a 304 or a fragment. The cache
