@@ -4,6 +4,12 @@
 //! still running. The lease elects one leader per key cheaply; the fence token
 //! issued with it makes a late write from a lapsed leader harmless, because
 //! the store rejects any write older than the newest accepted one.
+//!
+//! Owns the lease and fence token types (this file), Redlock across N
+//! masters (`redlock`) and the lease watchdog (`watchdog`). Must not import
+//! `http` or `engine`. The store imports the two token types, since a fenced
+//! write carries a `FenceToken` and a release compares a `LeaseToken`; this
+//! file imports nothing of the store's, so that is no circle.
 
 pub(crate) mod redlock;
 pub(crate) mod watchdog;
