@@ -6,10 +6,56 @@ use std::cell::RefCell;
 use bytes::Bytes;
 use http::header::HeaderValue;
 
-use crate::http::policy::Forward;
+use crate::http::policy::{Forward, Unkeyed};
 use crate::http::state::LayerState;
 
 pub(crate) use crate::http::CACHE_STATUS;
+
+/// Why a forwarded request went to the origin on its own, or how its answer
+/// came: the `detail=` of its `Cache-Status` (`fwd=…; detail=…`). One enum,
+/// so every such word the layer writes is listed here, beside the
+/// not-stored reasons (`policy::NotStored`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Detail {
+    /// The GET or HEAD carried a body: never cached, never coalesced.
+    RequestBody,
+    /// The answer is over `max_body_bytes` (or a range of a key known to be).
+    TooLarge,
+    /// A pass marker sent the request to the origin alone.
+    HitForPass,
+    /// The wait for another request's fill ran out.
+    WaitTimeout,
+    /// The flight's streamed body had moved past this reader's window.
+    StreamWindowPassed,
+    /// Too many waiters: released under the fallback cap.
+    Overloaded,
+    /// The flight's answer was an error not shared with waiters.
+    ErrorNotShared,
+    /// The flight's answer was not storable, so not for this request.
+    Uncacheable,
+    /// A body streamed to its readers as it arrived.
+    Streamed,
+    /// A request the key cannot hold (bad Host, method or URL override).
+    Unkeyed(Unkeyed),
+}
+
+impl Detail {
+    /// The word on the wire.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Detail::RequestBody => "request-body",
+            Detail::TooLarge => "too-large",
+            Detail::HitForPass => "hit-for-pass",
+            Detail::WaitTimeout => "wait-timeout",
+            Detail::StreamWindowPassed => "stream-window-passed",
+            Detail::Overloaded => "overloaded",
+            Detail::ErrorNotShared => "error-not-shared",
+            Detail::Uncacheable => "uncacheable",
+            Detail::Streamed => "streamed",
+            Detail::Unkeyed(why) => why.detail(),
+        }
+    }
+}
 
 impl LayerState {
     pub(crate) fn status(&self, params: std::fmt::Arguments<'_>) -> HeaderValue {
@@ -22,9 +68,9 @@ impl LayerState {
             .unwrap_or_else(|_| HeaderValue::from_static("herdguard"))
     }
 
-    pub(crate) fn status_fwd(&self, fwd: Forward, detail: Option<&str>) -> HeaderValue {
+    pub(crate) fn status_fwd(&self, fwd: Forward, detail: Option<Detail>) -> HeaderValue {
         match detail {
-            Some(d) => self.status(format_args!("fwd={}; detail={d}", fwd.as_str())),
+            Some(d) => self.status(format_args!("fwd={}; detail={}", fwd.as_str(), d.as_str())),
             None => self.status(format_args!("fwd={}", fwd.as_str())),
         }
     }

@@ -21,7 +21,7 @@ pub(crate) use storability::{
     ResponseVerdict,
 };
 pub use unkeyed::host_is_valid;
-pub(crate) use unkeyed::{request_form, RequestForm};
+pub(crate) use unkeyed::{request_form, RequestForm, Unkeyed};
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@ use http::{Request, Response};
 
 use crate::engine::Resolved;
 use crate::http::body::CacheBody;
+use crate::http::cache_status::Detail;
 use crate::http::policy::{self, Forward};
 use crate::http::response::CachedResponse;
 use crate::http::state::{LayerState, ReloadMode};
@@ -105,11 +106,11 @@ where
             Ok(m.state.error_response(&error))
         }
         Resolved::WaitTimedOut(permit) => {
-            let status = m.state.status_fwd(m.fwd, Some("wait-timeout"));
+            let status = m.state.status_fwd(m.fwd, Some(Detail::WaitTimeout));
             let state = Arc::clone(&m.state);
             direct_with(&state, m.own_call(), status, Some(permit)).await
         }
-        Resolved::Overloaded => m.release("overloaded").await,
+        Resolved::Overloaded => m.release(Detail::Overloaded).await,
     }
 }
 
@@ -269,7 +270,7 @@ where
         let Some(reader) = stream.body.reader(Some(self.arrived)) else {
             let status = self
                 .state
-                .status_fwd(self.fwd, Some("stream-window-passed"));
+                .status_fwd(self.fwd, Some(Detail::StreamWindowPassed));
             let state = Arc::clone(&self.state);
             return released(&state, self.own_call(), status, |_| None).await;
         };
@@ -404,7 +405,10 @@ where
 
     /// Released to call the origin itself under the fallback cap, with
     /// `detail` in its `Cache-Status`.
-    async fn release(self: Box<Self>, detail: &str) -> Result<Response<CacheBody<ResB>>, S::Error> {
+    async fn release(
+        self: Box<Self>,
+        detail: Detail,
+    ) -> Result<Response<CacheBody<ResB>>, S::Error> {
         let status = self.state.status_fwd(self.fwd, Some(detail));
         self.release_with(status).await
     }
@@ -449,7 +453,7 @@ where
             && is_error(entry.value.status)
             && !self.state.http.share_uncacheable
         {
-            return self.release("error-not-shared").await;
+            return self.release(Detail::ErrorNotShared).await;
         }
         self.state.counters().record(source);
         let fwd = self.fwd;
@@ -505,13 +509,13 @@ where
                 self.state.counters().record(Source::Bypass);
                 let status = self
                     .state
-                    .status_fwd(Forward::UriMiss, Some("hit-for-pass"));
+                    .status_fwd(Forward::UriMiss, Some(Detail::HitForPass));
                 let state = Arc::clone(&self.state);
                 return pass_uncapped(&state, self.own_call(), status).await;
             }
         }
         // The answer was not for everyone: each waiter asks for its own.
-        self.release("uncacheable").await
+        self.release(Detail::Uncacheable).await
     }
 }
 

@@ -17,6 +17,7 @@ use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
 use super::{has_body, hit_for_miss_permit, plain_get};
 use crate::http::body::CacheBody;
+use crate::http::cache_status::Detail;
 use crate::http::future::ResponseFuture;
 use crate::http::keys::{effective_uri, Target};
 use crate::http::policy::{
@@ -73,7 +74,7 @@ impl LayerState {
         // a rebuilt request would drop the body but keep its framing: pass
         // it through untouched, body and all.
         if scan.framing && has_body(req.headers()) {
-            let status = self.status_fwd(Forward::Request, Some("request-body"));
+            let status = self.status_fwd(Forward::Request, Some(Detail::RequestBody));
             return Gate::Bypass(status, None);
         }
         // The key and the origin must read one host and one method and URL:
@@ -82,7 +83,7 @@ impl LayerState {
             RequestForm::Keyed => Gate::Cache(rd),
             RequestForm::UppercaseHost => Gate::LowercaseHost(rd),
             RequestForm::Unkeyed(why) => {
-                let status = self.status_fwd(Forward::Request, Some(why.detail()));
+                let status = self.status_fwd(Forward::Request, Some(Detail::Unkeyed(why)));
                 Gate::Bypass(status, None)
             }
         }
@@ -310,7 +311,7 @@ impl<'a> Past<'a> {
             return self.boxed(Box::pin(fut));
         }
         state.counters().record(Source::Bypass);
-        let status = state.status_fwd(Forward::UriMiss, Some("hit-for-pass"));
+        let status = state.status_fwd(Forward::UriMiss, Some(Detail::HitForPass));
         ResponseFuture::bypass(inner.call(req), status, None)
     }
 

@@ -34,7 +34,7 @@ use tower_service::Service;
 
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
-use crate::http::cache_status::CACHE_STATUS;
+use crate::http::cache_status::{Detail, CACHE_STATUS};
 use crate::http::future::ResponseFuture;
 use crate::http::policy::{Forward, RequestScan};
 use crate::http::range::RangeRequest;
@@ -189,7 +189,7 @@ impl<S> CacheService<S> {
         let target = state.target_with(&req, route_key, scan.authorization);
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
-            let status = state.status_fwd(Forward::Request, Some("too-large"));
+            let status = state.status_fwd(Forward::Request, Some(Detail::TooLarge));
             return ResponseFuture::bypass(inner.call(req), status, None);
         }
         let span = request_span(&target.key);

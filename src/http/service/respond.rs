@@ -18,7 +18,7 @@ use crate::metrics::Source;
 use crate::store::memory::Stored;
 
 use super::streamed::Handoff;
-use crate::http::cache_status::{age_value, CACHE_STATUS};
+use crate::http::cache_status::{age_value, Detail, CACHE_STATUS};
 
 /// What a response is built for: HEAD or not, and the request's headers for
 /// its own validators.
@@ -181,7 +181,7 @@ impl LayerState {
         self.counters().record(source);
         match handoff {
             Handoff::TooLarge(mut response) => {
-                let status = self.status_fwd(fwd, Some("too-large"));
+                let status = self.status_fwd(fwd, Some(Detail::TooLarge));
                 response.headers_mut().insert(CACHE_STATUS, status);
                 response
             }
@@ -196,9 +196,10 @@ impl LayerState {
             }
             Handoff::Streaming(stream, reader, detail) => {
                 let status = self.status(format_args!(
-                    "fwd={}; fwd-status={}; detail={detail}",
+                    "fwd={}; fwd-status={}; detail={}",
                     fwd.as_str(),
-                    stream.status().as_u16()
+                    stream.status().as_u16(),
+                    detail.as_str()
                 ));
                 self.respond_streamed(&stream, reader, view, status)
             }

@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
+use crate::http::cache_status::Detail;
 use crate::http::policy::{NotStored, ResponseVerdict};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
@@ -167,9 +168,9 @@ impl StreamStart {
         if let Some(tx) = leader {
             if let Some(reader) = shared.reader(None) {
                 let detail = if self.storing {
-                    "streamed"
+                    Detail::Streamed
                 } else {
-                    "too-large"
+                    Detail::TooLarge
                 };
                 let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
             }
@@ -278,7 +279,7 @@ pub(super) enum Handoff<ResB> {
     Passed(Response<CacheBody<ResB>>),
     /// Its own reader of a fill streamed to every waiter, and the
     /// `Cache-Status` detail (`too-large` when it will not be stored).
-    Streaming(Arc<Stream>, StreamReader, &'static str),
+    Streaming(Arc<Stream>, StreamReader, Detail),
 }
 
 pub(super) fn join(mut chunks: VecDeque<Bytes>, total: usize) -> Bytes {
