@@ -155,3 +155,32 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod detail_tests {
+    use super::Detail;
+    use crate::http::policy::Unkeyed;
+
+    /// The words are what dashboards and log queries match on: changing the
+    /// enum must not change them.
+    #[test]
+    fn details_keep_their_words() {
+        let words = [
+            (Detail::RequestBody, "request-body"),
+            (Detail::TooLarge, "too-large"),
+            (Detail::HitForPass, "hit-for-pass"),
+            (Detail::WaitTimeout, "wait-timeout"),
+            (Detail::StreamWindowPassed, "stream-window-passed"),
+            (Detail::Overloaded, "overloaded"),
+            (Detail::ErrorNotShared, "error-not-shared"),
+            (Detail::Uncacheable, "uncacheable"),
+            (Detail::Streamed, "streamed"),
+            (Detail::Unkeyed(Unkeyed::BadHost), "bad-host"),
+            (Detail::Unkeyed(Unkeyed::MethodOverride), "method-override"),
+            (Detail::Unkeyed(Unkeyed::UrlOverride), "url-override"),
+        ];
+        for (detail, word) in words {
+            assert_eq!(detail.as_str(), word, "{detail:?}");
+        }
+    }
+}
