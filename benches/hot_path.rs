@@ -1,8 +1,10 @@
-//! Criterion micro benches of the hot paths.
+//! Micro benches of the hot paths, on the small harness in
+//! `benches/common/timing.rs` (median time per call, p10 and p90).
 //!
 //! ```text
 //! cargo bench --bench hot_path
-//! cargo bench --bench hot_path -- tower        # one group
+//! cargo bench --bench hot_path -- tower        # one group (any substring of `group/name`)
+//! cargo bench --bench hot_path -- '^(tower|engine/get_or_compute)'
 //! ```
 //! Groups: `tower` (an L1 hit through `CacheService` next to the bare inner
 //! service, as `service_fn` and as an axum `Router`), `engine`
@@ -15,10 +17,6 @@
 //!
 //! Defaults are short (1 s warm-up, 2 s measurement, 30 samples) because the
 //! machine is shared; pass `--measurement-time 10` for publishable numbers.
-#![allow(
-    missing_docs,
-    reason = "criterion_group! generates an undocumented pub fn"
-)]
 
 mod common;
 
@@ -36,7 +34,6 @@ use axum::http::{header, Request, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use herdguard::{
     Cache, CacheKey, CacheLayer, FencedStore, Freshness, RedisOptions, Redlock, RequestBody,
 };
@@ -44,7 +41,9 @@ use http_body_util::BodyExt;
 use tokio::runtime::Runtime;
 use tower::{Layer, ServiceExt};
 
+use common::args::Args;
 use common::hit::{origin_response, request};
+use common::timing::{self, Timing};
 
 const BODY_BYTES: usize = 512;
 /// Tasks per coalesced miss.
@@ -70,7 +69,7 @@ fn run<F: Future>(rt: &Runtime, fut: F) -> F::Output {
 
 /// An L1 hit through the Tower service next to the same inner service alone;
 /// both read the whole body, so the difference is what the layer costs.
-fn tower_paths(c: &mut Criterion) {
+fn tower_paths(t: &Timing) {
     let rt = runtime();
     let body = Bytes::from(vec![b'x'; BODY_BYTES]);
     let inner = tower::service_fn(move |_req: Request<RequestBody<Body>>| {
@@ -112,30 +111,24 @@ fn tower_paths(c: &mut Criterion) {
     let shared = body_ptr() == body_ptr();
     eprintln!("tower/L1 hit body is the stored Bytes (no copy): {shared}");
 
-    let mut g = c.benchmark_group("tower");
-    g.throughput(Throughput::Elements(1));
-    g.bench_function("bare service_fn", |b| {
-        b.iter(|| {
-            run(&rt, async {
-                let r = inner
-                    .clone()
-                    .oneshot(request().map(RequestBody::new))
-                    .await
-                    .unwrap_or_else(|e| match e {});
-                black_box(body_len(r).await)
-            })
+    let bare_fn = t.bench("tower/bare service_fn", 1, || {
+        run(&rt, async {
+            let r = inner
+                .clone()
+                .oneshot(request().map(RequestBody::new))
+                .await
+                .unwrap_or_else(|e| match e {});
+            black_box(body_len(r).await)
         })
     });
-    g.bench_function("L1 hit service_fn", |b| {
-        b.iter(|| {
-            run(&rt, async {
-                let r = cached
-                    .clone()
-                    .oneshot(request())
-                    .await
-                    .unwrap_or_else(|e| match e {});
-                black_box(body_len(r).await)
-            })
+    let hit_fn = t.bench("tower/L1 hit service_fn", 1, || {
+        run(&rt, async {
+            let r = cached
+                .clone()
+                .oneshot(request())
+                .await
+                .unwrap_or_else(|e| match e {});
+            black_box(body_len(r).await)
         })
     });
 
@@ -149,35 +142,42 @@ fn tower_paths(c: &mut Criterion) {
         .route("/k/{key}", get(handler))
         .layer(CacheLayer::new());
     let _ = rt.block_on(cached_router.clone().oneshot(request()));
-    g.bench_function("bare axum Router", |b| {
-        b.iter(|| {
-            run(&rt, async {
-                let r = bare_router
-                    .clone()
-                    .oneshot(request())
-                    .await
-                    .unwrap_or_else(|e| match e {});
-                black_box(body_len(r).await)
-            })
+    let bare_router_t = t.bench("tower/bare axum Router", 1, || {
+        run(&rt, async {
+            let r = bare_router
+                .clone()
+                .oneshot(request())
+                .await
+                .unwrap_or_else(|e| match e {});
+            black_box(body_len(r).await)
         })
     });
-    g.bench_function("L1 hit axum Router", |b| {
-        b.iter(|| {
-            run(&rt, async {
-                let r = cached_router
-                    .clone()
-                    .oneshot(request())
-                    .await
-                    .unwrap_or_else(|e| match e {});
-                black_box(body_len(r).await)
-            })
+    let hit_router = t.bench("tower/L1 hit axum Router", 1, || {
+        run(&rt, async {
+            let r = cached_router
+                .clone()
+                .oneshot(request())
+                .await
+                .unwrap_or_else(|e| match e {});
+            black_box(body_len(r).await)
         })
     });
-    g.finish();
+    for (what, hit, bare) in [
+        ("service_fn", hit_fn, bare_fn),
+        ("axum Router", hit_router, bare_router_t),
+    ] {
+        if let (Some(hit), Some(bare)) = (hit, bare) {
+            println!(
+                "tower/L1 hit ÷ bare {what}: {:.2}x (medians; p10/p10 {:.2}x)",
+                hit.median_ns / bare.median_ns,
+                hit.p10_ns / bare.p10_ns
+            );
+        }
+    }
 }
 
 /// The HTTP-agnostic engine: a hit, and a miss that N tasks coalesce on.
-fn engine_paths(c: &mut Criterion) {
+fn engine_paths(t: &Timing) {
     let rt = runtime();
     let fresh = Freshness::new(Duration::from_secs(3600));
     let cache: Cache<Bytes> = Cache::builder().build().expect("valid cache");
@@ -187,25 +187,22 @@ fn engine_paths(c: &mut Criterion) {
     let _ = rt
         .block_on(cache.get_or_compute(&hot, fresh, move || async move { Ok::<_, Infallible>(v) }));
 
-    let mut g = c.benchmark_group("engine");
-    g.throughput(Throughput::Elements(1));
-    g.bench_function("get_or_compute hit", |b| {
-        b.iter(|| {
-            let lookup = run(
-                &rt,
-                cache.get_or_compute(&hot, fresh, || async { Ok::<_, Infallible>(Bytes::new()) }),
-            );
-            black_box(lookup.map(|l| l.value.len()))
-        })
+    t.bench("engine/get_or_compute hit", 1, || {
+        let lookup = run(
+            &rt,
+            cache.get_or_compute(&hot, fresh, || async { Ok::<_, Infallible>(Bytes::new()) }),
+        );
+        black_box(lookup.map(|l| l.value.len()))
     });
 
     // A fresh cold key per iteration; the computation yields once so the
     // waiters really queue behind it.
     let next = AtomicU64::new(0);
     let calls = Arc::new(AtomicU64::new(0));
-    g.throughput(Throughput::Elements(WAITERS as u64));
-    g.bench_function(format!("coalesced miss, {WAITERS} tasks"), |b| {
-        b.iter(|| {
+    t.bench(
+        &format!("engine/coalesced miss, {WAITERS} tasks"),
+        WAITERS as u64,
+        || {
             let key = CacheKey::new(next.fetch_add(1, Ordering::Relaxed).to_le_bytes());
             rt.block_on(async {
                 let tasks: Vec<_> = (0..WAITERS)
@@ -228,10 +225,12 @@ fn engine_paths(c: &mut Criterion) {
                 }
             });
             cache.invalidate(&key);
-        })
-    });
-    g.bench_function(format!("uncached, {WAITERS} tasks each computing"), |b| {
-        b.iter(|| {
+        },
+    );
+    t.bench(
+        &format!("engine/uncached, {WAITERS} tasks each computing"),
+        WAITERS as u64,
+        || {
             rt.block_on(async {
                 let tasks: Vec<_> = (0..WAITERS)
                     .map(|_| {
@@ -246,19 +245,20 @@ fn engine_paths(c: &mut Criterion) {
                     black_box(t.await.ok());
                 }
             });
-        })
-    });
-    g.finish();
+        },
+    );
     let iterations = next.load(Ordering::Relaxed);
     let computed = calls.load(Ordering::Relaxed);
-    eprintln!(
-        "engine/coalesced miss: {computed} computations for {iterations} cold keys (want equal)"
-    );
+    if iterations > 0 {
+        eprintln!(
+            "engine/coalesced miss: {computed} computations for {iterations} cold keys (want equal)"
+        );
+    }
 }
 
 /// Key derivation through the public API; the HTTP layer's derivation is
 /// internal but hashes the same kind of length-prefixed parts.
-fn key_paths(c: &mut Criterion) {
+fn key_paths(t: &Timing) {
     let parts: [&[u8]; 5] = [
         b"GET",
         b"api.example.com",
@@ -266,13 +266,11 @@ fn key_paths(c: &mut Criterion) {
         b"a=1&b=2",
         b"\x00",
     ];
-    let mut g = c.benchmark_group("key");
-    g.throughput(Throughput::Elements(1));
-    g.bench_function("from_parts, 5 parts", |b| {
-        b.iter(|| CacheKey::from_parts(black_box(&parts)))
+    t.bench("key/from_parts, 5 parts", 1, || {
+        CacheKey::from_parts(black_box(&parts))
     });
-    g.bench_function("new, one string", |b| {
-        b.iter(|| CacheKey::new(black_box("GET api.example.com/v1/reports/42?a=1&b=2")))
+    t.bench("key/new, one string", 1, || {
+        CacheKey::new(black_box("GET api.example.com/v1/reports/42?a=1&b=2"))
     });
     // For scale: one BLAKE3 call over the same bytes, length prefixes included.
     let mut flat = Vec::new();
@@ -280,23 +278,19 @@ fn key_paths(c: &mut Criterion) {
         flat.extend_from_slice(&(p.len() as u64).to_le_bytes());
         flat.extend_from_slice(p);
     }
-    g.bench_function("one blake3 call over the same bytes", |b| {
-        b.iter(|| blake3::hash(black_box(&flat)))
+    t.bench("key/one blake3 call over the same bytes", 1, || {
+        blake3::hash(black_box(&flat))
     });
-    g.bench_function("to_hex", |b| {
+    {
         let k = CacheKey::new("x");
-        b.iter(|| black_box(&k).to_hex())
-    });
-    g.finish();
+        t.bench("key/to_hex", 1, || black_box(&k).to_hex());
+    }
 }
 
 /// The building blocks an L1 hit is made of today (see `LayerState::respond`
 /// and `MemoryStore::probe`), priced one by one so the gap between
 /// `tower/L1 hit` and `tower/bare` can be attributed.
-fn hit_anatomy(c: &mut Criterion) {
-    let mut g = c.benchmark_group("anatomy");
-    g.throughput(Throughput::Elements(1));
-
+fn hit_anatomy(t: &Timing) {
     struct Expire;
     impl moka::Expiry<CacheKey, Arc<(Bytes, u64)>> for Expire {
         fn expire_after_create(
@@ -315,22 +309,24 @@ fn hit_anatomy(c: &mut Criterion) {
         .build();
     let key = CacheKey::new("hot");
     moka.insert(key, Arc::new((Bytes::from_static(b"x"), 1)));
-    g.bench_function("moka sync get (weigher + expiry, as L1)", |b| {
-        b.iter(|| black_box(moka.get(black_box(&key))))
+    t.bench("anatomy/moka sync get (weigher + expiry, as L1)", 1, || {
+        black_box(moka.get(black_box(&key)))
     });
 
-    g.bench_function("Cache-Status: format! + HeaderValue::from_str", |b| {
-        b.iter(|| {
+    t.bench(
+        "anatomy/Cache-Status: format! + HeaderValue::from_str",
+        1,
+        || {
             let s = format!(
                 "{}; hit; ttl={}",
                 black_box("herdguard"),
                 black_box(3599i64)
             );
             black_box(axum::http::HeaderValue::from_str(&s).ok())
-        })
-    });
-    g.bench_function("Age: HeaderValue::from(u64)", |b| {
-        b.iter(|| black_box(axum::http::HeaderValue::from(black_box(17u64))))
+        },
+    );
+    t.bench("anatomy/Age: HeaderValue::from(u64)", 1, || {
+        black_box(axum::http::HeaderValue::from(black_box(17u64)))
     });
 
     // Header values as a proxied origin's would be: parsed, not static.
@@ -346,21 +342,29 @@ fn hit_anatomy(c: &mut Criterion) {
             axum::http::HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| unreachable!()),
         );
     }
-    g.bench_function("stored HeaderMap clone (4 headers)", |b| {
-        b.iter(|| black_box(stored.clone()))
+    t.bench("anatomy/stored HeaderMap clone (4 headers)", 1, || {
+        black_box(stored.clone())
     });
-    g.bench_function("Instant::now (x3 per hit)", |b| {
-        b.iter(tokio::time::Instant::now)
-    });
-    g.finish();
+    t.bench(
+        "anatomy/Instant::now (x3 per hit)",
+        1,
+        tokio::time::Instant::now,
+    );
 }
 
-/// TODO(redis): Redis hit (L1 off), lease acquire+release and fenced write,
-/// against a redis-server from `HERDGUARD_BENCH_REDIS` once the Redis store lands.
 /// Against private redis-servers on loopback: a Redis hit (L1 off), a lease
 /// acquire+release on 1 node and on a 5-node Redlock quorum (one parallel
 /// round each, so the ratio is the point), and a fenced write.
-fn redis_paths(c: &mut Criterion) {
+fn redis_paths(t: &Timing) {
+    let names = [
+        "redis/redis hit (L1 off)",
+        "redis/lease acquire+release, 1 node(s)",
+        "redis/lease acquire+release, 5 node(s)",
+        "redis/fenced write",
+    ];
+    if !names.iter().any(|n| t.selects(n)) {
+        return;
+    }
     let servers: Vec<common::redis::RedisServer> = match (0..5)
         .map(|_| common::redis::RedisServer::start())
         .collect()
@@ -376,7 +380,6 @@ fn redis_paths(c: &mut Criterion) {
         .map(|s| format!("redis://{}", s.addr))
         .collect();
     let rt = Runtime::new().expect("runtime");
-    let mut group = c.benchmark_group("redis");
 
     let cache: Cache<Bytes> = rt.block_on(async {
         Cache::builder()
@@ -393,11 +396,9 @@ fn redis_paths(c: &mut Criterion) {
     let fill = || async { Ok::<_, Infallible>(Bytes::from_static(&[b'x'; 512])) };
     rt.block_on(cache.get_or_compute(&key, fresh, fill))
         .expect("fill");
-    group.bench_function("redis hit (L1 off)", |b| {
-        b.iter(|| {
-            rt.block_on(cache.get_or_compute(&key, fresh, fill))
-                .expect("hit")
-        })
+    t.bench("redis/redis hit (L1 off)", 1, || {
+        rt.block_on(cache.get_or_compute(&key, fresh, fill))
+            .expect("hit")
     });
 
     for n in [1usize, 5] {
@@ -405,36 +406,36 @@ fn redis_paths(c: &mut Criterion) {
             .namespace("hp")
             .build()
             .expect("valid redlock");
-        group.bench_function(format!("lease acquire+release, {n} node(s)"), |b| {
-            b.iter(|| {
+        t.bench(
+            &format!("redis/lease acquire+release, {n} node(s)"),
+            1,
+            || {
                 rt.block_on(async {
                     let lease = lock.acquire("bench-lock").await.expect("free lock");
                     lock.release(lease).await;
                 })
-            })
-        });
+            },
+        );
     }
 
     let store =
         FencedStore::new(RedisOptions::new(urls[0].as_str()).namespace("hp")).expect("store");
     let fence = AtomicU64::new(1);
-    group.bench_function("fenced write", |b| {
-        b.iter(|| {
-            let f = fence.fetch_add(1, Ordering::Relaxed);
-            rt.block_on(store.write("bench-fenced", f, b"value"))
-                .expect("write")
-        })
+    t.bench("redis/fenced write", 1, || {
+        let f = fence.fetch_add(1, Ordering::Relaxed);
+        rt.block_on(store.write("bench-fenced", f, b"value"))
+            .expect("write")
     });
-    group.finish();
     drop(servers);
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30);
-    targets = tower_paths, hit_anatomy, engine_paths, key_paths, redis_paths
+const USAGE: &str = "cargo bench --bench hot_path -- [FILTER...] [--warm-up SECS] [--measurement-time SECS] [--samples N]";
+
+fn main() {
+    let t = Timing::from_args(&Args::parse(&timing::FLAGS, USAGE));
+    tower_paths(&t);
+    hit_anatomy(&t);
+    engine_paths(&t);
+    key_paths(&t);
+    redis_paths(&t);
 }
-criterion_main!(benches);

@@ -8,6 +8,7 @@ use std::str::FromStr;
 pub(crate) struct Args {
     values: HashMap<String, String>,
     switches: Vec<String>,
+    words: Vec<String>,
 }
 
 impl Args {
@@ -25,7 +26,8 @@ impl Args {
                 std::process::exit(0);
             }
             let Some(flag) = a.strip_prefix("--") else {
-                // cargo may pass a name filter; harness-less benches ignore it.
+                // A bare word is a name filter (`cargo bench --bench X -- tower`).
+                args.words.push(a);
                 continue;
             };
             let (name, inline) = match flag.split_once('=') {
@@ -61,6 +63,11 @@ impl Args {
     /// The flag's raw value, if given.
     pub(crate) fn value(&self, name: &str) -> Option<&str> {
         self.values.get(name).map(String::as_str)
+    }
+
+    /// The bare words given, in order: name filters for benches that have names.
+    pub(crate) fn words(&self) -> &[String] {
+        &self.words
     }
 
     /// Whether a value-less switch was given.

@@ -13,6 +13,7 @@ pub(crate) mod loadgen;
 pub(crate) mod origin;
 pub(crate) mod peers;
 pub(crate) mod redis;
+pub(crate) mod timing;
 pub(crate) mod wrk;
 
 use std::time::Duration;
