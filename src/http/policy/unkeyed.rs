@@ -146,6 +146,15 @@ fn host_grammar(authority: &[u8]) -> Option<bool> {
     if host.is_empty() || !port.unwrap_or_default().iter().all(u8::is_ascii_digit) {
         return None;
     }
+    // Most hosts are plain names: one pass of table lookups decides them;
+    // a `%` or `:` takes the byte-by-byte walk below.
+    let seen = host.iter().fold(0u8, |seen, &b| seen | HOST_BYTE[usize::from(b)]);
+    if seen & BAD != 0 {
+        return None;
+    }
+    if seen & (PERCENT | COLON) == 0 {
+        return Some(seen & UPPER != 0);
+    }
     let mut upper = false;
     let mut i = 0;
     while i < host.len() {
@@ -169,6 +178,34 @@ fn host_grammar(authority: &[u8]) -> Option<bool> {
     }
     Some(upper)
 }
+
+/// [`HOST_BYTE`]'s classes, as bits so one pass can OR them together.
+const UPPER: u8 = 1;
+const PERCENT: u8 = 2;
+const COLON: u8 = 4;
+const BAD: u8 = 8;
+
+/// The class of every byte in a host (RFC 3986 §3.2.2 reg-name and IP
+/// literals): 0 for letters, digits, unreserved and sub-delims, else the
+/// bits above; `%` and `:` need the context [`host_grammar`] walks for.
+static HOST_BYTE: [u8; 256] = {
+    let mut t = [BAD; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = match c {
+            b'A'..=b'Z' => UPPER,
+            b'a'..=b'z' | b'0'..=b'9' => 0,
+            b'-' | b'.' | b'_' | b'~' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+'
+            | b',' | b';' | b'=' => 0,
+            b'%' => PERCENT,
+            b':' => COLON,
+            _ => BAD,
+        };
+        b += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
