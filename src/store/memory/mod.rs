@@ -1,24 +1,26 @@
-//! In-process store on moka: the embedded default, and the L1 tier in front of
+//! In-process store: the embedded default, and the L1 tier in front of
 //! Redis. Never talks to Redis and never waits: every call returns at once.
 //!
-//! We use `moka::sync::Cache` rather than the future cache: its `get` needs no
-//! `.await`, so a hit is answered inside `Service::call` with a ready future and
-//! no boxed state machine. moka only evicts (by weight and by a generous
-//! wall-clock expiry); whether an entry is fresh or stale is decided here from
-//! tokio `Instant`s, so tests can pause time.
+//! Its map ([`clock::ClockMap`]) is synchronous: a hit is answered inside
+//! `Service::call` with a ready future and no boxed state machine. The map
+//! only evicts (by weight, and entries a second past their end); whether an
+//! entry is fresh or stale is decided here from tokio `Instant`s, so tests
+//! can pause time.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use moka::sync::Cache as MokaCache;
-use moka::Expiry;
 use tokio::time::Instant;
+
+use clock::{ClockMap, Resident};
 
 use crate::engine::envelope::EntryMeta;
 use crate::engine::Value;
 use crate::key::CacheKey;
+
+mod clock;
 
 /// One entry as held in memory, with its deadlines on the local clock.
 #[derive(Debug)]
@@ -237,33 +239,21 @@ pub(crate) enum Probe<V> {
     Miss,
 }
 
-struct SlotExpiry;
+/// How long past its end a slot stays in the map: paused test clocks and
+/// scheduling jitter never see an entry that is still usable go.
+const EVICTION_SLACK: Duration = Duration::from_secs(1);
 
-impl<V> Expiry<CacheKey, Slot<V>> for SlotExpiry {
-    fn expire_after_create(
-        &self,
-        _key: &CacheKey,
-        value: &Slot<V>,
-        _created_at: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(eviction_delay(value.until()))
+impl<V: Value> Resident for Slot<V> {
+    fn weight(&self) -> u64 {
+        match self {
+            Slot::Entry(e) => e.value.weight().saturating_add(128) as u64,
+            Slot::Pass { .. } => 64,
+        }
     }
 
-    fn expire_after_update(
-        &self,
-        _key: &CacheKey,
-        value: &Slot<V>,
-        _updated_at: std::time::Instant,
-        _duration_until_expiry: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(eviction_delay(value.until()))
+    fn is_over(&self, now: Instant) -> bool {
+        now >= self.until() + EVICTION_SLACK
     }
-}
-
-/// Real-time eviction a little after the logical end, so paused test clocks
-/// and scheduling jitter never evict an entry that is still usable.
-fn eviction_delay(until: Instant) -> Duration {
-    until.saturating_duration_since(Instant::now()) + Duration::from_secs(1)
 }
 
 /// The L1 map's hasher. Its keys are BLAKE3 digests, already uniform, so
@@ -337,32 +327,21 @@ impl Hasher for DigestHasher {
 /// The byte-bounded in-process store.
 #[derive(Clone)]
 pub(crate) struct MemoryStore<V: Value> {
-    cache: MokaCache<CacheKey, Slot<V>, DigestState>,
+    map: Arc<ClockMap<Slot<V>>>,
 }
 
 impl<V: Value> std::fmt::Debug for MemoryStore<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("entries", &self.cache.entry_count())
-            .field("weighted_bytes", &self.cache.weighted_size())
+            .field("weighted_bytes", &self.map.weight())
             .finish()
     }
 }
 
 impl<V: Value> MemoryStore<V> {
     pub(crate) fn new(capacity_bytes: u64) -> Self {
-        let cache = MokaCache::builder()
-            .max_capacity(capacity_bytes)
-            .weigher(|_k: &CacheKey, slot: &Slot<V>| -> u32 {
-                let w = match slot {
-                    Slot::Entry(e) => e.value.weight() + 128,
-                    Slot::Pass { .. } => 64,
-                };
-                w.min(u32::MAX as usize) as u32
-            })
-            .expire_after(SlotExpiry)
-            .build_with_hasher(DigestState::new());
-        Self { cache }
+        let map = ClockMap::new(capacity_bytes, DigestState::new());
+        Self { map: Arc::new(map) }
     }
 
     pub(crate) fn probe(&self, key: &CacheKey) -> Probe<V> {
@@ -370,8 +349,9 @@ impl<V: Value> MemoryStore<V> {
     }
 
     /// [`Self::probe`] at `now`, for a hit that read the clock once.
+    #[inline]
     pub(crate) fn probe_at(&self, key: &CacheKey, now: Instant) -> Probe<V> {
-        let Some(slot) = self.cache.get(key) else {
+        let Some(slot) = self.map.get(key) else {
             return Probe::Miss;
         };
         match slot {
@@ -383,70 +363,64 @@ impl<V: Value> MemoryStore<V> {
     }
 
     pub(crate) fn insert(&self, key: CacheKey, stored: Arc<Stored<V>>) {
-        self.cache.insert(key, Slot::Entry(stored));
+        self.map.insert(key, Slot::Entry(stored), Instant::now());
     }
 
     pub(crate) fn insert_pass(&self, key: CacheKey, ttl: Duration) {
         if !ttl.is_zero() {
-            self.cache.insert(
-                key,
-                Slot::Pass {
-                    until: Instant::now() + ttl,
-                },
-            );
+            let now = Instant::now();
+            self.map.insert(key, Slot::Pass { until: now + ttl }, now);
         }
     }
 
     pub(crate) fn remove(&self, key: &CacheKey) {
-        self.cache.invalidate(key);
+        self.map.remove(key);
     }
 
     /// Remove `key`'s entry for a purge: marked purged first (see
     /// [`Stored::mark_purged`]), so a copy someone still holds is not
     /// served either.
     pub(crate) fn purge(&self, key: &CacheKey) {
-        if let Some(Slot::Entry(e)) = self.cache.remove(key) {
+        if let Some(Slot::Entry(e)) = self.map.remove(key) {
             e.mark_purged();
         }
     }
 
+    /// Entries held, once those past their end are dropped.
     pub(crate) fn entry_count(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        self.cache.entry_count()
+        self.map.sweep_all(Instant::now());
+        self.map.len()
     }
 
-    /// Weighted bytes held, after pending evictions run.
+    /// Weighted bytes held, once entries past their end are dropped.
     pub(crate) fn weighted_bytes(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        self.cache.weighted_size()
+        self.map.sweep_all(Instant::now());
+        self.map.weight()
     }
 
     /// Soft-purge every entry for which `matches` holds, now: each copy is
     /// marked in place (see [`Stored::mark_soft_purged`]) and kept.
     pub(crate) fn soft_purge_where(&self, matches: impl Fn(&CacheKey, &V) -> bool) {
-        for (key, slot) in self.cache.iter() {
-            if let Slot::Entry(e) = &slot {
-                if matches(&key, &e.value) {
+        self.map.for_each(|key, slot| {
+            if let Slot::Entry(e) = slot {
+                if matches(key, &e.value) {
                     e.mark_soft_purged();
                 }
             }
-        }
+        });
     }
 
-    /// Drop every entry for which `matches` holds, now. A walk over the
-    /// entries rather than moka's lazy invalidation closures: those compare
-    /// the entry's and the predicate's times on a coarse clock, and an entry
-    /// read just before a purge could survive it. Purges are rare; a walk is
-    /// cheap enough.
+    /// Drop every entry for which `matches` holds, now, each marked purged
+    /// first. A walk under each shard's lock: an entry read just before the
+    /// purge is gone for every read after it.
     pub(crate) fn purge_where(&self, matches: impl Fn(&CacheKey, &V) -> bool) {
-        for (key, slot) in self.cache.iter() {
-            if let Slot::Entry(e) = &slot {
-                if matches(&key, &e.value) {
-                    e.mark_purged();
-                    self.cache.invalidate(&*key);
-                }
+        self.map.retain(|key, slot| match slot {
+            Slot::Entry(e) if matches(key, &e.value) => {
+                e.mark_purged();
+                false
             }
-        }
+            _ => true,
+        });
     }
 }
 
@@ -574,8 +548,7 @@ mod tests {
             );
             store.insert(CacheKey::new(i.to_le_bytes()), Arc::new(s));
         }
-        store.cache.run_pending_tasks();
-        assert!(store.cache.weighted_size() <= 64 * 1024);
+        assert!(store.weighted_bytes() <= 64 * 1024);
         assert!(store.entry_count() < 200);
     }
 }
