@@ -171,7 +171,23 @@ impl KeyHasher {
         n <= KEY_BUF
     }
 
+    /// Inlined: a key is a handful of short writes, and a call each cost
+    /// more than the copy (the 8-byte length prefixes become one store).
+    #[inline(always)]
     fn write(&mut self, bytes: &[u8]) {
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(out) => {
+                out.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => self.write_spilling(bytes),
+        }
+    }
+
+    /// [`Self::write`] past the buffer's end: spill it, then write.
+    #[cold]
+    #[inline(never)]
+    fn write_spilling(&mut self, bytes: &[u8]) {
         if self.room(bytes.len()) {
             self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
             self.len += bytes.len();
@@ -180,12 +196,14 @@ impl KeyHasher {
         }
     }
 
+    #[inline]
     pub(crate) fn part(&mut self, bytes: &[u8]) -> &mut Self {
         self.write(&(bytes.len() as u64).to_le_bytes());
         self.write(bytes);
         self
     }
 
+    #[inline]
     pub(crate) fn opt_part(&mut self, bytes: Option<&[u8]>) -> &mut Self {
         match bytes {
             Some(b) => {

@@ -394,7 +394,15 @@ impl Counters {
         }
     }
 
+    /// Count `source` and write it into the current span's `outcome`.
     pub(crate) fn record(&self, source: Source) {
+        self.count(source);
+        tracing::Span::current().record("outcome", source.as_str());
+    }
+
+    /// Count `source` only: for a caller that records it into the span it
+    /// holds (looking up the current span costs more than the count).
+    pub(crate) fn count(&self, source: Source) {
         let (c, i) = match source {
             Source::Hit => (&self.tally.hits, 0),
             Source::Stale => (&self.tally.stale, 1),
@@ -404,7 +412,6 @@ impl Counters {
         };
         c.fetch_add(1, Ordering::Relaxed);
         count(&self.keys.requests[i]);
-        tracing::Span::current().record("outcome", source.as_str());
     }
 
     pub(crate) fn record_error(&self) {

@@ -90,18 +90,19 @@ pub(crate) fn host_form(version: Version, uri: &Uri, headers: &HeaderMap) -> Opt
     if hosts.next().is_some() {
         return None;
     }
-    let named = match (uri.authority(), host) {
+    let (named, also) = match (uri.authority(), host) {
         // h2 :authority or an absolute-form target: Host, when sent, must
         // name the same host (the application may read either).
         (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h) => return None,
-        (Some(a), _) => a.as_str().as_bytes(),
-        (None, Some(h)) => h,
+        (Some(a), h) => (a.as_str().as_bytes(), h),
+        (None, Some(h)) => (h, None),
         // Only HTTP/1.0 may name no host at all.
         (None, None) if version <= Version::HTTP_10 => return Some(false),
         (None, None) => return None,
     };
     let upper = host_grammar(named)?;
-    Some(upper || host.is_some_and(|h| h.iter().any(u8::is_ascii_uppercase)))
+    // Capitals in a Host beside the target's authority count too.
+    Some(upper || also.is_some_and(|h| h.iter().any(u8::is_ascii_uppercase)))
 }
 
 /// A method or URL override header, found in one pass over the names (most
@@ -148,7 +149,9 @@ fn host_grammar(authority: &[u8]) -> Option<bool> {
     }
     // Most hosts are plain names: one pass of table lookups decides them;
     // a `%` or `:` takes the byte-by-byte walk below.
-    let seen = host.iter().fold(0u8, |seen, &b| seen | HOST_BYTE[usize::from(b)]);
+    let seen = host
+        .iter()
+        .fold(0u8, |seen, &b| seen | HOST_BYTE[usize::from(b)]);
     if seen & BAD != 0 {
         return None;
     }

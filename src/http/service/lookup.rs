@@ -100,9 +100,16 @@ impl LayerState {
 }
 
 /// One span per request; fields are filled in as the outcome is known
-/// (lease and fence by the leader's task, which carries this span).
+/// (lease and fence by the leader's task, which carries this span). None
+/// until a tracing subscriber is set: without one, tracing would hand each
+/// span and field to the `log` crate instead (its `log` feature, which
+/// axum's defaults turn on), a few hundred instructions per hit for lines
+/// that only a `log` logger at debug level would print.
 #[inline(always)]
 pub(super) fn request_span(key: &CacheKey) -> tracing::Span {
+    if !tracing::dispatcher::has_been_set() {
+        return tracing::Span::none();
+    }
     tracing::debug_span!(
         "herdguard",
         key = %key.short_display(),
@@ -354,7 +361,11 @@ impl<'a> Past<'a> {
         let view = View::scanned(req, self.head, scan);
         match used {
             Answer::Hit => {
-                state.counters().record(Source::Hit);
+                state.counters().count(Source::Hit);
+                // Looking the field up by name is most of a record's cost.
+                if !self.span.is_disabled() {
+                    self.span.record("outcome", Source::Hit.as_str());
+                }
                 // Refresh-ahead: the one hit that finds this copy in the
                 // last part of its freshness starts the background refresh.
                 if entry.claim_refresh(found.stored_age) {

@@ -101,11 +101,15 @@ impl<T: Resident> ClockMap<T> {
     fn read(&self, i: usize) -> RwLockReadGuard<'_, Shard<T>> {
         // A panic while a guard was held left the table consistent: every
         // change under the lock is a single table call.
-        self.shards[i].read().unwrap_or_else(PoisonError::into_inner)
+        self.shards[i]
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self, i: usize) -> RwLockWriteGuard<'_, Shard<T>> {
-        self.shards[i].write().unwrap_or_else(PoisonError::into_inner)
+        self.shards[i]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The value for `key`, marked as read.
