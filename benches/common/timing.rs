@@ -77,6 +77,58 @@ impl Timing {
         if !self.selects(name) {
             return None;
         }
+        let batch = self.batch_for(&mut f);
+        let ns: Vec<f64> = (0..self.samples).map(|_| sample(&mut f, batch)).collect();
+        let m = Measured::of(ns);
+        let unit = if per > 1 {
+            format!(", {} per unit of {per}", time(m.median_ns / per as f64))
+        } else {
+            String::new()
+        };
+        m.print(name, self.samples, batch, &unit);
+        Some(m)
+    }
+
+    /// Time `base` and `other` with their samples taken in turn (a, b, a,
+    /// b, …), so a load that comes and goes lands on both alike; print both
+    /// and the median of the per-pair ratios `other ÷ base`, which a noisy
+    /// machine moves far less than a ratio of two separate runs. `None`
+    /// when the filter leaves either out.
+    pub(crate) fn pair<R, Q>(
+        &self,
+        base: (&str, impl FnMut() -> R),
+        other: (&str, impl FnMut() -> Q),
+    ) -> Option<(Measured, Measured, f64)> {
+        let ((a_name, mut a), (b_name, mut b)) = (base, other);
+        if !self.selects(a_name) || !self.selects(b_name) {
+            return None;
+        }
+        let (a_batch, b_batch) = (self.batch_for(&mut a), self.batch_for(&mut b));
+        let (mut a_ns, mut b_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..self.samples {
+            let x = sample(&mut a, a_batch);
+            let y = sample(&mut b, b_batch);
+            a_ns.push(x);
+            b_ns.push(y);
+            ratios.push(y / x);
+        }
+        let (am, bm) = (Measured::of(a_ns), Measured::of(b_ns));
+        am.print(a_name, self.samples, a_batch, "");
+        bm.print(b_name, self.samples, b_batch, "");
+        let r = Measured::of(ratios);
+        println!(
+            "{:<56} {:>9.2}x  [p10 {:.2}x p90 {:.2}x]  median of per-pair ratios",
+            format!("{b_name} ÷ {a_name}"),
+            r.median_ns,
+            r.p10_ns,
+            r.p90_ns
+        );
+        Some((am, bm, r.median_ns))
+    }
+
+    /// Warm `f` up and size a batch to fill one sample's share of the
+    /// measurement time.
+    fn batch_for<R>(&self, f: &mut impl FnMut() -> R) -> u64 {
         let started = Instant::now();
         let mut calls = 0u64;
         while started.elapsed() < self.warm_up || calls == 0 {
@@ -85,36 +137,38 @@ impl Timing {
         }
         let per_call = started.elapsed().as_secs_f64() / calls as f64;
         let slot = self.measure.as_secs_f64() / self.samples as f64;
-        let batch = ((slot / per_call) as u64).max(1);
-        let mut ns: Vec<f64> = (0..self.samples)
-            .map(|_| {
-                let t = Instant::now();
-                for _ in 0..batch {
-                    black_box(f());
-                }
-                t.elapsed().as_secs_f64() * 1e9 / batch as f64
-            })
-            .collect();
+        ((slot / per_call) as u64).max(1)
+    }
+}
+
+/// Nanoseconds per call of one batch of `f`.
+fn sample<R>(f: &mut impl FnMut() -> R, batch: u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..batch {
+        black_box(f());
+    }
+    t.elapsed().as_secs_f64() * 1e9 / batch as f64
+}
+
+impl Measured {
+    /// Median, p10 and p90 of `ns` (not empty).
+    fn of(mut ns: Vec<f64>) -> Self {
         ns.sort_unstable_by(f64::total_cmp);
         let at = |q: f64| ns[((ns.len() - 1) as f64 * q).round() as usize];
-        let m = Measured {
+        Self {
             median_ns: at(0.5),
             p10_ns: at(0.1),
             p90_ns: at(0.9),
-        };
-        let unit = if per > 1 {
-            format!(", {} per unit of {per}", time(m.median_ns / per as f64))
-        } else {
-            String::new()
-        };
+        }
+    }
+
+    fn print(&self, name: &str, samples: usize, batch: u64, unit: &str) {
         println!(
-            "{name:<56} {:>10}  [p10 {} p90 {}]  {} samples x {batch}{unit}",
-            time(m.median_ns),
-            time(m.p10_ns),
-            time(m.p90_ns),
-            self.samples,
+            "{name:<56} {:>10}  [p10 {} p90 {}]  {samples} samples x {batch}{unit}",
+            time(self.median_ns),
+            time(self.p10_ns),
+            time(self.p90_ns),
         );
-        Some(m)
     }
 }
 
