@@ -131,15 +131,17 @@ impl CachedResponse {
         (same && placeholders_kept).then_some(&head.headers)
     }
 
+    /// The slots go first, so [`fill_served`] finds both in two steps. The
+    /// stored `Age` is left out: a served answer always carries its own.
     fn build_served(&self, strip: Strip<'_>) -> HeaderMap {
         let mut h = HeaderMap::with_capacity(self.headers.len() + 2);
+        h.insert(http::header::AGE, HeaderValue::from_static("0"));
+        h.insert(CACHE_STATUS, HeaderValue::from_static("-"));
         for (name, value) in &self.headers {
-            if !strip.drops(name) {
+            if !strip.drops(name) && name != http::header::AGE && name != CACHE_STATUS {
                 h.append(name.clone(), value.clone());
             }
         }
-        h.insert(http::header::AGE, HeaderValue::from_static("0"));
-        h.insert(CACHE_STATUS, HeaderValue::from_static("-"));
         h
     }
 
@@ -163,8 +165,8 @@ impl CachedResponse {
 }
 
 /// Write `age` and `status` into the slots of a served head's copy, in
-/// place: one walk over a few entries, where two inserts each hashed a name
-/// and probed the map.
+/// place: its first two entries (see `build_served`), where two inserts
+/// each hashed a name and probed the map.
 pub(crate) fn fill_served(headers: &mut HeaderMap, age: HeaderValue, status: HeaderValue) {
     let (mut age, mut status) = (Some(age), Some(status));
     for (name, value) in headers.iter_mut() {
@@ -516,7 +518,7 @@ mod tests {
         }
     }
 
-    /// A served head leaves out what its layer strips, and keeps the rest with the Age and Cache-Status slots.
+    /// A served head leaves out what its layer strips, and keeps the rest after the Age and Cache-Status slots.
     #[test]
     fn served_head_leaves_out_what_the_layer_strips() {
         let own = HeaderName::from_static("edge-cache-control");
@@ -527,7 +529,7 @@ mod tests {
             .insert(own.clone(), HeaderValue::from_static("max-age=9"));
         let head = r.served_headers(strip(Some(&own))).unwrap();
         let names: Vec<&str> = head.keys().map(HeaderName::as_str).collect();
-        assert_eq!(names, ["content-type", "x-multi", "age", "cache-status"]);
+        assert_eq!(names, ["age", "cache-status", "content-type", "x-multi"]);
         assert_eq!(head.get_all("x-multi").iter().count(), 2);
     }
 

@@ -185,7 +185,15 @@ impl<S> CacheService<S> {
             }
         };
         let head = req.method() == Method::HEAD;
-        let (req, route_key) = state.route_key(req);
+        // Only a route key takes the request apart (its function reads the
+        // parts); without one the request is not moved on the hit path.
+        let route_key = if state.http.route_key.is_some() {
+            let (r, key) = state.route_key(req);
+            req = r;
+            key
+        } else {
+            None
+        };
         let target = state.target_with(&req, route_key, scan.authorization);
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
