@@ -25,6 +25,17 @@ pub(crate) struct Target {
     pub(crate) route: Option<CacheKey>,
 }
 
+/// What is known of a request's host when its key is made. Both hash the
+/// same bytes for one host: the admitted form only skips the work.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HostSeen {
+    /// Admitted by the layer (`policy::request_form`, then lowercased where
+    /// it had capitals): inside the grammar, so no userinfo, and lowercase.
+    Admitted,
+    /// Anything else: userinfo is dropped and capitals lowered while hashing.
+    Unchecked,
+}
+
 impl LayerState {
     /// Where the entry for `req` lives: the base key (URL, Authorization
     /// present or not, configured key headers) and the variant key for the
@@ -34,26 +45,38 @@ impl LayerState {
     /// everything after them still applies.
     pub(crate) fn target_for<B>(&self, req: &Request<B>, route_key: Option<CacheKey>) -> Target {
         let authorization = req.headers().contains_key(header::AUTHORIZATION);
-        self.target_with(req, route_key, authorization)
+        self.target_with(req, route_key, authorization, HostSeen::Unchecked)
     }
 
     /// [`Self::target_for`] with Authorization's presence already known
-    /// (from the request's one scan of its names).
+    /// (from the request's one scan of its names) and what is known of its
+    /// host.
     pub(crate) fn target_with<B>(
         &self,
         req: &Request<B>,
         route_key: Option<CacheKey>,
         authorization: bool,
+        host: HostSeen,
     ) -> Target {
         let mut h = KeyHasher::new();
         match route_key {
             Some(k) => h.part(b"route-base").part(k.as_bytes()),
             None => {
                 let uri = effective_uri(req);
-                h.part(b"base")
-                    .opt_part_lowercase(request_authority(req, uri).map(key_authority))
-                    .part(non_empty_path(uri.path().as_bytes()))
-                    .opt_part(uri.query().map(str::as_bytes))
+                let authority = request_authority(req, uri);
+                match host {
+                    HostSeen::Admitted => {
+                        debug_assert!(authority.is_none_or(
+                            |a| key_authority(a) == a && !a.iter().any(u8::is_ascii_uppercase)
+                        ));
+                        h.part(b"base").opt_part(authority)
+                    }
+                    HostSeen::Unchecked => h
+                        .part(b"base")
+                        .opt_part_lowercase(authority.map(key_authority)),
+                }
+                .part(non_empty_path(uri.path().as_bytes()))
+                .opt_part(uri.query().map(str::as_bytes))
             }
         }
         .part(&[u8::from(authorization)]);

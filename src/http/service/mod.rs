@@ -43,7 +43,7 @@ use crate::http::state::LayerState;
 use crate::metrics::Source;
 use crate::store::memory::Probe;
 
-use crate::http::keys::lowercase_host;
+use crate::http::keys::{lowercase_host, HostSeen};
 use bounds::{Origin, OriginBody};
 use coalesce::Wants;
 use lookup::{request_span, Found, Gate, Past, Use};
@@ -194,7 +194,7 @@ impl<S> CacheService<S> {
         } else {
             None
         };
-        let target = state.target_with(&req, route_key, scan.authorization);
+        let target = state.target_with(&req, route_key, scan.authorization, HostSeen::Admitted);
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some(Detail::TooLarge));
