@@ -177,6 +177,30 @@ async fn request_pragma_no_cache_forwards() {
     assert_eq!(origin.calls(), 2);
 }
 
+/// If-Match, If-Unmodified-Since and Upgrade go to the origin untouched,
+/// a warm entry notwithstanding (docs/http_choices.md): the cache cannot
+/// judge the precondition or the protocol switch.
+#[tokio::test(start_paused = true)]
+async fn preconditions_and_upgrades_go_to_the_origin() {
+    let origin = Origin::fixed(&[("cache-control", "max-age=60")]);
+    let svc = origin.service(&CacheLayer::new());
+    send(&svc, get(&[])).await;
+    let sent = [
+        ("if-match", "\"v1\""),
+        ("if-unmodified-since", "Sun, 06 Dec 2026 00:00:00 GMT"),
+        ("upgrade", "websocket"),
+    ];
+    for (i, header) in sent.into_iter().enumerate() {
+        let a = send(&svc, get(&[header])).await;
+        assert!(
+            a.cache_status().contains("fwd=request"),
+            "{header:?}: {}",
+            a.cache_status()
+        );
+        assert_eq!(origin.calls(), i + 2, "{header:?}");
+    }
+}
+
 /// Request no-store goes to the origin and nothing of the exchange is stored.
 #[tokio::test(start_paused = true)]
 async fn request_no_store_stores_nothing() {
