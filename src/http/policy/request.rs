@@ -5,6 +5,7 @@ use http::header::{self, HeaderMap};
 use http::Method;
 
 use super::directives::CacheControl;
+use super::unkeyed::{override_named, Unkeyed};
 
 /// Whether a request may be answered from the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,21 +65,32 @@ pub(crate) struct RequestScan {
     /// `If-None-Match` or `If-Modified-Since`: it may get a 304.
     pub(crate) validators: bool,
     pub(crate) authorization: bool,
+    /// The first method or URL override header (see `policy::unkeyed`).
+    pub(crate) overridden: Option<Unkeyed>,
 }
 
 impl RequestScan {
     pub(crate) fn of(headers: &HeaderMap) -> Self {
         let mut s = Self::default();
+        // One match on the name's text: a request's names are mostly ones
+        // asked about by none of these, and each comparison of names one by
+        // one cost more than this whole switch on length and bytes.
         for name in headers.keys() {
-            s.bypass |= *name == header::UPGRADE
-                || *name == header::IF_MATCH
-                || *name == header::IF_UNMODIFIED_SINCE;
-            s.cache_control |= *name == header::CACHE_CONTROL;
-            s.pragma |= *name == header::PRAGMA;
-            s.framing |= *name == header::TRANSFER_ENCODING || *name == header::CONTENT_LENGTH;
-            s.range |= *name == header::RANGE;
-            s.validators |= *name == header::IF_NONE_MATCH || *name == header::IF_MODIFIED_SINCE;
-            s.authorization |= *name == header::AUTHORIZATION;
+            match name.as_str() {
+                "upgrade" | "if-match" | "if-unmodified-since" => s.bypass = true,
+                "cache-control" => s.cache_control = true,
+                "pragma" => s.pragma = true,
+                "transfer-encoding" | "content-length" => s.framing = true,
+                "range" => s.range = true,
+                "if-none-match" | "if-modified-since" => s.validators = true,
+                "authorization" => s.authorization = true,
+                x if x.starts_with("x-") => {
+                    if s.overridden.is_none() {
+                        s.overridden = override_named(x);
+                    }
+                }
+                _ => {}
+            }
         }
         s
     }

@@ -46,9 +46,15 @@ pub(crate) enum RequestForm {
 }
 
 /// The form of a GET or HEAD, from its target (`uri`: the effective one),
-/// version and headers.
-pub(crate) fn request_form(version: Version, uri: &Uri, headers: &HeaderMap) -> RequestForm {
-    if let Some(why) = overridden(headers) {
+/// version, headers and the override header its scan found
+/// (`RequestScan::overridden`).
+pub(crate) fn request_form(
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+    overridden: Option<Unkeyed>,
+) -> RequestForm {
+    if let Some(why) = overridden {
         return RequestForm::Unkeyed(why);
     }
     match host_form(version, uri, headers) {
@@ -105,22 +111,16 @@ pub(crate) fn host_form(version: Version, uri: &Uri, headers: &HeaderMap) -> Opt
     Some(upper || also.is_some_and(|h| h.iter().any(u8::is_ascii_uppercase)))
 }
 
-/// A method or URL override header, found in one pass over the names (most
-/// requests have no `x-` header at all).
-fn overridden(headers: &HeaderMap) -> Option<Unkeyed> {
-    headers.keys().find_map(|name| {
-        let name = name.as_str();
-        if !name.starts_with("x-") {
-            return None;
+/// Whether a header name (lowercase, as `HeaderName::as_str` gives it) is a
+/// method or URL override.
+pub(crate) fn override_named(name: &str) -> Option<Unkeyed> {
+    match name {
+        "x-http-method-override" | "x-http-method" | "x-method-override" => {
+            Some(Unkeyed::MethodOverride)
         }
-        match name {
-            "x-http-method-override" | "x-http-method" | "x-method-override" => {
-                Some(Unkeyed::MethodOverride)
-            }
-            "x-original-url" | "x-rewrite-url" => Some(Unkeyed::UrlOverride),
-            _ => None,
-        }
-    })
+        "x-original-url" | "x-rewrite-url" => Some(Unkeyed::UrlOverride),
+        _ => None,
+    }
 }
 
 /// `Host = uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2–3) with a
@@ -227,7 +227,8 @@ mod tests {
                 HeaderValue::from_str(v).unwrap(),
             );
         }
-        request_form(version, &uri.parse().unwrap(), &h)
+        let overridden = crate::http::policy::RequestScan::of(&h).overridden;
+        request_form(version, &uri.parse().unwrap(), &h, overridden)
     }
 
     /// RFC 9110 §7.2 hosts are keyed; userinfo, spaces, paths, bad ports and empty hosts are not.

@@ -79,7 +79,12 @@ impl LayerState {
         }
         // The key and the origin must read one host and one method and URL:
         // an odd Host or an override header goes past the cache untouched.
-        match policy::request_form(req.version(), effective_uri(req), req.headers()) {
+        match policy::request_form(
+            req.version(),
+            effective_uri(req),
+            req.headers(),
+            scan.overridden,
+        ) {
             RequestForm::Keyed => Gate::Cache(rd),
             RequestForm::UppercaseHost => Gate::LowercaseHost(rd),
             RequestForm::Unkeyed(why) => {
