@@ -84,10 +84,8 @@ impl RequestScan {
                 "range" => s.range = true,
                 "if-none-match" | "if-modified-since" => s.validators = true,
                 "authorization" => s.authorization = true,
-                x if x.starts_with("x-") => {
-                    if s.overridden.is_none() {
-                        s.overridden = override_named(x);
-                    }
+                x if x.starts_with("x-") && s.overridden.is_none() => {
+                    s.overridden = override_named(x);
                 }
                 _ => {}
             }
