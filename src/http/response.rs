@@ -133,14 +133,25 @@ impl CachedResponse {
 
     /// The slots go first, so [`fill_served`] finds both in two steps. The
     /// stored `Age` is left out: a served answer always carries its own.
+    ///
+    /// A head without `Content-Length` gets the stored body's (not for a
+    /// status that has no body: 1xx, 204, 304). It is what the answer's
+    /// sender would add anyway, hyper on the wire or axum's router into
+    /// each answer's head, where the insert grew every hit's copy (about
+    /// 1,200 instructions an axum hit). A HEAD then carries the length its
+    /// GET would have, as RFC 9110 §9.3.2 asks; a range cut replaces it.
     fn build_served(&self, strip: Strip<'_>) -> HeaderMap {
-        let mut h = HeaderMap::with_capacity(self.headers.len() + 2);
+        let mut h = HeaderMap::with_capacity(self.headers.len() + 3);
         h.insert(http::header::AGE, HeaderValue::from_static("0"));
         h.insert(CACHE_STATUS, HeaderValue::from_static("-"));
         for (name, value) in &self.headers {
             if !strip.drops(name) && name != http::header::AGE && name != CACHE_STATUS {
                 h.append(name.clone(), value.clone());
             }
+        }
+        if !h.contains_key(http::header::CONTENT_LENGTH) && has_body(self.status) {
+            let len = HeaderValue::from(self.body.len() as u64);
+            h.insert(http::header::CONTENT_LENGTH, len);
         }
         h
     }
@@ -162,6 +173,14 @@ impl CachedResponse {
             .iter()
             .all(|(name, values)| crate::http::vary::values_match(name, request, values))
     }
+}
+
+/// Whether a response with this status has a body (RFC 9110 §6.4.1: not
+/// 1xx, 204 or 304), so a `Content-Length` may describe it.
+fn has_body(status: StatusCode) -> bool {
+    !(status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED)
 }
 
 /// Write `age` and `status` into the slots of a served head's copy, in

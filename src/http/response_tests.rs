@@ -137,8 +137,41 @@ fn served_head_leaves_out_what_the_layer_strips() {
         .insert(own.clone(), HeaderValue::from_static("max-age=9"));
     let head = r.served_headers(strip(Some(&own))).unwrap();
     let names: Vec<&str> = head.keys().map(HeaderName::as_str).collect();
-    assert_eq!(names, ["age", "cache-status", "content-type", "x-multi"]);
+    assert_eq!(
+        names,
+        [
+            "age",
+            "cache-status",
+            "content-type",
+            "x-multi",
+            "content-length"
+        ]
+    );
     assert_eq!(head.get_all("x-multi").iter().count(), 2);
+}
+
+/// A served head states the stored body's length when the origin did not,
+/// keeps the origin's own, and states none for a status without a body.
+#[test]
+fn served_head_states_the_body_length() {
+    let length = |r: &CachedResponse| {
+        let head = r.served_headers(strip(None)).unwrap();
+        head.get_all("content-length")
+            .iter()
+            .map(|v| v.as_bytes().to_vec())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(length(&sample()), [b"5".to_vec()]);
+    let mut own = sample();
+    own.headers
+        .insert("content-length", HeaderValue::from_static("5"));
+    assert_eq!(length(&own), [b"5".to_vec()]);
+    for status in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
+        let mut r = sample();
+        r.status = status;
+        r.body = Bytes::new();
+        assert!(length(&r).is_empty(), "{status}");
+    }
 }
 
 /// A layer that strips otherwise gets no served head built for another.
