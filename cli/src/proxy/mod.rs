@@ -47,6 +47,7 @@
 pub mod access_log;
 pub mod body;
 pub mod forwarded;
+mod normalize;
 mod origin;
 use origin::{Origin, Upstream};
 pub mod server;
@@ -66,22 +67,9 @@ use access_log::AccessLog;
 use body::{ClientBody, ProxyBody};
 pub use forwarded::Peer;
 use forwarded::{append_list, Cidr};
+use normalize::{Hop, Refusal};
 use upstream::{Connector, UpstreamOptions};
 
-/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
-/// Names, not strings: removing by `&str` parses the name on every request
-/// (`parse_hdr` showed in the profile of a hit).
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
 const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
@@ -207,7 +195,12 @@ impl Proxy {
 
     async fn answer(&mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
         // The cache must key exactly the request the upstream will see.
-        let req = match normalize(req, &self.trusted) {
+        let peer = req.extensions().get::<Peer>().copied();
+        let hop = Hop {
+            trusted: forwarded::is_trusted(peer, &self.trusted),
+            proto: peer.map(forwarded::scheme),
+        };
+        let req = match normalize(req, hop) {
             Ok(req) => req,
             Err((code, why)) => return local(status(code, why)),
         };
@@ -300,41 +293,21 @@ impl Proxy {
     }
 }
 
-/// Make the request the cache sees the one the upstream gets: hop-by-hop
-/// and Connection-named headers go first (so they cannot select a Vary
-/// variant the upstream never saw), then an untrusted client's forwarding
-/// headers, and the one host, lowercased with its port, becomes the `Host`
-/// header: the key, the upstream's `Host` and its `X-Forwarded-Host`.
-/// An invalid host is a 400 (RFC 9112 §3.2), a transfer coding other than
-/// chunked a 501 (RFC 9112 §6.1).
-fn normalize(
-    req: Request<ProxyBody>,
-    trusted: &[Cidr],
-) -> Result<Request<ProxyBody>, (StatusCode, &'static str)> {
+/// Make the request the cache sees the one the upstream gets (see
+/// [`normalize::headers`]), and the one host, lowercased with its port,
+/// becomes the `Host` header: the key, the upstream's `Host` and its
+/// `X-Forwarded-Host`. An invalid host is a 400 (RFC 9112 §3.2).
+fn normalize(req: Request<ProxyBody>, hop: Hop) -> Result<Request<ProxyBody>, Refusal> {
     let bad = |why| (StatusCode::BAD_REQUEST, why);
     let (mut parts, body) = req.into_parts();
-    transfer_codings(&parts.headers)?;
-    let peer = parts.extensions.get::<Peer>().copied();
-    if !forwarded::is_trusted(peer, trusted) {
-        forwarded::strip_untrusted(&mut parts.headers);
-    }
-    forwarded::settle_proto(&mut parts.headers, peer, trusted);
-    // Transfer-Encoding stays until the upstream request is built: it tells
-    // the cache this GET carries a body (which then bypasses it).
-    let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
-    strip_hop_by_hop(&mut parts.headers);
-    if let Some(te) = framing {
-        parts.headers.insert(header::TRANSFER_ENCODING, te);
-    }
-    let mut hosts = parts.headers.get_all(header::HOST).iter();
-    let host = hosts.next().cloned();
-    if hosts.next().is_some() {
+    if normalize::headers(&mut parts, hop)? > 1 {
         return Err(bad("more than one Host"));
     }
+    let host = parts.headers.get(header::HOST);
     // HTTP/2 clients name the host in :authority, which hyper puts in the
     // target; HTTP/1.1 clients send origin form plus Host.
     let target = parts.uri.authority().map(|a| a.as_str());
-    let host = match (target, &host) {
+    let host = match (target, host) {
         (Some(t), Some(h)) if !t.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
             return Err(bad("request target and Host disagree"));
         }
@@ -357,12 +330,7 @@ fn normalize(
         _ => true,
     };
     if let Some(host) = host.filter(|_| rewrite) {
-        let value = if host.bytes().any(|b| b.is_ascii_uppercase()) {
-            HeaderValue::from_str(&host.to_ascii_lowercase())
-        } else {
-            HeaderValue::from_str(host)
-        };
-        let Ok(value) = value else {
+        let Some(value) = normalize::lowercase_host(host) else {
             return Err(bad("bad Host"));
         };
         parts.headers.insert(header::HOST, value);
@@ -376,29 +344,6 @@ fn normalize(
         parts.uri = uri;
     }
     Ok(Request::from_parts(parts, body))
-}
-
-/// Only `chunked`, once, may frame a request body here: another coding is a
-/// 501, never passed on re-labelled (RFC 9112 §6.1); `chunked` twice a 400.
-fn transfer_codings(headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
-    let mut chunked = 0;
-    for value in headers.get_all(header::TRANSFER_ENCODING) {
-        for coding in value.as_bytes().split(|&b| b == b',') {
-            let coding = coding.trim_ascii();
-            if coding.is_empty() {
-                continue;
-            }
-            if !coding.eq_ignore_ascii_case(b"chunked") {
-                let why = "transfer coding not implemented (only chunked)";
-                return Err((StatusCode::NOT_IMPLEMENTED, why));
-            }
-            chunked += 1;
-        }
-    }
-    if chunked > 1 {
-        return Err((StatusCode::BAD_REQUEST, "chunked applied more than once"));
-    }
-    Ok(())
 }
 
 /// The last touches on every response to a client.
@@ -451,24 +396,6 @@ fn purge_status(
 
 fn local(response: Response<ProxyBody>) -> Response<ClientBody> {
     response.map(|body| ClientBody::Local { body })
-}
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
 }
 
 pub fn status(code: StatusCode, text: &str) -> Response<ProxyBody> {

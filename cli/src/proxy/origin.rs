@@ -17,8 +17,9 @@ use tower_service::Service;
 
 use super::body::ProxyBody;
 use super::forwarded::{self, Cidr, Peer};
+use super::normalize::strip_hop_by_hop;
 use super::upstream::{self, Connector};
-use super::{append_via, status, strip_hop_by_hop, UpstreamClock, X_FORWARDED_HOST};
+use super::{append_via, status, UpstreamClock, X_FORWARDED_HOST};
 
 /// The upstream as a Tower service, the cache layer's inner service.
 /// Cloned on every request, hits included (the layer clones its inner
