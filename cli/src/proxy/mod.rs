@@ -346,9 +346,20 @@ fn normalize(req: Request<ProxyBody>, hop: Hop) -> Result<Request<ProxyBody>, Re
     Ok(Request::from_parts(parts, body))
 }
 
-/// The last touches on every response to a client.
+/// The last touches on every response to a client. An upstream's answer,
+/// fresh or stored, got this hop's `Via` from `Origin::forward` before the
+/// cache saw it, so a hit adds nothing; an answer the cache made itself (a
+/// 504 while waiting) has none yet, and one stored by an older version may
+/// carry only the upstream's.
 fn to_client(mut response: Response<ClientBody>) -> Response<ClientBody> {
-    append_via(response.headers_mut());
+    let headers = response.headers_mut();
+    match headers.get(header::VIA) {
+        Some(via) if via.as_bytes().ends_with(VIA.as_bytes()) => {}
+        Some(_) => append_list(headers, "via", VIA),
+        None => {
+            headers.insert(header::VIA, HeaderValue::from_static(VIA));
+        }
+    }
     response
 }
 

@@ -108,6 +108,9 @@ impl Origin {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // Before the cache stores it: a hit then carries this hop
+                // already (see `to_client`).
+                append_via(&mut parts.headers);
                 Response::from_parts(parts, ProxyBody::Incoming(body))
             }
             Ok(Err(error)) => {
