@@ -113,6 +113,15 @@ impl ProxyConfig {
 #[derive(Debug, Clone, Default)]
 struct UpstreamClock(Arc<std::sync::atomic::AtomicU64>);
 
+/// What `Origin` needs to know about a request beyond its head, put in its
+/// extensions (the cache copies them onto the requests it builds): one
+/// value, so one insert.
+#[derive(Debug, Clone)]
+struct Sent {
+    peer: Option<Peer>,
+    clock: Option<UpstreamClock>,
+}
+
 /// The proxy: normalize, purge, cache, upstream. Cheap to clone (Arcs).
 #[derive(Debug, Clone)]
 pub struct Proxy {
@@ -162,17 +171,55 @@ impl Proxy {
     }
 
     /// Answer one request; never fails (upstream trouble is a 502/504).
-    pub async fn handle(mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
+    /// The client is the [`Peer`] in its extensions, if any.
+    pub async fn handle(self, req: Request<ProxyBody>) -> Response<ClientBody> {
+        let peer = req.extensions().get::<Peer>().copied();
+        self.session(peer).handle(req).await
+    }
+
+    /// What every request on one connection from `peer` shares: worked out
+    /// once (trust, scheme), not per request.
+    pub fn session(self, peer: Option<Peer>) -> Session {
+        let hop = Hop {
+            trusted: forwarded::is_trusted(peer, &self.trusted),
+            proto: peer.map(forwarded::scheme),
+        };
+        Session {
+            proxy: self,
+            peer,
+            hop,
+        }
+    }
+}
+
+/// One client connection's view of the proxy (see [`Proxy::session`]).
+#[derive(Debug)]
+pub struct Session {
+    proxy: Proxy,
+    peer: Option<Peer>,
+    hop: Hop,
+}
+
+impl Session {
+    /// Answer one request on this connection; never fails (upstream
+    /// trouble is a 502/504).
+    pub async fn handle(&self, mut req: Request<ProxyBody>) -> Response<ClientBody> {
         let start = Instant::now();
         // Copies for the log line only when it will be written.
-        let mut req = req;
-        let logged = self.access_log.is_some().then(|| {
-            let clock = UpstreamClock::default();
-            req.extensions_mut().insert(clock.clone());
-            (req.method().clone(), req.uri().clone(), clock)
-        });
+        let clock = self
+            .proxy
+            .access_log
+            .as_ref()
+            .map(|_| UpstreamClock::default());
+        let logged = clock
+            .as_ref()
+            .map(|clock| (req.method().clone(), req.uri().clone(), clock.clone()));
+        if self.peer.is_some() || clock.is_some() {
+            let peer = self.peer;
+            req.extensions_mut().insert(Sent { peer, clock });
+        }
         let response = self.answer(req).await;
-        if let (Some((method, uri, clock)), Some(log)) = (logged, &self.access_log) {
+        if let (Some((method, uri, clock)), Some(log)) = (logged, &self.proxy.access_log) {
             let upstream_us = match clock.0.load(std::sync::atomic::Ordering::Relaxed) {
                 0 => None,
                 us => Some(us - 1),
@@ -193,18 +240,13 @@ impl Proxy {
         response
     }
 
-    async fn answer(&mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
+    async fn answer(&self, req: Request<ProxyBody>) -> Response<ClientBody> {
         // The cache must key exactly the request the upstream will see.
-        let peer = req.extensions().get::<Peer>().copied();
-        let hop = Hop {
-            trusted: forwarded::is_trusted(peer, &self.trusted),
-            proto: peer.map(forwarded::scheme),
-        };
-        let req = match normalize(req, hop) {
+        let req = match normalize(req, self.hop) {
             Ok(req) => req,
             Err((code, why)) => return local(status(code, why)),
         };
-        let purge = self.purge(&req);
+        let purge = self.proxy.purge(&req);
         match purge {
             None => {}
             Some(PurgeAnswer::Now(response)) => return local(response),
@@ -212,13 +254,17 @@ impl Proxy {
                 return local(purge_status(handle.await, done, &what))
             }
         }
-        let response = match self.cached.call(req).await {
+        // `call` takes `&mut`: a clone (two reference counts), as the layer
+        // itself clones its inner service per call.
+        let response = match self.proxy.cached.clone().call(req).await {
             Ok(r) => r.map(|body| ClientBody::Cached { body }),
             Err(never) => match never {},
         };
         to_client(response)
     }
+}
 
+impl Proxy {
     /// Answer a purge request, if this is one and purging is on.
     fn purge(&self, req: &Request<ProxyBody>) -> Option<PurgeAnswer> {
         let is_purge = req.method().as_str() == "PURGE";

@@ -195,13 +195,12 @@ impl Connections {
             addr,
             tls: self.tls.is_some(),
         };
-        let proxy = self.proxy;
+        // Per connection, not per request: trust, scheme, the proxy's Arcs.
+        let session = Arc::new(self.proxy.session(Some(peer)));
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let (mut parts, body) = req.into_parts();
-            parts.extensions.insert(peer);
-            let proxy = proxy.clone();
-            let req = Request::from_parts(parts, ProxyBody::Incoming(body));
-            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+            let session = Arc::clone(&session);
+            let req = req.map(ProxyBody::Incoming);
+            async move { Ok::<_, Infallible>(session.handle(req).await) }
         });
         let result = match self.tls {
             Some(tls) => {
