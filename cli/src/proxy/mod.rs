@@ -46,6 +46,7 @@
 
 pub mod access_log;
 pub mod body;
+mod conn;
 pub mod forwarded;
 mod normalize;
 mod origin;
