@@ -351,6 +351,11 @@ fn normalize(req: Request<ProxyBody>, hop: Hop) -> Result<Request<ProxyBody>, Re
         return Err(bad("more than one Host"));
     }
     let host = parts.headers.get(header::HOST);
+    if parts.uri.authority().is_none() && host.is_some_and(|h| normalize::plain_host(h.as_bytes()))
+    {
+        // The common case, decided at once: one lowercase Host, origin form.
+        return Ok(Request::from_parts(parts, body));
+    }
     // HTTP/2 clients name the host in :authority, which hyper puts in the
     // target; HTTP/1.1 clients send origin form plus Host.
     let target = parts.uri.authority().map(|a| a.as_str());

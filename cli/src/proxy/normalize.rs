@@ -151,6 +151,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether `host` is a plain lowercase name or IPv4 address, with or
+/// without a port: `[a-z0-9.-]+(:[0-9]*)?`. Every such host passes the
+/// layer's grammar ([`herdguard::host_is_valid`]) and needs no lowercasing;
+/// anything else goes through the full check.
+pub fn plain_host(host: &[u8]) -> bool {
+    let (name, port) = match host.iter().position(|&b| b == b':') {
+        Some(colon) => (&host[..colon], &host[colon + 1..]),
+        None => (host, &[][..]),
+    };
+    let plain = |b: &u8| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'-');
+    !name.is_empty() && name.iter().all(plain) && port.iter().all(u8::is_ascii_digit)
+}
+
 /// A value for `Host`: `host` as it is when it has no capitals (no copy),
 /// else lowercased.
 pub fn lowercase_host(host: &str) -> Option<HeaderValue> {
@@ -165,6 +178,48 @@ pub fn lowercase_host(host: &str) -> Option<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast Host check takes plain lowercase names only, and every
+    /// host it takes passes the layer's full grammar too.
+    #[test]
+    fn plain_hosts_are_valid_hosts() {
+        let valid = |h: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_str(h).unwrap());
+            herdguard::host_is_valid(http::Version::HTTP_11, &"/".parse().unwrap(), &headers)
+        };
+        for host in [
+            "app.test",
+            "app.test:8080",
+            "127.0.0.1:80",
+            "a-b.c",
+            "x:",
+            "1",
+        ] {
+            assert!(plain_host(host.as_bytes()), "{host}");
+            assert!(valid(host), "{host}");
+        }
+        for host in [
+            "",
+            ":80",
+            "App.test",
+            "evil@app.test",
+            "a:b",
+            "a:80:80",
+            "[::1]",
+            "a_b",
+            "a%41",
+            "a b",
+            "a,b",
+            "a;b",
+            "a/b",
+            "a\\b",
+            "a\"b",
+            "a'b",
+        ] {
+            assert!(!plain_host(host.as_bytes()), "{host}");
+        }
+    }
 
     /// The walk sends every hop-by-hop field, and an untrusted peer's
     /// forwarding claims, to the removal path; plain fields skip it.
