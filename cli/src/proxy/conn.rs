@@ -132,11 +132,14 @@ pub async fn watch<C: Future, T>(
     let mut seen = activity.now();
     let mut state = Quiet::Serving;
     let mut stopping = false;
+    // One future for the whole connection, not one per wake-up.
+    let stopped = stop.changed();
+    let mut stopped = std::pin::pin!(stopped);
     loop {
         tokio::select! {
             biased;
             out = conn.as_mut() => return Some(out),
-            _ = stop.changed(), if !stopping => {
+            _ = stopped.as_mut(), if !stopping => {
                 stopping = true;
                 finish(conn.as_mut());
             }

@@ -347,15 +347,15 @@ impl Proxy {
 fn normalize(req: Request<ProxyBody>, hop: Hop) -> Result<Request<ProxyBody>, Refusal> {
     let bad = |why| (StatusCode::BAD_REQUEST, why);
     let (mut parts, body) = req.into_parts();
-    if normalize::headers(&mut parts, hop)? > 1 {
+    let hosts = normalize::headers(&mut parts, hop)?;
+    if hosts.count > 1 {
         return Err(bad("more than one Host"));
     }
-    let host = parts.headers.get(header::HOST);
-    if parts.uri.authority().is_none() && host.is_some_and(|h| normalize::plain_host(h.as_bytes()))
-    {
+    if hosts.plain && parts.uri.authority().is_none() {
         // The common case, decided at once: one lowercase Host, origin form.
         return Ok(Request::from_parts(parts, body));
     }
+    let host = parts.headers.get(header::HOST);
     // HTTP/2 clients name the host in :authority, which hyper puts in the
     // target; HTTP/1.1 clients send origin form plus Host.
     let target = parts.uri.authority().map(|a| a.as_str());

@@ -44,7 +44,16 @@ struct Scan {
     /// A hop-by-hop field, or a name from NOT_OURS / `X-Forwarded-*` of an
     /// untrusted peer: the full removal path runs.
     removals: bool,
-    hosts: u8,
+    hosts: Hosts,
+}
+
+/// The `Host` fields a request has, once normalised.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Hosts {
+    /// How many (2 stands for more).
+    pub count: u8,
+    /// The one there is passes [`plain_host`]: valid, lowercase.
+    pub plain: bool,
 }
 
 /// Whether `name` needs the removal path: hop-by-hop (RFC 9110 §7.6.1, or
@@ -68,10 +77,11 @@ fn needs_removal(name: &HeaderName, trusted: bool) -> bool {
 
 fn scan(headers: &HeaderMap, trusted: bool) -> Scan {
     let mut found = Scan::default();
-    for name in headers.keys() {
+    // Every field, a name once per value: no lookup by name.
+    for (name, value) in headers {
         if name == header::HOST {
-            // `keys` yields a name once: count the values.
-            found.hosts = u8::try_from(headers.get_all(header::HOST).iter().count()).unwrap_or(2);
+            found.hosts.count = found.hosts.count.saturating_add(1).min(2);
+            found.hosts.plain = found.hosts.count == 1 && plain_host(value.as_bytes());
         } else if needs_removal(name, trusted) {
             found.removals = true;
         }
@@ -82,9 +92,8 @@ fn scan(headers: &HeaderMap, trusted: bool) -> Scan {
 /// Hop-by-hop and Connection-named headers go (so they cannot select a Vary
 /// variant the upstream never saw), then an untrusted client's forwarding
 /// headers, and `X-Forwarded-Proto` is settled. A transfer coding other
-/// than chunked is a 501 (RFC 9112 §6.1). Returns how many `Host` fields
-/// there are.
-pub fn headers(parts: &mut Parts, hop: Hop) -> Result<u8, Refusal> {
+/// than chunked is a 501 (RFC 9112 §6.1). Returns the `Host` fields left.
+pub fn headers(parts: &mut Parts, hop: Hop) -> Result<Hosts, Refusal> {
     let found = scan(&parts.headers, hop.trusted);
     if found.removals {
         // The order of old: a Connection header may name any field, even
@@ -101,8 +110,12 @@ pub fn headers(parts: &mut Parts, hop: Hop) -> Result<u8, Refusal> {
         if let Some(te) = framing {
             parts.headers.insert(header::TRANSFER_ENCODING, te);
         }
-        let hosts = parts.headers.get_all(header::HOST).iter().count();
-        return Ok(u8::try_from(hosts).unwrap_or(2));
+        let count = parts.headers.get_all(header::HOST).iter().count();
+        return Ok(Hosts {
+            count: u8::try_from(count).unwrap_or(2).min(2),
+            // Not looked at: the full check decides.
+            plain: false,
+        });
     }
     // Nothing to remove, no Transfer-Encoding: only the proto to settle.
     forwarded::settle_proto(&mut parts.headers, hop.proto, hop.trusted);
