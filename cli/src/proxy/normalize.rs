@@ -44,8 +44,13 @@ struct Scan {
     /// A hop-by-hop field, or a name from NOT_OURS / `X-Forwarded-*` of an
     /// untrusted peer: the full removal path runs.
     removals: bool,
+    /// Which of [`HOP_BY_HOP`] are present, bit `i` for entry `i`.
+    hop: u16,
     hosts: Hosts,
 }
+
+const CONNECTION_BIT: u16 = 1 << 0;
+const TRANSFER_ENCODING_BIT: u16 = 1 << 7;
 
 /// The `Host` fields a request has, once normalised.
 #[derive(Debug, Default, Clone, Copy)]
@@ -56,23 +61,29 @@ pub struct Hosts {
     pub plain: bool,
 }
 
+/// Where `name` is in [`HOP_BY_HOP`] (a match: a length test for most
+/// names).
+fn hop_index(name: &str) -> Option<u16> {
+    Some(match name {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        _ => return None,
+    })
+}
+
 /// Whether `name` needs the removal path: hop-by-hop (RFC 9110 §7.6.1, or
 /// a name the Connection header may list: that needs Connection, also
 /// hop-by-hop), or a forwarding header an untrusted peer may not set.
+#[cfg(test)]
 fn needs_removal(name: &HeaderName, trusted: bool) -> bool {
-    // HOP_BY_HOP's names; a match is a length test for most names.
-    match name.as_str() {
-        "connection"
-        | "keep-alive"
-        | "proxy-connection"
-        | "proxy-authenticate"
-        | "proxy-authorization"
-        | "te"
-        | "trailer"
-        | "transfer-encoding"
-        | "upgrade" => true,
-        name => !trusted && forwarded::not_ours(name),
-    }
+    hop_index(name.as_str()).is_some() || !trusted && forwarded::not_ours(name.as_str())
 }
 
 fn scan(headers: &HeaderMap, trusted: bool) -> Scan {
@@ -82,11 +93,29 @@ fn scan(headers: &HeaderMap, trusted: bool) -> Scan {
         if name == header::HOST {
             found.hosts.count = found.hosts.count.saturating_add(1).min(2);
             found.hosts.plain = found.hosts.count == 1 && plain_host(value.as_bytes());
-        } else if needs_removal(name, trusted) {
+        } else if let Some(i) = hop_index(name.as_str()) {
+            found.removals = true;
+            found.hop |= 1 << i;
+        } else if !trusted && forwarded::not_ours(name.as_str()) {
             found.removals = true;
         }
     }
     found
+}
+
+/// The hosts left once the Connection header's names are gone.
+fn hosts_left(headers: &HeaderMap) -> Hosts {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let first = hosts.next();
+    let count = match (first, hosts.next()) {
+        (None, _) => 0,
+        (Some(_), None) => 1,
+        (Some(_), Some(_)) => 2,
+    };
+    Hosts {
+        count,
+        plain: count == 1 && first.is_some_and(|h| plain_host(h.as_bytes())),
+    }
 }
 
 /// Hop-by-hop and Connection-named headers go (so they cannot select a Vary
@@ -95,30 +124,40 @@ fn scan(headers: &HeaderMap, trusted: bool) -> Scan {
 /// than chunked is a 501 (RFC 9112 §6.1). Returns the `Host` fields left.
 pub fn headers(parts: &mut Parts, hop: Hop) -> Result<Hosts, Refusal> {
     let found = scan(&parts.headers, hop.trusted);
-    if found.removals {
-        // The order of old: a Connection header may name any field, even
-        // one set just before.
-        transfer_codings(&parts.headers)?;
-        if !hop.trusted {
-            forwarded::strip_untrusted(&mut parts.headers);
-        }
+    if !found.removals {
+        // Nothing to remove, no Transfer-Encoding: only the proto to settle.
         forwarded::settle_proto(&mut parts.headers, hop.proto, hop.trusted);
+        return Ok(found.hosts);
+    }
+    // The order of old: a Connection header may name any field, even one
+    // set just before. Only the fields the walk saw are removed.
+    let framing = if found.hop & TRANSFER_ENCODING_BIT != 0 {
+        transfer_codings(&parts.headers)?;
         // Transfer-Encoding stays until the upstream request is built: it
         // tells the cache this GET carries a body (which then bypasses it).
-        let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
-        strip_hop_by_hop(&mut parts.headers);
-        if let Some(te) = framing {
-            parts.headers.insert(header::TRANSFER_ENCODING, te);
-        }
-        let count = parts.headers.get_all(header::HOST).iter().count();
-        return Ok(Hosts {
-            count: u8::try_from(count).unwrap_or(2).min(2),
-            // Not looked at: the full check decides.
-            plain: false,
-        });
+        parts.headers.get(header::TRANSFER_ENCODING).cloned()
+    } else {
+        None
+    };
+    if !hop.trusted {
+        forwarded::strip_untrusted(&mut parts.headers);
     }
-    // Nothing to remove, no Transfer-Encoding: only the proto to settle.
     forwarded::settle_proto(&mut parts.headers, hop.proto, hop.trusted);
+    if found.hop & CONNECTION_BIT != 0 {
+        strip_connection_named(&mut parts.headers);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if found.hop & (1 << i) != 0 {
+            parts.headers.remove(name);
+        }
+    }
+    if let Some(te) = framing {
+        parts.headers.insert(header::TRANSFER_ENCODING, te);
+    }
+    if found.hop & CONNECTION_BIT != 0 {
+        // `Connection: host` removes it.
+        return Ok(hosts_left(&parts.headers));
+    }
     Ok(found.hosts)
 }
 
@@ -148,18 +187,23 @@ fn transfer_codings(headers: &HeaderMap) -> Result<(), Refusal> {
 /// Remove the hop-by-hop fields and those the Connection header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
+        strip_connection_named(headers);
     }
     for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Remove the fields the Connection header names.
+fn strip_connection_named(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
         headers.remove(name);
     }
 }
@@ -234,12 +278,45 @@ mod tests {
         }
     }
 
+    /// On the removal path, hop-by-hop and Connection-named fields go, and
+    /// the hosts are counted again: `Connection` may name `Host` itself.
+    #[test]
+    fn connection_named_fields_go_and_hosts_are_recounted() {
+        let hop = Hop {
+            trusted: false,
+            proto: Some("http"),
+        };
+        for (named, hosts_left) in [("x-secret", 1), ("x-secret, host", 0)] {
+            let mut parts = http::Request::new(()).into_parts().0;
+            for (name, value) in [
+                ("host", "app.test"),
+                ("connection", named),
+                ("keep-alive", "5"),
+                ("te", "trailers"),
+                ("x-secret", "1"),
+            ] {
+                parts.headers.append(name, HeaderValue::from_static(value));
+            }
+            let hosts = headers(&mut parts, hop).unwrap();
+            assert_eq!(hosts.count, hosts_left, "{named}");
+            assert_eq!(hosts.plain, hosts_left == 1, "{named}");
+            let left: Vec<&str> = parts.headers.keys().map(HeaderName::as_str).collect();
+            let want: &[&str] = if hosts_left == 1 {
+                &["host", "x-forwarded-proto"]
+            } else {
+                &["x-forwarded-proto"]
+            };
+            assert_eq!(left, want, "{named}");
+        }
+    }
+
     /// The walk sends every hop-by-hop field, and an untrusted peer's
     /// forwarding claims, to the removal path; plain fields skip it.
     #[test]
     fn the_walk_finds_what_must_go() {
-        for name in &HOP_BY_HOP {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
             assert!(needs_removal(name, true), "{name}");
+            assert_eq!(hop_index(name.as_str()), u16::try_from(i).ok(), "{name}");
         }
         for name in ["forwarded", "x-forwarded-host", "x-host", "x-rewrite-url"] {
             let name = HeaderName::from_static(name);
