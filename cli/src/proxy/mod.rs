@@ -212,22 +212,25 @@ impl Session {
             .access_log
             .as_ref()
             .map(|_| UpstreamClock::default());
-        let logged = clock
-            .as_ref()
-            .map(|clock| (req.method().clone(), req.uri().clone(), clock.clone()));
+        // The path only: a whole `Uri` costs more to drop.
+        let logged = clock.as_ref().map(|clock| {
+            let path = req.uri().path_and_query().cloned();
+            (req.method().clone(), path, clock.clone())
+        });
         if self.peer.is_some() || clock.is_some() {
             let peer = self.peer;
             req.extensions_mut().insert(Sent { peer, clock });
         }
         let response = self.answer(req).await;
-        if let (Some((method, uri, clock)), Some(log)) = (logged, &self.proxy.access_log) {
+        if let (Some((method, path, clock)), Some(log)) = (logged, &self.proxy.access_log) {
             let upstream_us = match clock.0.load(std::sync::atomic::Ordering::Relaxed) {
                 0 => None,
                 us => Some(us - 1),
             };
             log.record(&access_log::Entry {
                 method: method.as_str(),
-                path: uri.path(),
+                // As `Uri::path`: empty for an authority-form target.
+                path: path.as_ref().map_or("", |p| p.path()),
                 status: response.status().as_u16(),
                 cache_status: response
                     .headers()
