@@ -170,7 +170,10 @@ pub(crate) struct ProxyArgs {
     /// Client connections served at once; more wait in the backlog.
     #[arg(long, env = "HERDGUARD_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
-    /// Bound on receiving a request head, also the TLS handshake.
+    /// Bound on receiving a request head, also the TLS handshake. A client
+    /// connection with no new request head and nothing in flight for this
+    /// long is closed (HTTP/2: GOAWAY first): silent, slow-header and idle
+    /// keep-alive clients alike, after one to two times this.
     #[arg(long, env = "HERDGUARD_HEADER_TIMEOUT", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     header_timeout: Option<Duration>,

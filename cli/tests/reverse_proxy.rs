@@ -63,11 +63,14 @@ async fn cached(State(c): State<Counts>, headers: HeaderMap) -> Response<Body> {
     } else {
         "max-age=60"
     };
-    Response::builder()
+    let mut r = Response::builder()
         .header("cache-control", cache_control)
-        .header("surrogate-key", tag)
-        .body(Body::from(format!("call={n}")))
-        .unwrap()
+        .header("surrogate-key", tag);
+    // `x-via`: the origin answers with this `Via` of its own.
+    if let Some(via) = headers.get("x-via") {
+        r = r.header("via", via);
+    }
+    r.body(Body::from(format!("call={n}"))).unwrap()
 }
 
 /// Always stale on arrival, with an ETag: every use is a conditional request.
@@ -366,4 +369,28 @@ async fn unreachable_upstream_is_502() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+}
+
+/// A stored answer carries the proxy's Via once, after the upstream's own:
+/// on the miss that filled it and on every hit after.
+#[tokio::test]
+async fn hits_carry_one_via() {
+    let s = setup(None).await;
+    for (path, theirs, want) in [
+        ("/cached/via-none", None, "1.1 herdguard"),
+        ("/cached/via-cdn", Some("1.0 cdn"), "1.0 cdn, 1.1 herdguard"),
+    ] {
+        let headers: Vec<(&str, &str)> = theirs.map(|v| ("x-via", v)).into_iter().collect();
+        for round in 0..3 {
+            let (code, h, _) = s.send("GET", path, &headers, "").await;
+            assert_eq!(code, StatusCode::OK);
+            assert_eq!(
+                cache_status(&h).contains("hit"),
+                round > 0,
+                "{path} {round}"
+            );
+            let vias: Vec<_> = h.get_all("via").iter().collect();
+            assert_eq!(vias, [want], "{path} round {round}");
+        }
+    }
 }

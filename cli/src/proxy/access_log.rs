@@ -72,14 +72,26 @@ pub struct Entry<'a> {
     pub total_us: u64,
 }
 
+/// A number in decimal, by `itoa` (no `fmt` machinery: `core::fmt::write`
+/// and `pad_integral` showed in the profile of a hit).
+fn push_u64(buf: &mut Vec<u8>, n: u64) {
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// `.` and three digits: the fraction of a second or of a millisecond.
+fn push_frac3(buf: &mut Vec<u8>, n: u32) {
+    let n = n % 1000;
+    // Each digit is below 10, so the casts are exact.
+    let digit = |d: u32| b'0' + d as u8;
+    buf.extend_from_slice(&[b'.', digit(n / 100), digit(n / 10 % 10), digit(n % 10)]);
+}
+
 /// `us` as milliseconds with three decimals (`1.500`), by integer
 /// arithmetic: float formatting showed in the profile of a hit.
-struct Millis(u64);
-
-impl std::fmt::Display for Millis {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
-    }
+fn push_millis(buf: &mut Vec<u8>, us: u64) {
+    push_u64(buf, us / 1000);
+    // Below 1000: fits.
+    push_frac3(buf, (us % 1000) as u32);
 }
 
 #[derive(Debug)]
@@ -226,40 +238,51 @@ impl AccessLog {
         }
         let p = &mut *p;
         let start = p.buf.len();
-        let mut line = Line(&mut p.buf);
+        let buf = &mut p.buf;
         let millis = now.subsec_millis();
-        let _ = match self.shared.format {
+        match self.shared.format {
             Format::Text => {
-                let _ = write!(line, "{}.{millis:03}Z {} ", p.stamp, e.method);
-                escape_into(&mut line, e.path, false);
-                let _ = write!(line, " {} {} ", e.status, Millis(e.total_us));
-                let _ = match e.upstream_us {
-                    Some(us) => write!(line, "{}", Millis(us)),
-                    None => write!(line, "-"),
-                };
-                line.0.extend_from_slice(b" \"");
-                escape_into(&mut line, e.cache_status, true);
-                writeln!(line, "\"")
+                buf.extend_from_slice(p.stamp.as_bytes());
+                push_frac3(buf, millis);
+                buf.extend_from_slice(b"Z ");
+                buf.extend_from_slice(e.method.as_bytes());
+                buf.push(b' ');
+                escape_into(buf, e.path, false);
+                buf.push(b' ');
+                push_u64(buf, u64::from(e.status));
+                buf.push(b' ');
+                push_millis(buf, e.total_us);
+                buf.push(b' ');
+                match e.upstream_us {
+                    Some(us) => push_millis(buf, us),
+                    None => buf.push(b'-'),
+                }
+                buf.extend_from_slice(b" \"");
+                escape_into(buf, e.cache_status, true);
+                buf.extend_from_slice(b"\"\n");
             }
             Format::Json => {
-                let _ = write!(
-                    line,
-                    "{{\"timestamp\":\"{}.{millis:03}Z\",\"target\":\"herdguard::access\",\"method\":\"",
-                    p.stamp
-                );
-                escape_into(&mut line, e.method, true);
-                line.0.extend_from_slice(b"\",\"path\":\"");
-                escape_into(&mut line, e.path, true);
-                let _ = write!(line, "\",\"status\":{},\"cache_status\":\"", e.status);
-                escape_into(&mut line, e.cache_status, true);
-                line.0.extend_from_slice(b"\",\"upstream_ms\":");
-                let _ = match e.upstream_us {
-                    Some(us) => write!(line, "{}", Millis(us)),
-                    None => write!(line, "null"),
-                };
-                writeln!(line, ",\"total_ms\":{}}}", Millis(e.total_us))
+                buf.extend_from_slice(b"{\"timestamp\":\"");
+                buf.extend_from_slice(p.stamp.as_bytes());
+                push_frac3(buf, millis);
+                buf.extend_from_slice(b"Z\",\"target\":\"herdguard::access\",\"method\":\"");
+                escape_into(buf, e.method, true);
+                buf.extend_from_slice(b"\",\"path\":\"");
+                escape_into(buf, e.path, true);
+                buf.extend_from_slice(b"\",\"status\":");
+                push_u64(buf, u64::from(e.status));
+                buf.extend_from_slice(b",\"cache_status\":\"");
+                escape_into(buf, e.cache_status, true);
+                buf.extend_from_slice(b"\",\"upstream_ms\":");
+                match e.upstream_us {
+                    Some(us) => push_millis(buf, us),
+                    None => buf.extend_from_slice(b"null"),
+                }
+                buf.extend_from_slice(b",\"total_ms\":");
+                push_millis(buf, e.total_us);
+                buf.extend_from_slice(b"}\n");
             }
-        };
+        }
         let full = p.buf.len() >= FLUSH_BYTES && start < FLUSH_BYTES;
         if full {
             self.shared.wake.notify_one();
@@ -273,41 +296,40 @@ impl AccessLog {
     }
 }
 
-/// `fmt::Write` straight into the shared byte buffer.
-struct Line<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for Line<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
-}
-
 /// Copy `s`, escaping what would break the line or the JSON string: quotes,
 /// backslashes and control characters (a header value or target can carry
 /// any of them). In text lines, spaces are escaped too, so fields stay
 /// space-separated.
-fn escape_into(line: &mut Line<'_>, s: &str, keep_spaces: bool) {
+fn escape_into(buf: &mut Vec<u8>, s: &str, keep_spaces: bool) {
     // Most targets and statuses need no escape: one copy (the per-char
     // loop showed in the profile of a hit).
     let plain = |b: &u8| {
         matches!(b, 0x21..=0x7e if *b != b'"' && *b != b'\\') || (*b == b' ' && keep_spaces)
     };
     if s.as_bytes().iter().all(plain) {
-        line.0.extend_from_slice(s.as_bytes());
+        buf.extend_from_slice(s.as_bytes());
         return;
     }
     for c in s.chars() {
         match c {
-            '"' => line.0.extend_from_slice(b"\\\""),
-            '\\' => line.0.extend_from_slice(b"\\\\"),
-            ' ' if !keep_spaces => line.0.extend_from_slice(b"\\u0020"),
+            '"' => buf.extend_from_slice(b"\\\""),
+            '\\' => buf.extend_from_slice(b"\\\\"),
+            ' ' if !keep_spaces => buf.extend_from_slice(b"\\u0020"),
             c if c.is_control() => {
-                let _ = write!(line, "\\u{:04x}", u32::from(c));
+                // Controls are below U+00A0: four hex digits.
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let n = u32::from(c) as usize;
+                buf.extend_from_slice(b"\\u");
+                buf.extend_from_slice(&[
+                    HEX[n >> 12 & 15],
+                    HEX[n >> 8 & 15],
+                    HEX[n >> 4 & 15],
+                    HEX[n & 15],
+                ]);
             }
             c => {
                 let mut b = [0; 4];
-                line.0.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+                buf.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
             }
         }
     }
@@ -375,8 +397,18 @@ mod tests {
             (250, "0.250"),
             (1_234_567, "1234.567"),
         ] {
-            assert_eq!(Millis(us).to_string(), want);
+            let mut buf = Vec::new();
+            push_millis(&mut buf, us);
+            assert_eq!(buf, want.as_bytes());
         }
+    }
+
+    /// Control characters become `\uXXXX` with four lowercase hex digits.
+    #[test]
+    fn controls_escape_as_four_hex_digits() {
+        let mut buf = Vec::new();
+        escape_into(&mut buf, "a\tb\u{1}\u{9f}é", true);
+        assert_eq!(buf, "a\\u0009b\\u0001\\u009fé".as_bytes());
     }
 
     /// Text and JSON lines reach the file, escaped, once the writer finishes.

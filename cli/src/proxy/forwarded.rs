@@ -80,17 +80,20 @@ pub fn is_trusted(peer: Option<Peer>, trusted: &[Cidr]) -> bool {
 pub fn strip_untrusted(headers: &mut HeaderMap) {
     let theirs: Vec<http::HeaderName> = headers
         .keys()
-        .filter(|n| {
-            let n = n.as_str();
-            NOT_OURS.contains(&n)
-                || n.strip_prefix("x-forwarded-")
-                    .is_some_and(|rest| rest != "for" && rest != "proto")
-        })
+        .filter(|n| not_ours(n.as_str()))
         .cloned()
         .collect();
     for name in theirs {
         headers.remove(name);
     }
+}
+
+/// Whether [`strip_untrusted`] removes the header `name` (lowercase).
+pub fn not_ours(name: &str) -> bool {
+    NOT_OURS.contains(&name)
+        || name
+            .strip_prefix("x-forwarded-")
+            .is_some_and(|rest| rest != "for" && rest != "proto")
 }
 
 /// A name, not a string: a `&str` key is parsed on every use.
@@ -99,14 +102,14 @@ const X_FORWARDED_PROTO: http::HeaderName = http::HeaderName::from_static("x-for
 /// Settle `X-Forwarded-Proto` before the cache keys the request (the proxy
 /// keys on it: an origin that redirects plain HTTP to HTTPS must not have
 /// that redirect served to HTTPS clients). A trusted peer's first value
-/// when it is `http` or `https`, else this connection's own scheme; no
-/// peer (a test calling the service): none.
-pub fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted: &[Cidr]) {
-    let Some(p) = peer else {
+/// when it is `http` or `https`, else `own`, this connection's scheme; no
+/// connection (a test calling the service, `own` None): none.
+pub fn settle_proto(headers: &mut HeaderMap, own: Option<&'static str>, trusted: bool) {
+    let Some(own) = own else {
         headers.remove(&X_FORWARDED_PROTO);
         return;
     };
-    let theirs = is_trusted(Some(p), trusted)
+    let theirs = trusted
         .then(|| headers.get(&X_FORWARDED_PROTO))
         .flatten()
         .and_then(|v| v.to_str().ok())
@@ -115,10 +118,18 @@ pub fn settle_proto(headers: &mut HeaderMap, peer: Option<Peer>, trusted: &[Cidr
     let scheme = match theirs {
         Some(t) if t.eq_ignore_ascii_case("https") => "https",
         Some(t) if t.eq_ignore_ascii_case("http") => "http",
-        _ if p.tls => "https",
-        _ => "http",
+        _ => own,
     };
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+}
+
+/// This connection's scheme, as `X-Forwarded-Proto` says it.
+pub fn scheme(peer: Peer) -> &'static str {
+    if peer.tls {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 /// Set Forwarded and X-Forwarded-For on an upstream request (-Proto was
@@ -140,8 +151,7 @@ pub fn apply(
         return;
     };
     let ip = peer.addr.ip();
-    let scheme = if peer.tls { "https" } else { "http" };
-    let element = forwarded_element(ip, scheme, host);
+    let element = forwarded_element(ip, scheme(peer), host);
     if is_trusted(Some(peer), trusted) {
         append_list(headers, "x-forwarded-for", &ip.to_string());
         append_list(headers, "forwarded", &element);

@@ -46,7 +46,9 @@
 
 pub mod access_log;
 pub mod body;
+mod conn;
 pub mod forwarded;
+mod normalize;
 mod origin;
 use origin::{Origin, Upstream};
 pub mod server;
@@ -66,22 +68,9 @@ use access_log::AccessLog;
 use body::{ClientBody, ProxyBody};
 pub use forwarded::Peer;
 use forwarded::{append_list, Cidr};
+use normalize::{Hop, Refusal};
 use upstream::{Connector, UpstreamOptions};
 
-/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
-/// Names, not strings: removing by `&str` parses the name on every request
-/// (`parse_hdr` showed in the profile of a hit).
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
 const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
@@ -124,6 +113,15 @@ impl ProxyConfig {
 /// "no upstream call" (a hit, or a waiter served by another's call).
 #[derive(Debug, Clone, Default)]
 struct UpstreamClock(Arc<std::sync::atomic::AtomicU64>);
+
+/// What `Origin` needs to know about a request beyond its head, put in its
+/// extensions (the cache copies them onto the requests it builds): one
+/// value, so one insert.
+#[derive(Debug, Clone)]
+struct Sent {
+    peer: Option<Peer>,
+    clock: Option<UpstreamClock>,
+}
 
 /// The proxy: normalize, purge, cache, upstream. Cheap to clone (Arcs).
 #[derive(Debug, Clone)]
@@ -174,24 +172,65 @@ impl Proxy {
     }
 
     /// Answer one request; never fails (upstream trouble is a 502/504).
-    pub async fn handle(mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
+    /// The client is the [`Peer`] in its extensions, if any.
+    pub async fn handle(self, req: Request<ProxyBody>) -> Response<ClientBody> {
+        let peer = req.extensions().get::<Peer>().copied();
+        self.session(peer).handle(req).await
+    }
+
+    /// What every request on one connection from `peer` shares: worked out
+    /// once (trust, scheme), not per request.
+    pub fn session(self, peer: Option<Peer>) -> Session {
+        let hop = Hop {
+            trusted: forwarded::is_trusted(peer, &self.trusted),
+            proto: peer.map(forwarded::scheme),
+        };
+        Session {
+            proxy: self,
+            peer,
+            hop,
+        }
+    }
+}
+
+/// One client connection's view of the proxy (see [`Proxy::session`]).
+#[derive(Debug)]
+pub struct Session {
+    proxy: Proxy,
+    peer: Option<Peer>,
+    hop: Hop,
+}
+
+impl Session {
+    /// Answer one request on this connection; never fails (upstream
+    /// trouble is a 502/504).
+    pub async fn handle(&self, mut req: Request<ProxyBody>) -> Response<ClientBody> {
         let start = Instant::now();
         // Copies for the log line only when it will be written.
-        let mut req = req;
-        let logged = self.access_log.is_some().then(|| {
-            let clock = UpstreamClock::default();
-            req.extensions_mut().insert(clock.clone());
-            (req.method().clone(), req.uri().clone(), clock)
+        let clock = self
+            .proxy
+            .access_log
+            .as_ref()
+            .map(|_| UpstreamClock::default());
+        // The path only: a whole `Uri` costs more to drop.
+        let logged = clock.as_ref().map(|clock| {
+            let path = req.uri().path_and_query().cloned();
+            (req.method().clone(), path, clock.clone())
         });
+        if self.peer.is_some() || clock.is_some() {
+            let peer = self.peer;
+            req.extensions_mut().insert(Sent { peer, clock });
+        }
         let response = self.answer(req).await;
-        if let (Some((method, uri, clock)), Some(log)) = (logged, &self.access_log) {
+        if let (Some((method, path, clock)), Some(log)) = (logged, &self.proxy.access_log) {
             let upstream_us = match clock.0.load(std::sync::atomic::Ordering::Relaxed) {
                 0 => None,
                 us => Some(us - 1),
             };
             log.record(&access_log::Entry {
                 method: method.as_str(),
-                path: uri.path(),
+                // As `Uri::path`: empty for an authority-form target.
+                path: path.as_ref().map_or("", |p| p.path()),
                 status: response.status().as_u16(),
                 cache_status: response
                     .headers()
@@ -205,13 +244,13 @@ impl Proxy {
         response
     }
 
-    async fn answer(&mut self, req: Request<ProxyBody>) -> Response<ClientBody> {
+    async fn answer(&self, req: Request<ProxyBody>) -> Response<ClientBody> {
         // The cache must key exactly the request the upstream will see.
-        let req = match normalize(req, &self.trusted) {
+        let req = match normalize(req, self.hop) {
             Ok(req) => req,
             Err((code, why)) => return local(status(code, why)),
         };
-        let purge = self.purge(&req);
+        let purge = self.proxy.purge(&req);
         match purge {
             None => {}
             Some(PurgeAnswer::Now(response)) => return local(response),
@@ -219,13 +258,17 @@ impl Proxy {
                 return local(purge_status(handle.await, done, &what))
             }
         }
-        let response = match self.cached.call(req).await {
+        // `call` takes `&mut`: a clone (two reference counts), as the layer
+        // itself clones its inner service per call.
+        let response = match self.proxy.cached.clone().call(req).await {
             Ok(r) => r.map(|body| ClientBody::Cached { body }),
             Err(never) => match never {},
         };
         to_client(response)
     }
+}
 
+impl Proxy {
     /// Answer a purge request, if this is one and purging is on.
     fn purge(&self, req: &Request<ProxyBody>) -> Option<PurgeAnswer> {
         let is_purge = req.method().as_str() == "PURGE";
@@ -300,41 +343,26 @@ impl Proxy {
     }
 }
 
-/// Make the request the cache sees the one the upstream gets: hop-by-hop
-/// and Connection-named headers go first (so they cannot select a Vary
-/// variant the upstream never saw), then an untrusted client's forwarding
-/// headers, and the one host, lowercased with its port, becomes the `Host`
-/// header: the key, the upstream's `Host` and its `X-Forwarded-Host`.
-/// An invalid host is a 400 (RFC 9112 §3.2), a transfer coding other than
-/// chunked a 501 (RFC 9112 §6.1).
-fn normalize(
-    req: Request<ProxyBody>,
-    trusted: &[Cidr],
-) -> Result<Request<ProxyBody>, (StatusCode, &'static str)> {
+/// Make the request the cache sees the one the upstream gets (see
+/// [`normalize::headers`]), and the one host, lowercased with its port,
+/// becomes the `Host` header: the key, the upstream's `Host` and its
+/// `X-Forwarded-Host`. An invalid host is a 400 (RFC 9112 §3.2).
+fn normalize(req: Request<ProxyBody>, hop: Hop) -> Result<Request<ProxyBody>, Refusal> {
     let bad = |why| (StatusCode::BAD_REQUEST, why);
     let (mut parts, body) = req.into_parts();
-    transfer_codings(&parts.headers)?;
-    let peer = parts.extensions.get::<Peer>().copied();
-    if !forwarded::is_trusted(peer, trusted) {
-        forwarded::strip_untrusted(&mut parts.headers);
-    }
-    forwarded::settle_proto(&mut parts.headers, peer, trusted);
-    // Transfer-Encoding stays until the upstream request is built: it tells
-    // the cache this GET carries a body (which then bypasses it).
-    let framing = parts.headers.get(header::TRANSFER_ENCODING).cloned();
-    strip_hop_by_hop(&mut parts.headers);
-    if let Some(te) = framing {
-        parts.headers.insert(header::TRANSFER_ENCODING, te);
-    }
-    let mut hosts = parts.headers.get_all(header::HOST).iter();
-    let host = hosts.next().cloned();
-    if hosts.next().is_some() {
+    let hosts = normalize::headers(&mut parts, hop)?;
+    if hosts.count > 1 {
         return Err(bad("more than one Host"));
     }
+    if hosts.plain && parts.uri.authority().is_none() {
+        // The common case, decided at once: one lowercase Host, origin form.
+        return Ok(Request::from_parts(parts, body));
+    }
+    let host = parts.headers.get(header::HOST);
     // HTTP/2 clients name the host in :authority, which hyper puts in the
     // target; HTTP/1.1 clients send origin form plus Host.
     let target = parts.uri.authority().map(|a| a.as_str());
-    let host = match (target, &host) {
+    let host = match (target, host) {
         (Some(t), Some(h)) if !t.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
             return Err(bad("request target and Host disagree"));
         }
@@ -357,12 +385,7 @@ fn normalize(
         _ => true,
     };
     if let Some(host) = host.filter(|_| rewrite) {
-        let value = if host.bytes().any(|b| b.is_ascii_uppercase()) {
-            HeaderValue::from_str(&host.to_ascii_lowercase())
-        } else {
-            HeaderValue::from_str(host)
-        };
-        let Ok(value) = value else {
+        let Some(value) = normalize::lowercase_host(host) else {
             return Err(bad("bad Host"));
         };
         parts.headers.insert(header::HOST, value);
@@ -378,32 +401,20 @@ fn normalize(
     Ok(Request::from_parts(parts, body))
 }
 
-/// Only `chunked`, once, may frame a request body here: another coding is a
-/// 501, never passed on re-labelled (RFC 9112 §6.1); `chunked` twice a 400.
-fn transfer_codings(headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
-    let mut chunked = 0;
-    for value in headers.get_all(header::TRANSFER_ENCODING) {
-        for coding in value.as_bytes().split(|&b| b == b',') {
-            let coding = coding.trim_ascii();
-            if coding.is_empty() {
-                continue;
-            }
-            if !coding.eq_ignore_ascii_case(b"chunked") {
-                let why = "transfer coding not implemented (only chunked)";
-                return Err((StatusCode::NOT_IMPLEMENTED, why));
-            }
-            chunked += 1;
+/// The last touches on every response to a client. An upstream's answer,
+/// fresh or stored, got this hop's `Via` from `Origin::forward` before the
+/// cache saw it, so a hit adds nothing; an answer the cache made itself (a
+/// 504 while waiting) has none yet, and one stored by an older version may
+/// carry only the upstream's.
+fn to_client(mut response: Response<ClientBody>) -> Response<ClientBody> {
+    let headers = response.headers_mut();
+    match headers.get(header::VIA) {
+        Some(via) if via.as_bytes().ends_with(VIA.as_bytes()) => {}
+        Some(_) => append_list(headers, "via", VIA),
+        None => {
+            headers.insert(header::VIA, HeaderValue::from_static(VIA));
         }
     }
-    if chunked > 1 {
-        return Err((StatusCode::BAD_REQUEST, "chunked applied more than once"));
-    }
-    Ok(())
-}
-
-/// The last touches on every response to a client.
-fn to_client(mut response: Response<ClientBody>) -> Response<ClientBody> {
-    append_via(response.headers_mut());
     response
 }
 
@@ -451,24 +462,6 @@ fn purge_status(
 
 fn local(response: Response<ProxyBody>) -> Response<ClientBody> {
     response.map(|body| ClientBody::Local { body })
-}
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
 }
 
 pub fn status(code: StatusCode, text: &str) -> Response<ProxyBody> {

@@ -16,9 +16,10 @@ use hyper_util::client::legacy::Client;
 use tower_service::Service;
 
 use super::body::ProxyBody;
-use super::forwarded::{self, Cidr, Peer};
+use super::forwarded::{self, Cidr};
+use super::normalize::strip_hop_by_hop;
 use super::upstream::{self, Connector};
-use super::{append_via, status, strip_hop_by_hop, UpstreamClock, X_FORWARDED_HOST};
+use super::{append_via, status, Sent, X_FORWARDED_HOST};
 
 /// The upstream as a Tower service, the cache layer's inner service.
 /// Cloned on every request, hits included (the layer clones its inner
@@ -69,8 +70,10 @@ impl Origin {
         let Ok(uri) = Uri::from_parts(uri) else {
             return status(StatusCode::BAD_REQUEST, "bad request target");
         };
-        let peer = parts.extensions.get::<Peer>().copied();
-        let clock = parts.extensions.remove::<UpstreamClock>();
+        let (peer, clock) = match parts.extensions.remove::<Sent>() {
+            Some(sent) => (sent.peer, sent.clock),
+            None => (None, None),
+        };
         let original_host = parts.headers.get(header::HOST).cloned();
         let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
         strip_hop_by_hop(&mut parts.headers);
@@ -107,6 +110,9 @@ impl Origin {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // Before the cache stores it: a hit then carries this hop
+                // already (see `to_client`).
+                append_via(&mut parts.headers);
                 Response::from_parts(parts, ProxyBody::Incoming(body))
             }
             Ok(Err(error)) => {

@@ -13,16 +13,16 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::server::conn::auto::{self, Connection};
 use metrics_exporter_prometheus::PrometheusHandle;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use super::body::ProxyBody;
+use super::conn::{self, Activity, Tracked};
 use super::{Peer, Proxy};
 
 /// How the proxy serves its clients.
@@ -33,7 +33,9 @@ pub struct ServerConfig {
     pub admin: Option<SocketAddr>,
     /// Connections served at once; further ones wait in the kernel's backlog.
     pub max_connections: usize,
-    /// Bound on receiving a request head (slow-header clients are closed).
+    /// Bound on receiving a request head, and on a connection's idle time
+    /// between requests (see `conn.rs`): slow-header, silent and idle
+    /// clients are closed, HTTP/2 ones with GOAWAY.
     pub header_timeout: Duration,
     /// Largest request head accepted (HTTP/1.1 answers 431 above it).
     pub max_header_bytes: usize,
@@ -96,7 +98,9 @@ pub async fn run(
         header_timeout: config.header_timeout,
     };
     let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    // Connections hold a receiver each: a send asks them to finish, and
+    // the sender sees them gone.
+    let (stop, stopped) = watch::channel(());
     let mut signal = std::pin::pin!(shutdown_signal());
 
     loop {
@@ -122,23 +126,25 @@ pub async fn run(
             () = &mut signal => break,
         };
         let _ = tcp.set_nodelay(true);
-        let watcher = graceful.watcher();
+        let stopped = stopped.clone();
         let conns = conns.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            conns.serve(tcp, addr, watcher).await;
+            conns.serve(tcp, addr, stopped).await;
         });
     }
 
     // Stop accepting: the kernel refuses new connections from here on.
     drop(listener);
     draining.store(true, Ordering::SeqCst);
+    drop(stopped);
     tracing::info!(
-        open = graceful.count(),
+        open = stop.receiver_count(),
         "shutting down: finishing in-flight requests"
     );
+    stop.send_replace(());
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections closed"),
+        () = stop.closed() => tracing::info!("all connections closed"),
         () = tokio::time::sleep(config.shutdown_timeout) => {
             tracing::warn!(timeout = ?config.shutdown_timeout, "shutdown timeout: closing the remaining connections");
         }
@@ -169,8 +175,9 @@ fn connection_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.header_timeout)
+        // One watch per connection instead (conn.rs): hyper's arms a timer
+        // for every request.
+        .header_read_timeout(None)
         .max_buf_size(config.max_header_bytes.max(8192));
     builder
         .http2()
@@ -190,24 +197,26 @@ struct Connections {
 
 impl Connections {
     /// Serve one client connection until it closes or shutdown ends it.
-    async fn serve(self, tcp: TcpStream, addr: SocketAddr, watcher: Watcher) {
+    async fn serve(self, tcp: TcpStream, addr: SocketAddr, stop: watch::Receiver<()>) {
         let peer = Peer {
             addr,
             tls: self.tls.is_some(),
         };
-        let proxy = self.proxy;
+        // Per connection, not per request: trust, scheme, the proxy's Arcs.
+        let activity = Arc::new(Activity::new(self.proxy.session(Some(peer))));
+        let requests = Arc::clone(&activity);
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let (mut parts, body) = req.into_parts();
-            parts.extensions.insert(peer);
-            let proxy = proxy.clone();
-            let req = Request::from_parts(parts, ProxyBody::Incoming(body));
-            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+            let busy = requests.start();
+            async move {
+                let response = busy.shared().handle(req.map(ProxyBody::Incoming)).await;
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
+            }
         });
+        let timeout = self.header_timeout;
         let result = match self.tls {
             Some(tls) => {
                 // The handshake counts as reading the request head.
-                let stream = match tokio::time::timeout(self.header_timeout, tls.accept(tcp)).await
-                {
+                let stream = match tokio::time::timeout(timeout, tls.accept(tcp)).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(error)) => {
                         tracing::debug!(%error, %addr, "TLS handshake failed");
@@ -216,15 +225,35 @@ impl Connections {
                     Err(_) => return,
                 };
                 let conn = self.builder.serve_connection(TokioIo::new(stream), service);
-                watcher.watch(conn.into_owned()).await
+                conn::watch(
+                    conn,
+                    Connection::graceful_shutdown,
+                    &activity,
+                    timeout,
+                    stop,
+                )
+                .await
             }
             None => {
                 let conn = self.builder.serve_connection(TokioIo::new(tcp), service);
-                watcher.watch(conn.into_owned()).await
+                conn::watch(
+                    conn,
+                    Connection::graceful_shutdown,
+                    &activity,
+                    timeout,
+                    stop,
+                )
+                .await
             }
         };
-        if let Err(error) = result {
-            tracing::debug!(%error, %addr, "client connection ended with an error");
+        match result {
+            Some(Err(error)) => {
+                tracing::debug!(%error, %addr, "client connection ended with an error");
+            }
+            None => {
+                tracing::debug!(%addr, "client connection closed: quiet for the header timeout")
+            }
+            Some(Ok(())) => {}
         }
     }
 }
