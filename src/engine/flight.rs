@@ -94,6 +94,10 @@ struct Running<V> {
     generation: u64,
 }
 
+/// A running flight a caller joined ([`Flights::follow`]), to wait on.
+#[derive(Debug)]
+pub(crate) struct Joined<V>(pub(super) watch::Receiver<FlightState<V>>);
+
 /// Whether the caller leads a new flight or follows a running one.
 #[derive(Debug)]
 pub(crate) enum Role<V> {
@@ -151,6 +155,13 @@ impl<V> Flights<V> {
             _permit: permit,
         };
         (Role::Leader(handle), refresh)
+    }
+
+    /// The flight running for `key`, if one runs, joined without electing
+    /// anyone: what [`Self::join_or_lead`] gives a follower.
+    pub(crate) fn follow(&self, key: &CacheKey) -> Option<Joined<V>> {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(key).map(|running| Joined(running.rx.clone()))
     }
 
     /// Whether a flight for `key` is running.

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::compute::{Compute, ComputeFuture, Fill};
 use super::config::{EngineConfig, WAIT_MARGIN};
-use super::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
+use super::flight::{FlightHandle, FlightState, Flights, Joined, Outcome, Role};
 use super::purge_log::key_name;
 use super::retained::RetainedStore;
 use super::value::Value;
@@ -163,6 +163,18 @@ impl<V: Value> Engine<V> {
             (Role::Leader(handle), _) => self.lead(handle, compute).await,
             (Role::Overloaded, _) => Resolved::Overloaded,
         }
+    }
+
+    /// The flight running for `key`, if one runs: a caller that finds one
+    /// may [`follow`](Self::follow) it without a computation of its own.
+    pub(crate) fn running(&self, key: &CacheKey) -> Option<Joined<V>> {
+        self.flights.follow(key)
+    }
+
+    /// Wait for a flight found [`running`](Self::running): what
+    /// [`Self::resolve`] does for a follower.
+    pub(crate) async fn follow(&self, joined: Joined<V>) -> Resolved<V> {
+        self.wait(joined.0, false, true).await
     }
 
     /// The path of a caller that refuses the stored entry (a client's

@@ -4,15 +4,16 @@
 //! helpers here borrow it, or take it only on a path that leaves the
 //! cache's memory): moving it would copy all of it.
 
+use std::future::Future;
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
 use http::header::HeaderValue;
 use http::{Request, Response};
 
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{miss, reload, Wants};
+use super::coalesce::{reload, Wants};
 use super::direct::{hit_for_miss, refresh_request};
+use super::follow::follow_or_miss;
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
 use super::{has_body, hit_for_miss_permit, plain_get};
@@ -29,9 +30,6 @@ use crate::http::state::{LayerState, ReloadMode};
 use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
-
-/// A response future, boxed.
-type Boxed<B, E> = BoxFuture<'static, Result<Response<CacheBody<B>>, E>>;
 
 /// An entry stored in the engine or kept aside.
 type Entry = Arc<Stored<CachedResponse>>;
@@ -185,7 +183,15 @@ impl<'a> Past<'a> {
         Self { state, head, span }
     }
 
-    fn boxed<F, B: 'static, E: 'static>(self, fut: Boxed<B, E>) -> ResponseFuture<F, B, E> {
+    /// `fut` boxed once, run in the request's span (when there is one:
+    /// without a subscriber it is none, and entering it does nothing).
+    fn boxed<F, B: 'static, E: 'static, Fut>(self, fut: Fut) -> ResponseFuture<F, B, E>
+    where
+        Fut: Future<Output = Result<Response<CacheBody<B>>, E>> + Send + 'static,
+    {
+        if self.span.is_none() {
+            return ResponseFuture::boxed(Box::pin(fut));
+        }
         let fut = tracing::Instrument::instrument(fut, self.span.clone());
         ResponseFuture::boxed(Box::pin(fut))
     }
@@ -206,8 +212,8 @@ impl<'a> Past<'a> {
         ResB: OriginBody,
     {
         let state = Arc::clone(self.state);
-        let fut = miss(state, target, self.head, inner, req, stale, wants);
-        self.boxed(Box::pin(fut))
+        let fut = follow_or_miss(state, target, self.head, inner, req, stale, wants);
+        self.boxed(fut)
     }
 
     /// Refresh, with the stored response's validators when there is one.
@@ -225,7 +231,7 @@ impl<'a> Past<'a> {
     {
         let state = Arc::clone(self.state);
         let fut = reload(state, target, self.head, inner, req, stored);
-        self.boxed(Box::pin(fut))
+        self.boxed(fut)
     }
 
     /// `no-cache`: refresh, with the stored response's validators when
@@ -315,7 +321,7 @@ impl<'a> Past<'a> {
             let state = Arc::clone(state);
             let fwd = Forward::UriMiss;
             let fut = hit_for_miss(state, target, self.head, inner, req, fwd, permit);
-            return self.boxed(Box::pin(fut));
+            return self.boxed(fut);
         }
         state.counters().record(Source::Bypass);
         let status = state.status_fwd(Forward::UriMiss, Some(Detail::HitForPass));
