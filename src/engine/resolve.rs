@@ -337,24 +337,33 @@ impl<V: Value> Engine<V> {
         } else {
             max_wait
         };
-        let mut waited = tokio::time::timeout(bound, settle(&mut rx, take_stale)).await;
+        // One timer for the whole wait, reset rather than replaced if it
+        // goes on, and one clock read at each end.
+        let deadline = tokio::time::sleep_until(started + bound);
+        tokio::pin!(deadline);
         let mut permit = None;
-        if waited.is_err() && !initiator {
-            permit = self.try_fallback_permit();
-            if permit.is_none() {
-                // Past the fallback cap, calling the origin would mean
-                // queueing for a permit; the flight's own call ends within
-                // the origin timeout, so wait for it instead of making up an
-                // error.
-                waited =
-                    tokio::time::timeout(self.config.origin_timeout, settle(&mut rx, take_stale))
-                        .await;
+        let waited = match settle_by(&mut rx, take_stale, deadline.as_mut()).await {
+            Err(()) if !initiator => {
+                permit = self.try_fallback_permit();
+                if permit.is_some() {
+                    Err(())
+                } else {
+                    // Past the fallback cap, calling the origin would mean
+                    // queueing for a permit; the flight's own call ends
+                    // within the origin timeout, so wait for it instead of
+                    // making up an error.
+                    let until = Instant::now() + self.config.origin_timeout;
+                    deadline.as_mut().reset(until);
+                    settle_by(&mut rx, take_stale, deadline.as_mut()).await
+                }
             }
-        }
+            waited => waited,
+        };
+        let waited_for = started.elapsed();
         if !initiator {
-            self.counters.wait(started.elapsed().as_secs_f64());
+            self.counters.wait(waited_for.as_secs_f64());
         }
-        tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
+        tracing::Span::current().record("wait_ms", waited_for.as_millis() as u64);
         let shared_source = if initiator {
             Source::Miss
         } else {
@@ -398,6 +407,19 @@ impl<V: Value> Engine<V> {
     /// A fallback permit if one is free right now.
     pub(crate) fn try_fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.fallback).try_acquire_owned().ok()
+    }
+}
+
+/// What [`settle`] came to before `deadline`; `Err` when the deadline came first.
+async fn settle_by<V: Value>(
+    rx: &mut watch::Receiver<FlightState<V>>,
+    take_stale: bool,
+    deadline: std::pin::Pin<&mut tokio::time::Sleep>,
+) -> Result<Result<Result<Outcome<V>, Arc<Stored<V>>>, Error>, ()> {
+    tokio::select! {
+        biased;
+        settled = settle(rx, take_stale) => Ok(settled),
+        () = deadline => Err(()),
     }
 }
 
