@@ -49,8 +49,9 @@ pub(crate) enum Outcome<V> {
         source: Source,
     },
     /// Not shareable: only the initiating request may use the value, every
-    /// other waiter goes to the origin on its own.
-    Pass(Option<V>),
+    /// other waiter goes to the origin on its own. Boxed: the rare value
+    /// would otherwise make every waiter's future as large as itself.
+    Pass(Option<Box<V>>),
     Failed(Error),
 }
 

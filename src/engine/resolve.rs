@@ -35,7 +35,8 @@ pub(crate) enum Resolved<V> {
         source: Source,
     },
     /// Not shareable: `Some` only for the caller that led the computation.
-    Pass(Option<V>),
+    /// Boxed, as in [`Outcome::Pass`].
+    Pass(Option<Box<V>>),
     Failed(Error),
     /// The bounded wait ran out; the caller may go to the origin uncached,
     /// under the fallback permit it was given.

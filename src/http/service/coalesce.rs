@@ -201,7 +201,7 @@ where
                     }
                 }
                 self.state.counters().record(Source::Miss);
-                Ok(self.state.respond_uncached(value, &self.view(), self.fwd))
+                Ok(self.state.respond_uncached(*value, &self.view(), self.fwd))
             }
             Resolved::Pass(None) => self.answer_unshared().await,
             Resolved::Failed(error) => {
