@@ -7,6 +7,7 @@
 //! ran out) goes on through [`miss`](super::coalesce) exactly as if it had
 //! joined there.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::{Request, Response};
@@ -22,75 +23,82 @@ use crate::store::memory::Stored;
 
 use super::acceptance::{acceptable, plainly_answers};
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{followed, miss, First, Wants};
+use super::coalesce::{followed, First, Wants};
 use super::respond::{served_from_flight, View};
 
 /// An entry stored in the engine or kept aside.
 type Entry = Arc<Stored<CachedResponse>>;
 
-/// Follow the flight running for `target`'s key, or, when none runs (or
-/// the request wants more than an entry), take the whole miss path.
-pub(super) async fn follow_or_miss<S, ReqB, ResB>(
+/// A running flight of the layer's engine, joined.
+pub(super) type Joined = crate::engine::Joined<CachedResponse>;
+
+/// The flight running for `target`'s key, when the request, arriving now,
+/// may [`follow`] it: it wants an entry (a refresh or a request past a
+/// pass marker takes the whole miss path).
+pub(super) fn running(state: &LayerState, target: &Target, wants: Wants) -> Option<Joined> {
+    match wants {
+        Wants::Entry => state.engine.running(&target.key),
+        Wants::Refresh | Wants::PastMarker => None,
+    }
+}
+
+/// Follow `joined`, the flight running for `target`'s key.
+///
+/// An async block rather than an async fn: the block uses what it captures
+/// in place, where an async fn's arguments would each take room twice in
+/// the future (boxed on every request: under 1 KiB it stays in the
+/// allocator's fast size classes).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block uses its captures in place; an async fn's arguments take room twice in the future"
+)]
+pub(super) fn follow<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
     head: bool,
-    inner: S,
-    req: Request<ReqB>,
+    (inner, req): (S, Request<ReqB>),
     stale: Option<Entry>,
-    wants: Wants,
-) -> Result<Response<CacheBody<ResB>>, S::Error>
+    joined: Joined,
+) -> impl Future<Output = Result<Response<CacheBody<ResB>>, S::Error>>
 where
     S: Origin<ReqB, ResB> + Clone,
     ReqB: Default + Send + 'static,
     ResB: OriginBody,
 {
-    let joined = match wants {
-        Wants::Entry => state.engine.running(&target.key),
-        Wants::Refresh | Wants::PastMarker => None,
-    };
-    let Some(joined) = joined else {
-        // Boxed, in a statement of its own (a temporary in the awaited
-        // expression would keep its room in this future): a follower's
-        // future does not carry a leader's.
-        let leading = Box::pin(miss(state, target, head, inner, req, stale, wants));
-        return leading.await;
-    };
-    let arrived = std::time::Instant::now();
-    let first = {
-        let headers = req.headers();
-        let grace = state.http.rules.grace;
+    async move {
+        let arrived = std::time::Instant::now();
         // As in `miss`: a stream whose first byte is not gone is read.
-        // (Each future is made inside the select: a local moved into it
-        // would keep its own room in this future.)
-        let usable = |s: &Stream| {
-            s.body.attachable()
-                && s.head.value.vary_matches(headers)
-                && acceptable(headers, &s.head, grace)
-        };
-        tokio::select! {
+        // (Everything the select waits on is made inside it: a local moved
+        // into it would keep its own room in this future.)
+        let headers = req.headers();
+        let first = tokio::select! {
             biased;
-            stream = state.streams.wait(target.key, usable) => First::Stream(stream),
+            stream = state.streams.wait(target.key, |s: &Stream| {
+                s.body.attachable()
+                    && s.head.value.vary_matches(headers)
+                    && acceptable(headers, &s.head, state.http.rules.grace)
+            }) => First::Stream(stream),
             resolved = state.engine.follow(joined) => First::Resolved(resolved),
+        };
+        let fwd = if stale.is_some() {
+            Forward::Stale
+        } else {
+            target.miss
+        };
+        if let First::Resolved(Resolved::Value { entry, source }) = &first {
+            if plainly_answers(&state, &target, req.headers(), entry, *source) {
+                state.counters().record(*source);
+                let served = served_from_flight(entry, *source, fwd, state.http.rules.grace);
+                let view = View {
+                    head,
+                    headers: req.headers(),
+                    validators: true,
+                };
+                return Ok(state.respond(entry, &view, served));
+            }
         }
-    };
-    let fwd = if stale.is_some() {
-        Forward::Stale
-    } else {
-        target.miss
-    };
-    if let First::Resolved(Resolved::Value { entry, source }) = &first {
-        if plainly_answers(&state, &target, req.headers(), entry, *source) {
-            state.counters().record(*source);
-            let served = served_from_flight(entry, *source, fwd, state.http.rules.grace);
-            let view = View {
-                head,
-                headers: req.headers(),
-                validators: true,
-            };
-            return Ok(state.respond(entry, &view, served));
-        }
+        let call = (inner, req);
+        let rest = Box::pin(followed(state, target, head, call, stale, arrived, first));
+        rest.await
     }
-    let call = (inner, req);
-    let rest = Box::pin(followed(state, target, head, call, stale, arrived, first));
-    rest.await
 }

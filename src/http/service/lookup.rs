@@ -11,9 +11,9 @@ use http::header::HeaderValue;
 use http::{Request, Response};
 
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{reload, Wants};
+use super::coalesce::{miss, reload, Wants};
 use super::direct::{hit_for_miss, refresh_request};
-use super::follow::follow_or_miss;
+use super::follow::{follow, running};
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
 use super::{has_body, hit_for_miss_permit, plain_get};
@@ -212,8 +212,15 @@ impl<'a> Past<'a> {
         ResB: OriginBody,
     {
         let state = Arc::clone(self.state);
-        let fut = follow_or_miss(state, target, self.head, inner, req, stale, wants);
-        self.boxed(fut)
+        // Whether it leads or follows is settled as it arrives: a follower's
+        // future is a small one of its own, a leader's the whole miss path.
+        match running(&state, &target, wants) {
+            Some(joined) => {
+                let call = (inner, req);
+                self.boxed(follow(state, target, self.head, call, stale, joined))
+            }
+            None => self.boxed(miss(state, target, self.head, inner, req, stale, wants)),
+        }
     }
 
     /// Refresh, with the stored response's validators when there is one.
