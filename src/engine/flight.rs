@@ -99,6 +99,13 @@ struct Running<V> {
 #[derive(Debug)]
 pub(crate) struct Joined<V>(pub(super) watch::Receiver<FlightState<V>>);
 
+impl<V> Joined<V> {
+    /// Whether the flight has ended (it has left the map by then).
+    pub(crate) fn ended(&self) -> bool {
+        matches!(*self.0.borrow(), FlightState::Done(_))
+    }
+}
+
 /// Whether the caller leads a new flight or follows a running one.
 #[derive(Debug)]
 pub(crate) enum Role<V> {

@@ -23,7 +23,7 @@ use crate::store::memory::Stored;
 
 use super::acceptance::{acceptable, plainly_answers};
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{followed, First, Wants};
+use super::coalesce::{followed, miss, First, Wants};
 use super::respond::{served_from_flight, View};
 
 /// An entry stored in the engine or kept aside.
@@ -46,8 +46,8 @@ pub(super) fn running(state: &LayerState, target: &Target, wants: Wants) -> Opti
 ///
 /// An async block rather than an async fn: the block uses what it captures
 /// in place, where an async fn's arguments would each take room twice in
-/// the future (boxed on every request: under 1 KiB it stays in the
-/// allocator's fast size classes).
+/// the future, which is boxed (and so copied) for every follower: keep it
+/// under 1 KiB.
 #[allow(
     clippy::manual_async_fn,
     reason = "an async block uses its captures in place; an async fn's arguments take room twice in the future"
@@ -66,6 +66,13 @@ where
     ResB: OriginBody,
 {
     async move {
+        // Settled again when first polled, as an election there would be:
+        // a flight that has ended since the request arrived is not taken
+        // (a purge may have come after its outcome); it goes the whole way.
+        if joined.ended() {
+            let again = Box::pin(miss(state, target, head, inner, req, stale, Wants::Entry));
+            return again.await;
+        }
         let arrived = std::time::Instant::now();
         // As in `miss`: a stream whose first byte is not gone is read.
         // (Everything the select waits on is made inside it: a local moved
