@@ -200,8 +200,8 @@ mod tests {
         let ours = entry_keys("ns", &key);
         let theirs = store.keys(&key);
         assert_eq!(
-            [ours.value, ours.lock, ours.fence],
-            [theirs.value, theirs.lock, theirs.fence]
+            [ours.value.as_str(), ours.lock.as_str(), ours.fence.as_str()],
+            [theirs.value(), theirs.lock(), theirs.fence()]
         );
     }
 

@@ -91,6 +91,8 @@
 //!     mod.rs           classify the request, find the candidate, pick the path
 //!     lookup.rs        route's steps: admit, the stored candidate, its use
 //!     coalesce.rs      miss: lead or follow the key's flight, or be released
+//!     follow.rs        miss with the key's flight running: join it, answer
+//!                      a plain outcome at once, the rest as coalesce.rs
 //!     origin.rs        one origin request as the flight's computation
 //!     responding.rs    its answer's body read: buffered, streamed or passed on
 //!     streamed.rs      a fill that spans frames, read once by every reader

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Response, StatusCode};
 use axum::routing::get;
@@ -445,4 +447,59 @@ async fn abandoned_leader_is_bounded_by_cap_and_origin_timeout() {
     let (_, h, _) = send(&app, get_req("/other")).await;
     assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// An origin whose every answer is a 500 with no freshness, `error call=N`;
+/// the first call waits for `open` (having told `started`).
+fn failing_origin(calls: Arc<AtomicUsize>, started: Arc<Notify>, open: Arc<Notify>) -> Router {
+    let handler = move || {
+        let (calls, started, open) = (Arc::clone(&calls), Arc::clone(&started), Arc::clone(&open));
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == 1 {
+                started.notify_one();
+                open.notified().await;
+            }
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("error call={n}"))
+        }
+    };
+    Router::new().fallback(get(handler))
+}
+
+/// Six requests that joined the flight whose leader drew an unstored 500 (Redis configured) never get that page: each makes its own origin call, exactly one more call each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_never_take_the_error_page_the_leader_drew() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let origin = failing_origin(Arc::clone(&calls), Arc::clone(&started), Arc::clone(&open));
+    let app = origin.layer(redis_layer(&server).build().unwrap());
+    let leader = burst(&app, "/drawn", 1, |_| vec![]);
+    started.notified().await;
+    let waiters = burst(&app, "/drawn", 6, |_| vec![]);
+    // Real time (Redis is real): the waiters reach the running flight.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    open.notify_one();
+    let (code, _, body) = &all(leader).await[0];
+    assert_eq!(
+        (*code, body_str(body)),
+        (StatusCode::INTERNAL_SERVER_ERROR, "error call=1")
+    );
+    let mut bodies = Vec::new();
+    for (code, h, body) in all(waiters).await {
+        assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            cache_status(&h).contains("detail=error-not-shared"),
+            "{}",
+            cache_status(&h)
+        );
+        bodies.push(body_str(&body).to_owned());
+    }
+    bodies.sort();
+    let own: Vec<String> = (2..=7).map(|n| format!("error call={n}")).collect();
+    assert_eq!(
+        bodies, own,
+        "each waiter its own call, none the leader's page"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1 + 6);
 }

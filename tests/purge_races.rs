@@ -153,3 +153,49 @@ async fn purge_raises_the_fence_in_redis() {
     assert!(fenced.write("r", after, b"newer").await.unwrap());
     assert_eq!(fenced.read("r").await.unwrap().unwrap(), &b"newer"[..]);
 }
+
+/// A request called while a fill runs but first polled after that fill ended and a purge came never gets the purged answer: it asks the origin itself (2 calls).
+#[tokio::test(start_paused = true)]
+async fn a_request_first_polled_after_its_flight_ended_and_a_purge_asks_again() {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use http::{Request, Response};
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let inner = tower::service_fn(move |_req: Request<herdguard::RequestBody<Body>>| {
+        let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut r = Response::new(Body::from(format!("call={n}")));
+            r.headers_mut().insert(
+                "cache-control",
+                http::HeaderValue::from_static("max-age=60"),
+            );
+            Ok::<_, Infallible>(r)
+        }
+    });
+    let cache = CacheLayer::new();
+    let svc = tower::ServiceBuilder::new()
+        .layer(cache.clone())
+        .service(inner);
+    let body_of = |r: Response<herdguard::CacheBody<Body>>| async move {
+        r.into_body().collect().await.unwrap().to_bytes()
+    };
+    let first = tokio::spawn(svc.clone().oneshot(get_req("/r")));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Called while the fill runs; not polled yet.
+    let mut late_svc = svc.clone();
+    let late = late_svc.ready().await.unwrap().call(get_req("/r"));
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(body_call(&body_of(first).await), "call=1");
+    drop(cache.purge_url(&url()));
+    let late = late.await.unwrap();
+    assert_eq!(body_call(&body_of(late).await), "call=2");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

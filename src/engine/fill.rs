@@ -65,9 +65,9 @@ impl<V: Value> Engine<V> {
             Fill::Unbuffered => Outcome::Pass(None),
             Fill::Pass(value) => {
                 self.insert_pass_unless_usable(key);
-                Outcome::Pass(value)
+                Outcome::Pass(value.map(Box::new))
             }
-            Fill::Private(value) => Outcome::Pass(Some(value)),
+            Fill::Private(value) => Outcome::Pass(Some(Box::new(value))),
         }
     }
 

@@ -49,8 +49,9 @@ pub(crate) enum Outcome<V> {
         source: Source,
     },
     /// Not shareable: only the initiating request may use the value, every
-    /// other waiter goes to the origin on its own.
-    Pass(Option<V>),
+    /// other waiter goes to the origin on its own. Boxed: the rare value
+    /// would otherwise make every waiter's future as large as itself.
+    Pass(Option<Box<V>>),
     Failed(Error),
 }
 
@@ -92,6 +93,17 @@ struct Running<V> {
     forced: bool,
     /// The purge generation it started at.
     generation: u64,
+}
+
+/// A running flight a caller joined ([`Flights::follow`]), to wait on.
+#[derive(Debug)]
+pub(crate) struct Joined<V>(pub(super) watch::Receiver<FlightState<V>>);
+
+impl<V> Joined<V> {
+    /// Whether the flight has ended (it has left the map by then).
+    pub(crate) fn ended(&self) -> bool {
+        matches!(*self.0.borrow(), FlightState::Done(_))
+    }
 }
 
 /// Whether the caller leads a new flight or follows a running one.
@@ -151,6 +163,13 @@ impl<V> Flights<V> {
             _permit: permit,
         };
         (Role::Leader(handle), refresh)
+    }
+
+    /// The flight running for `key`, if one runs, joined without electing
+    /// anyone: what [`Self::join_or_lead`] gives a follower.
+    pub(crate) fn follow(&self, key: &CacheKey) -> Option<Joined<V>> {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(key).map(|running| Joined(running.rx.clone()))
     }
 
     /// Whether a flight for `key` is running.

@@ -47,6 +47,7 @@ mod value;
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill};
 pub(crate) use config::EngineConfig;
+pub(crate) use flight::Joined;
 pub(crate) use resolve::{Engine, Resolved};
 pub(crate) use value::sealed::Internal;
 #[cfg(feature = "serde")]

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::compute::{Compute, ComputeFuture, Fill};
 use super::config::{EngineConfig, WAIT_MARGIN};
-use super::flight::{FlightHandle, FlightState, Flights, Outcome, Role};
+use super::flight::{FlightHandle, FlightState, Flights, Joined, Outcome, Role};
 use super::purge_log::key_name;
 use super::retained::RetainedStore;
 use super::value::Value;
@@ -35,7 +35,8 @@ pub(crate) enum Resolved<V> {
         source: Source,
     },
     /// Not shareable: `Some` only for the caller that led the computation.
-    Pass(Option<V>),
+    /// Boxed, as in [`Outcome::Pass`].
+    Pass(Option<Box<V>>),
     Failed(Error),
     /// The bounded wait ran out; the caller may go to the origin uncached,
     /// under the fallback permit it was given.
@@ -163,6 +164,18 @@ impl<V: Value> Engine<V> {
             (Role::Leader(handle), _) => self.lead(handle, compute).await,
             (Role::Overloaded, _) => Resolved::Overloaded,
         }
+    }
+
+    /// The flight running for `key`, if one runs: a caller that finds one
+    /// may [`follow`](Self::follow) it without a computation of its own.
+    pub(crate) fn running(&self, key: &CacheKey) -> Option<Joined<V>> {
+        self.flights.follow(key)
+    }
+
+    /// Wait for a flight found [`running`](Self::running): what
+    /// [`Self::resolve`] does for a follower.
+    pub(crate) fn follow(&self, joined: Joined<V>) -> impl Future<Output = Resolved<V>> + '_ {
+        self.wait(joined.0, false, true)
     }
 
     /// The path of a caller that refuses the stored entry (a client's
@@ -308,66 +321,58 @@ impl<V: Value> Engine<V> {
 
     /// Wait for the flight behind `rx`. `take_stale`: a stale copy the
     /// leader publishes is an answer (not for a caller that refuses it).
-    async fn wait(
+    /// An async block, not an async fn: it uses its captures in place (an
+    /// async fn's arguments take room twice in every waiter's future).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async block uses its captures in place; an async fn's arguments take room twice in the future"
+    )]
+    fn wait(
         &self,
         mut rx: watch::Receiver<FlightState<V>>,
         initiator: bool,
         take_stale: bool,
-    ) -> Resolved<V> {
-        let started = Instant::now();
-        // The leader's own caller always gets an outcome: its task waits for
-        // another instance's fill at most `max_wait`, then computes within the
-        // origin timeout (Redis calls have their own bounds, well below the
-        // margin). Followers give up after `max_wait`.
-        let max_wait = self.config.max_wait();
-        let bound = if initiator {
-            max_wait + self.config.origin_timeout + WAIT_MARGIN
-        } else {
-            max_wait
-        };
-        let mut waited = tokio::time::timeout(bound, settle(&mut rx, take_stale)).await;
-        let mut permit = None;
-        if waited.is_err() && !initiator {
-            permit = self.try_fallback_permit();
-            if permit.is_none() {
-                // Past the fallback cap, calling the origin would mean
-                // queueing for a permit; the flight's own call ends within
-                // the origin timeout, so wait for it instead of making up an
-                // error.
-                waited =
-                    tokio::time::timeout(self.config.origin_timeout, settle(&mut rx, take_stale))
-                        .await;
+    ) -> impl Future<Output = Resolved<V>> + '_ {
+        async move {
+            let started = Instant::now();
+            // The leader's own caller always gets an outcome: its task waits
+            // for another instance's fill at most `max_wait`, then computes
+            // within the origin timeout (Redis calls have their own bounds,
+            // well below the margin). Followers give up after `max_wait`.
+            let max_wait = self.config.max_wait();
+            let bound = if initiator {
+                max_wait + self.config.origin_timeout + WAIT_MARGIN
+            } else {
+                max_wait
+            };
+            // One timer for the whole wait, reset rather than replaced if it
+            // goes on, and one clock read at each end.
+            let deadline = tokio::time::sleep_until(started + bound);
+            tokio::pin!(deadline);
+            let mut permit = None;
+            let waited = match settle_by(&mut rx, take_stale, deadline.as_mut()).await {
+                Err(()) if !initiator => {
+                    permit = self.try_fallback_permit();
+                    if permit.is_some() {
+                        Err(())
+                    } else {
+                        // Past the fallback cap, calling the origin would
+                        // mean queueing for a permit; the flight's own call
+                        // ends within the origin timeout, so wait for it
+                        // instead of making up an error.
+                        let until = Instant::now() + self.config.origin_timeout;
+                        deadline.as_mut().reset(until);
+                        settle_by(&mut rx, take_stale, deadline.as_mut()).await
+                    }
+                }
+                waited => waited,
+            };
+            let waited_for = started.elapsed();
+            if !initiator {
+                self.counters.wait(waited_for.as_secs_f64());
             }
-        }
-        if !initiator {
-            self.counters.wait(started.elapsed().as_secs_f64());
-        }
-        tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
-        let shared_source = if initiator {
-            Source::Miss
-        } else {
-            Source::Coalesced
-        };
-        match waited {
-            Err(_elapsed) => match permit {
-                Some(permit) => Resolved::WaitTimedOut(permit),
-                None => Resolved::Failed(Error::OriginTimeout),
-            },
-            Ok(Err(error)) => Resolved::Failed(error),
-            Ok(Ok(Err(stale))) => Resolved::Value {
-                entry: stale,
-                source: Source::Stale,
-            },
-            Ok(Ok(Ok(Outcome::Value { entry, source }))) => Resolved::Value {
-                entry,
-                source: if source == Source::Miss {
-                    shared_source
-                } else {
-                    source
-                },
-            },
-            Ok(Ok(Ok(Outcome::Pass(v)))) => Resolved::Pass(if initiator { v } else { None }),
-            Ok(Ok(Ok(Outcome::Failed(e)))) => Resolved::Failed(e),
+            tracing::Span::current().record("wait_ms", waited_for.as_millis() as u64);
+            resolved(waited, permit, initiator)
         }
     }
 
@@ -386,6 +391,58 @@ impl<V: Value> Engine<V> {
     /// A fallback permit if one is free right now.
     pub(crate) fn try_fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.fallback).try_acquire_owned().ok()
+    }
+}
+
+/// A flight's state once settled ([`settle`]): its outcome, or a stale
+/// copy (`Err`), or the error that ended the wait.
+type Settled<V> = Result<Result<Outcome<V>, Arc<Stored<V>>>, Error>;
+
+/// One caller's result from what its wait came to (`Err`: the deadline
+/// came first; `permit`: the fallback permit it took then).
+fn resolved<V: Value>(
+    waited: Result<Settled<V>, ()>,
+    permit: Option<OwnedSemaphorePermit>,
+    initiator: bool,
+) -> Resolved<V> {
+    let shared_source = if initiator {
+        Source::Miss
+    } else {
+        Source::Coalesced
+    };
+    match waited {
+        Err(()) => match permit {
+            Some(permit) => Resolved::WaitTimedOut(permit),
+            None => Resolved::Failed(Error::OriginTimeout),
+        },
+        Ok(Err(error)) => Resolved::Failed(error),
+        Ok(Ok(Err(stale))) => Resolved::Value {
+            entry: stale,
+            source: Source::Stale,
+        },
+        Ok(Ok(Ok(Outcome::Value { entry, source }))) => Resolved::Value {
+            entry,
+            source: if source == Source::Miss {
+                shared_source
+            } else {
+                source
+            },
+        },
+        Ok(Ok(Ok(Outcome::Pass(v)))) => Resolved::Pass(if initiator { v } else { None }),
+        Ok(Ok(Ok(Outcome::Failed(e)))) => Resolved::Failed(e),
+    }
+}
+
+/// What [`settle`] came to before `deadline`; `Err` when the deadline came first.
+async fn settle_by<V: Value>(
+    rx: &mut watch::Receiver<FlightState<V>>,
+    take_stale: bool,
+    deadline: std::pin::Pin<&mut tokio::time::Sleep>,
+) -> Result<Settled<V>, ()> {
+    tokio::select! {
+        biased;
+        settled = settle(rx, take_stale) => Ok(settled),
+        () = deadline => Err(()),
     }
 }
 

@@ -60,7 +60,10 @@ impl VaryIndex {
     /// Remember what the latest response for `base` varies on.
     pub(crate) fn learn(&self, base: CacheKey, names: &[HeaderName]) {
         if names.is_empty() {
-            if self.names.contains_key(&base) {
+            // Until a response varies, no list is kept that could be
+            // outdated: every hit learns its entry's names, and one that
+            // does not vary then looks nothing up.
+            if self.any.load(Ordering::Acquire) && self.names.contains_key(&base) {
                 self.names.invalidate(&base);
             }
             return;

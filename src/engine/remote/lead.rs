@@ -91,12 +91,12 @@ impl<V: Value> Engine<V> {
                         source: Source::Miss,
                     },
                     // Redis kept a fresh entry rather than mark the key.
-                    (Fill::Pass(value), _) if w.kept => Outcome::Pass(value),
+                    (Fill::Pass(value), _) if w.kept => Outcome::Pass(value.map(Box::new)),
                     (Fill::Pass(value), _) => {
                         self.insert_pass_unless_usable(key);
-                        Outcome::Pass(value)
+                        Outcome::Pass(value.map(Box::new))
                     }
-                    (Fill::Private(value), _) => Outcome::Pass(Some(value)),
+                    (Fill::Private(value), _) => Outcome::Pass(Some(Box::new(value))),
                     (Fill::Unbuffered, _) => Outcome::Pass(None),
                 }
             }
@@ -293,8 +293,8 @@ impl<V: Value> Engine<V> {
                 entry: unstored(value),
                 source: Source::Miss,
             },
-            Ok(Fill::Pass(v)) => Outcome::Pass(v),
-            Ok(Fill::Private(v)) => Outcome::Pass(Some(v)),
+            Ok(Fill::Pass(v)) => Outcome::Pass(v.map(Box::new)),
+            Ok(Fill::Private(v)) => Outcome::Pass(Some(Box::new(v))),
             Ok(Fill::Unbuffered) => Outcome::Pass(None),
         }
     }

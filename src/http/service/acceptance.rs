@@ -7,13 +7,14 @@ use std::time::Duration;
 use http::header::HeaderMap;
 use http::Method;
 
+use crate::http::keys::Target;
 use crate::http::policy::{self, RequestVerdict, Usable};
 use crate::http::response::CachedResponse;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 
-use super::fill::is_stored;
+use super::fill::{is_error, is_stored};
 
 /// Whether a request refuses `entry`, a stored copy the flight shared with
 /// it. The leader's own answer is for it, and so is a refresh's to a request
@@ -31,6 +32,30 @@ pub(super) fn refuses(
         && source != Source::Miss
         && is_stored(entry)
         && !acceptable(request_headers, entry, state.http.rules.grace)
+}
+
+/// Whether `entry`, the outcome of a flight the request followed, answers
+/// it as it is, with nothing else to do first: its own variant (no other
+/// to follow), not refused by its directives, no server error a stale copy
+/// might stand in for, and no error page made for the leading request
+/// alone. Where this says no, `miss` decides from the same outcome.
+pub(super) fn plainly_answers(
+    state: &LayerState,
+    target: &Target,
+    request_headers: &HeaderMap,
+    entry: &Stored<CachedResponse>,
+    source: Source,
+) -> bool {
+    let status = entry.value.status;
+    let leaders_error = source == Source::Coalesced
+        && !is_stored(entry)
+        && is_error(status)
+        && !state.http.share_uncacheable;
+    entry.value.vary_matches(request_headers)
+        && state.variant_for(target, entry, request_headers).is_none()
+        && !refuses(state, false, request_headers, entry, source)
+        && !status.is_server_error()
+        && !leaders_error
 }
 
 /// Whether `entry`, handed out fresh, is past its freshness now while the

@@ -11,7 +11,7 @@ use http::{Request, Response};
 use crate::engine::Resolved;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::Detail;
-use crate::http::policy::{self, Forward};
+use crate::http::policy::Forward;
 use crate::http::response::CachedResponse;
 use crate::http::state::{LayerState, ReloadMode};
 use crate::http::stream::Stream;
@@ -27,7 +27,7 @@ use super::direct::{
 use super::fill::{is_error, is_stored};
 use super::hit_for_miss_permit;
 use super::origin::{take_error, take_spare, OriginCall, SlotRef};
-use super::respond::{stale_detail, Served, View};
+use super::respond::{served_from_flight, StandIn, View};
 use super::streamed::{Handoff, Passthrough};
 use crate::http::keys::Target;
 
@@ -71,47 +71,42 @@ where
 {
     // Boxed: the steps below move it, and each step's future would
     // otherwise hold a copy of all of it.
-    let mut m = Box::new(Miss::start(state, target, head, (inner, req), stale, wants));
-    let resolved = match m.first().await {
-        First::Resolved(r) => r,
-        First::Handoff(handoff) => return Ok(m.handed_off(handoff)),
-        First::Stream(stream) => return m.join_stream(stream).await,
-    };
-    let resolved = m.follow_variant(resolved).await;
-    let resolved = match m.again_if_expired(resolved).await {
-        Ok(resolved) => resolved,
-        Err(handoff) => return Ok(m.handed_off(handoff)),
-    };
-    match resolved {
-        Resolved::Value { entry, source } => m.answer_entry(entry, source).await,
-        Resolved::Pass(Some(value)) => {
-            if value.status.is_server_error() {
-                if let Some(r) = m.fallback(Some(value.status.as_u16())) {
-                    return Ok(r);
-                }
-            }
-            m.state.counters().record(Source::Miss);
-            Ok(m.state.respond_uncached(value, &m.view(), m.fwd))
-        }
-        Resolved::Pass(None) => m.answer_unshared().await,
-        Resolved::Failed(error) => {
-            if let Some(r) = m.fallback(None) {
-                return Ok(r);
-            }
-            m.state.counters().record_error();
-            // The inner service's own error goes back to the caller that made it.
-            if let Some(e) = take_error(&m.error_slot) {
-                return Err(e);
-            }
-            Ok(m.state.error_response(&error))
-        }
-        Resolved::WaitTimedOut(permit) => {
-            let status = m.state.status_fwd(m.fwd, Some(Detail::WaitTimeout));
-            let state = Arc::clone(&m.state);
-            direct_with(&state, m.own_call(), status, Some(permit)).await
-        }
-        Resolved::Overloaded => m.release(Detail::Overloaded).await,
-    }
+    let arrived = std::time::Instant::now();
+    let call = (inner, req);
+    let mut m = Box::new(Miss::start(
+        state, target, head, call, stale, wants, arrived,
+    ));
+    let first = m.first().await;
+    m.after(first).await
+}
+
+/// The rest of [`miss`] for a request that followed its key's running
+/// flight ([`follow`](super::follow)) and whose first news from it was not
+/// a plain answer: from that news on, as if it had joined here.
+pub(super) async fn followed<S, ReqB, ResB>(
+    state: Arc<LayerState>,
+    target: Target,
+    head: bool,
+    call: (S, Request<ReqB>),
+    stale: Option<Arc<Stored<CachedResponse>>>,
+    arrived: std::time::Instant,
+    first: First<Resolved<CachedResponse>, Handoff<ResB>>,
+) -> Result<Response<CacheBody<ResB>>, S::Error>
+where
+    S: Origin<ReqB, ResB> + Clone,
+    ReqB: Default + Send + 'static,
+    ResB: OriginBody,
+{
+    let m = Box::new(Miss::start(
+        state,
+        target,
+        head,
+        call,
+        stale,
+        Wants::Entry,
+        arrived,
+    ));
+    m.after(first).await
 }
 
 /// A request in [`miss`]: its call (unspent while it follows), the spare
@@ -150,6 +145,7 @@ where
         (inner, req): (S, Request<ReqB>),
         stale: Option<Arc<Stored<CachedResponse>>>,
         wants: Wants,
+        arrived: std::time::Instant,
     ) -> Self {
         let stored = stale.as_ref().map(|e| e.value.clone());
         let (leader, passthrough_rx, error_slot) =
@@ -176,8 +172,55 @@ where
             spare: None,
             passthrough_rx,
             error_slot,
-            arrived: std::time::Instant::now(),
+            arrived,
             grace,
+        }
+    }
+
+    /// What [`miss`] makes of the flight's first news.
+    async fn after(
+        mut self: Box<Self>,
+        first: First<Resolved<CachedResponse>, Handoff<ResB>>,
+    ) -> Result<Response<CacheBody<ResB>>, S::Error> {
+        let resolved = match first {
+            First::Resolved(r) => r,
+            First::Handoff(handoff) => return Ok(self.handed_off(handoff)),
+            First::Stream(stream) => return self.join_stream(stream).await,
+        };
+        let resolved = self.follow_variant(resolved).await;
+        let resolved = match self.again_if_expired(resolved).await {
+            Ok(resolved) => resolved,
+            Err(handoff) => return Ok(self.handed_off(handoff)),
+        };
+        match resolved {
+            Resolved::Value { entry, source } => self.answer_entry(entry, source).await,
+            Resolved::Pass(Some(value)) => {
+                if value.status.is_server_error() {
+                    if let Some(r) = self.fallback(Some(value.status.as_u16())) {
+                        return Ok(r);
+                    }
+                }
+                self.state.counters().record(Source::Miss);
+                Ok(self.state.respond_uncached(*value, &self.view(), self.fwd))
+            }
+            Resolved::Pass(None) => self.answer_unshared().await,
+            Resolved::Failed(error) => {
+                if let Some(r) = self.fallback(None) {
+                    return Ok(r);
+                }
+                self.state.counters().record_error();
+                // The inner service's own error goes back to the caller that made it.
+                if let Some(e) = take_error(&self.error_slot) {
+                    return Err(e);
+                }
+                Ok(self.state.error_response(&error))
+            }
+            Resolved::WaitTimedOut(permit) => {
+                let status = self.state.status_fwd(self.fwd, Some(Detail::WaitTimeout));
+                let state = Arc::clone(&self.state);
+                direct_with(&state, self.own_call(), status, Some(permit)).await
+            }
+            Resolved::Overloaded => self.release(Detail::Overloaded).await,
         }
     }
 
@@ -456,24 +499,7 @@ where
             return self.release(Detail::ErrorNotShared).await;
         }
         self.state.counters().record(source);
-        let fwd = self.fwd;
-        let served = match source {
-            Source::Hit => Served::Hit,
-            Source::Stale => Served::Stale(stale_detail(policy::usability(
-                &policy::RequestDirectives::default(),
-                entry.value.rules,
-                entry.value.current_age(entry.age()),
-                self.grace,
-            ))),
-            Source::Coalesced => Served::Forwarded {
-                fwd,
-                collapsed: true,
-            },
-            _ => Served::Forwarded {
-                fwd,
-                collapsed: false,
-            },
-        };
+        let served = served_from_flight(&entry, source, self.fwd, self.grace);
         Ok(self.state.respond(&entry, &self.view(), served))
     }
 
@@ -516,48 +542,6 @@ where
         }
         // The answer was not for everyone: each waiter asks for its own.
         self.release(Detail::Uncacheable).await
-    }
-}
-
-/// What stands in for a failed origin under stale-if-error: the stored
-/// response, or without a copy of its own, a copy kept aside since (read
-/// from Redis during the flight).
-struct StandIn {
-    state: Arc<LayerState>,
-    stale: Option<Arc<Stored<CachedResponse>>>,
-    key: crate::key::CacheKey,
-    headers: Arc<HeaderMap>,
-    head: bool,
-}
-
-impl StandIn {
-    fn answer<B>(&self, fwd_status: Option<u16>) -> Option<Response<CacheBody<B>>> {
-        let kept;
-        let entry = match self.stale.as_ref() {
-            Some(e) => e,
-            None => {
-                kept = self
-                    .state
-                    .retained
-                    .get(&self.key)
-                    .filter(|e| e.value.vary_matches(&self.headers))?;
-                &kept
-            }
-        };
-        let age = entry.value.current_age(entry.age());
-        if !policy::stale_if_error_allows(entry.value.rules, age) {
-            return None;
-        }
-        self.state.counters().record(Source::Stale);
-        let view = View {
-            head: self.head,
-            headers: &self.headers,
-            validators: true,
-        };
-        Some(
-            self.state
-                .respond(entry, &view, Served::StaleIfError { fwd_status }),
-        )
     }
 }
 

@@ -4,15 +4,16 @@
 //! helpers here borrow it, or take it only on a path that leaves the
 //! cache's memory): moving it would copy all of it.
 
+use std::future::Future;
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
 use http::header::HeaderValue;
 use http::{Request, Response};
 
 use super::bounds::{Origin, OriginBody};
 use super::coalesce::{miss, reload, Wants};
 use super::direct::{hit_for_miss, refresh_request};
+use super::follow::{follow, running};
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
 use super::{has_body, hit_for_miss_permit, plain_get};
@@ -29,9 +30,6 @@ use crate::http::state::{LayerState, ReloadMode};
 use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
-
-/// A response future, boxed.
-type Boxed<B, E> = BoxFuture<'static, Result<Response<CacheBody<B>>, E>>;
 
 /// An entry stored in the engine or kept aside.
 type Entry = Arc<Stored<CachedResponse>>;
@@ -190,7 +188,15 @@ impl<'a> Past<'a> {
         Self { state, head, span }
     }
 
-    fn boxed<F, B: 'static, E: 'static>(self, fut: Boxed<B, E>) -> ResponseFuture<F, B, E> {
+    /// `fut` boxed once, run in the request's span (when there is one:
+    /// without a subscriber it is none, and entering it does nothing).
+    fn boxed<F, B: 'static, E: 'static, Fut>(self, fut: Fut) -> ResponseFuture<F, B, E>
+    where
+        Fut: Future<Output = Result<Response<CacheBody<B>>, E>> + Send + 'static,
+    {
+        if self.span.is_none() {
+            return ResponseFuture::boxed(Box::pin(fut));
+        }
         let fut = tracing::Instrument::instrument(fut, self.span.clone());
         ResponseFuture::boxed(Box::pin(fut))
     }
@@ -211,8 +217,15 @@ impl<'a> Past<'a> {
         ResB: OriginBody,
     {
         let state = Arc::clone(self.state);
-        let fut = miss(state, target, self.head, inner, req, stale, wants);
-        self.boxed(Box::pin(fut))
+        // Whether it leads or follows is settled as it arrives: a follower's
+        // future is a small one of its own, a leader's the whole miss path.
+        match running(&state, &target, wants) {
+            Some(joined) => {
+                let call = (inner, req);
+                self.boxed(follow(state, target, self.head, call, stale, joined))
+            }
+            None => self.boxed(miss(state, target, self.head, inner, req, stale, wants)),
+        }
     }
 
     /// Refresh, with the stored response's validators when there is one.
@@ -230,7 +243,7 @@ impl<'a> Past<'a> {
     {
         let state = Arc::clone(self.state);
         let fut = reload(state, target, self.head, inner, req, stored);
-        self.boxed(Box::pin(fut))
+        self.boxed(fut)
     }
 
     /// `no-cache`: refresh, with the stored response's validators when
@@ -320,7 +333,7 @@ impl<'a> Past<'a> {
             let state = Arc::clone(state);
             let fwd = Forward::UriMiss;
             let fut = hit_for_miss(state, target, self.head, inner, req, fwd, permit);
-            return self.boxed(Box::pin(fut));
+            return self.boxed(fut);
         }
         state.counters().record(Source::Bypass);
         let status = state.status_fwd(Forward::UriMiss, Some(Detail::HitForPass));

@@ -53,6 +53,7 @@ mod bounds;
 mod coalesce;
 mod direct;
 mod fill;
+mod follow;
 mod lookup;
 mod origin;
 mod respond;

@@ -2,6 +2,9 @@
 //! the layer's own 503/504/502 answers, and the `Cache-Status` wording.
 //! It never calls the origin.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
@@ -10,10 +13,11 @@ use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::conditional;
 use crate::http::future::ResponseFuture;
-use crate::http::policy::{Forward, NotStored, RequestScan, Usable};
+use crate::http::policy::{self, Forward, NotStored, RequestScan, Usable};
 use crate::http::response::{fill_served, CachedResponse, Strip};
 use crate::http::state::LayerState;
 use crate::http::stream::{Stream, StreamReader};
+use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 
@@ -99,6 +103,76 @@ pub(super) fn stale_detail(usable: Usable) -> &'static str {
     match usable {
         Usable::Grace => "grace",
         _ => "stale",
+    }
+}
+
+/// How an entry a flight shared is served to a request on it: as found
+/// (a hit, a stale copy), or as forwarded for it (`collapsed` when another
+/// request led).
+pub(super) fn served_from_flight(
+    entry: &Stored<CachedResponse>,
+    source: Source,
+    fwd: Forward,
+    grace: Duration,
+) -> Served {
+    match source {
+        Source::Hit => Served::Hit,
+        Source::Stale => Served::Stale(stale_detail(policy::usability(
+            &policy::RequestDirectives::default(),
+            entry.value.rules,
+            entry.value.current_age(entry.age()),
+            grace,
+        ))),
+        Source::Coalesced => Served::Forwarded {
+            fwd,
+            collapsed: true,
+        },
+        _ => Served::Forwarded {
+            fwd,
+            collapsed: false,
+        },
+    }
+}
+
+/// What stands in for a failed origin under stale-if-error: the stored
+/// response, or without a copy of its own, a copy kept aside since (read
+/// from Redis during the flight).
+pub(super) struct StandIn {
+    pub(super) state: Arc<LayerState>,
+    pub(super) stale: Option<Arc<Stored<CachedResponse>>>,
+    pub(super) key: CacheKey,
+    pub(super) headers: Arc<HeaderMap>,
+    pub(super) head: bool,
+}
+
+impl StandIn {
+    pub(super) fn answer<B>(&self, fwd_status: Option<u16>) -> Option<Response<CacheBody<B>>> {
+        let kept;
+        let entry = match self.stale.as_ref() {
+            Some(e) => e,
+            None => {
+                kept = self
+                    .state
+                    .retained
+                    .get(&self.key)
+                    .filter(|e| e.value.vary_matches(&self.headers))?;
+                &kept
+            }
+        };
+        let age = entry.value.current_age(entry.age());
+        if !policy::stale_if_error_allows(entry.value.rules, age) {
+            return None;
+        }
+        self.state.counters().record(Source::Stale);
+        let view = View {
+            head: self.head,
+            headers: &self.headers,
+            validators: true,
+        };
+        Some(
+            self.state
+                .respond(entry, &view, Served::StaleIfError { fwd_status }),
+        )
     }
 }
 

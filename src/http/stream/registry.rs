@@ -2,6 +2,7 @@
 //! waiters attach to, and the writer's guard that ends a body early.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -68,21 +69,34 @@ impl Streams {
 
     /// Wait until a stream for `key` that `usable` accepts is registered.
     /// Never resolves otherwise: the caller selects it against the flight.
-    pub(crate) async fn wait(
-        &self,
+    /// (An async block: it uses its captures in place, where an async fn's
+    /// arguments take room twice in every waiting request's future.)
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async block uses its captures in place; an async fn's arguments take room twice in the future"
+    )]
+    pub(crate) fn wait<'a>(
+        &'a self,
         key: CacheKey,
-        usable: impl Fn(&Stream) -> bool,
-    ) -> Arc<Stream> {
-        let mut rx = self.registered.subscribe();
-        loop {
-            let found = self.map().get(&key).map(|(_, s)| Arc::clone(s));
-            if let Some(s) = found.filter(|s| usable(s)) {
-                return s;
-            }
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
+        usable: impl Fn(&Stream) -> bool + 'a,
+    ) -> impl Future<Output = Arc<Stream>> + 'a {
+        async move {
+            let mut rx = self.registered.subscribe();
+            loop {
+                if let Some(s) = self.usable(&key, &usable) {
+                    return s;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
             }
         }
+    }
+
+    /// The stream registered for `key`, if `usable` accepts it.
+    fn usable(&self, key: &CacheKey, usable: impl Fn(&Stream) -> bool) -> Option<Arc<Stream>> {
+        let found = self.map().get(key).map(|(_, s)| Arc::clone(s));
+        found.filter(|s| usable(s))
     }
 
     #[cfg(test)]

@@ -131,9 +131,9 @@ impl RedisStore {
         self.ensure_purge_listener();
         let k = self.keys(key);
         let mut inv = LOOKUP_OR_LEASE.prepare_invoke();
-        inv.key(&k.value)
-            .key(&k.lock)
-            .key(&k.fence)
+        inv.key(k.value())
+            .key(k.lock())
+            .key(k.fence())
             .arg(token.as_str())
             .arg(millis(self.options.lease_ttl))
             .arg(if skip_entry { "1" } else { "0" })
@@ -216,11 +216,11 @@ impl RedisStore {
         // The two unused key slots get `v` again: the script's KEYS keep
         // their places, and every key named is in the entry's slot.
         let mut inv = FENCED_WRITE_AND_RELEASE.prepare_invoke();
-        inv.key(&k.value)
-            .key(&k.value)
-            .key(&k.lock)
-            .key(&k.fence)
-            .key(&k.value)
+        inv.key(k.value())
+            .key(k.value())
+            .key(k.lock())
+            .key(k.fence())
+            .key(k.value())
             .arg(token.map_or("", LeaseToken::as_str))
             .arg(fence.0)
             .arg(mode_name)
@@ -268,7 +268,7 @@ impl RedisStore {
     ) -> Result<bool, StoreError> {
         let k = self.keys(key);
         let mut cmd = redis::cmd("GET");
-        cmd.arg(&k.lock);
+        cmd.arg(k.lock());
         let now: Option<Vec<u8>> = self.query("lease_held_by", &cmd).await?;
         Ok(now.is_some_and(|t| t == holder))
     }
@@ -282,7 +282,7 @@ impl RedisStore {
     ) -> Result<bool, StoreError> {
         let k = self.keys(key);
         let mut inv = EXTEND.prepare_invoke();
-        inv.key(&k.lock).arg(token.as_str()).arg(millis(ttl));
+        inv.key(k.lock()).arg(token.as_str()).arg(millis(ttl));
         let n: i64 = self.invoke("extend", &inv).await?;
         Ok(n == 1)
     }
@@ -299,7 +299,7 @@ impl RedisStore {
     ) -> Result<bool, StoreError> {
         let k = self.keys(key);
         let mut inv = RELEASE.prepare_invoke();
-        inv.key(&k.lock).arg(token.as_str());
+        inv.key(k.lock()).arg(token.as_str());
         let n: i64 = self.invoke("release", &inv).await?;
         Ok(n == 1)
     }
@@ -309,11 +309,11 @@ impl RedisStore {
     pub(crate) async fn purge(&self, key: &CacheKey) -> Result<(), StoreError> {
         let k = self.keys(key);
         let mut inv = PURGE_ENTRY.prepare_invoke();
-        inv.key(&k.value)
-            .key(&k.fresh)
-            .key(&k.pass)
-            .key(&k.fence)
-            .key(&k.lock)
+        inv.key(k.value())
+            .key(k.fresh())
+            .key(k.pass())
+            .key(k.fence())
+            .key(k.lock())
             .arg(millis(self.options.fence_retention));
         let _: i64 = self.invoke("purge", &inv).await?;
         Ok(())
@@ -324,11 +324,11 @@ impl RedisStore {
     pub(crate) async fn soft_purge(&self, key: &CacheKey) -> Result<(), StoreError> {
         let k = self.keys(key);
         let mut inv = SOFT_PURGE_ENTRY.prepare_invoke();
-        inv.key(&k.value)
-            .key(&k.fresh)
-            .key(&k.pass)
-            .key(&k.fence)
-            .key(&k.lock)
+        inv.key(k.value())
+            .key(k.fresh())
+            .key(k.pass())
+            .key(k.fence())
+            .key(k.lock())
             .arg(millis(self.options.fence_retention))
             .arg(&self.entry_prefix[..]);
         let _: i64 = self.invoke("soft_purge", &inv).await?;
@@ -424,7 +424,7 @@ impl RedisStore {
     ) -> Result<bool, StoreError> {
         let k = self.keys(key);
         let mut cmd = redis::cmd("SET");
-        cmd.arg(&k.lock)
+        cmd.arg(k.lock())
             .arg(token.as_str())
             .arg("NX")
             .arg("PX")
@@ -437,7 +437,7 @@ impl RedisStore {
     pub(crate) async fn next_fence(&self, key: &CacheKey) -> Result<FenceToken, StoreError> {
         let k = self.keys(key);
         let mut inv = NEXT_FENCE.prepare_invoke();
-        inv.key(&k.fence).arg(millis(self.options.fence_retention));
+        inv.key(k.fence()).arg(millis(self.options.fence_retention));
         let n: i64 = self.invoke("next_fence", &inv).await?;
         Ok(FenceToken(n.max(0) as u64))
     }
@@ -446,7 +446,7 @@ impl RedisStore {
     pub(crate) async fn read_value(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, StoreError> {
         let k = self.keys(key);
         let mut cmd = redis::cmd("GET");
-        cmd.arg(&k.value);
+        cmd.arg(k.value());
         self.query("read_value", &cmd).await
     }
 }
@@ -461,9 +461,9 @@ mod tests {
         let store = RedisStore::new(RedisOptions::new("redis://127.0.0.1:1")).unwrap();
         let k = store.keys(&CacheKey::new("/{evil}}"));
         let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
-        let t = tag(&k.value);
+        let t = tag(k.value());
         assert_eq!(t.len(), 34);
-        for name in [&k.fresh, &k.lock, &k.fence, &k.pass] {
+        for name in [k.fresh(), k.lock(), k.fence(), k.pass()] {
             assert_eq!(tag(name), t);
         }
     }
