@@ -116,7 +116,8 @@
 //!   quorum_lease.rs  a key's lease on the Redlock quorum
 //!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
 //!   value.rs (Value), envelope.rs (the stored bytes)
-//! store/           memory.rs (embedded default and L1), notice.rs (the purge
+//! store/           memory/ (embedded default and L1; clock.rs its map,
+//!                  CLOCK eviction by weight), notice.rs (the purge
 //!                  notice's bytes), redis/ (connection
 //!                  and breaker, keys, Lua scripts as .lua files, fills,
 //!                  purge bus, cluster, TLS)
