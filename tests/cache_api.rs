@@ -105,6 +105,36 @@ async fn insert_beats_a_computation_already_running() {
     assert_eq!(cache.get(&key).as_deref(), Some("newer"));
 }
 
+/// A caller that waits on a running computation but wakes only after it ended and an `invalidate` came never gets the invalidated value: it computes again (2 computations).
+#[tokio::test(start_paused = true)]
+async fn a_waiter_woken_after_an_invalidate_computes_again() {
+    let cache: Cache<String> = Cache::builder().build().unwrap();
+    let key = CacheKey::new("race");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let lookup = || {
+        let (cache, calls) = (cache.clone(), Arc::clone(&calls));
+        async move {
+            let computed = cache.get_or_compute(&key, secs(60), move || async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok::<_, std::io::Error>(format!("v{n}"))
+            });
+            computed.await.unwrap().value
+        }
+    };
+    let first = tokio::spawn(lookup());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut late = Box::pin(lookup());
+    // Polled once while the computation runs: it waits on it.
+    assert!(tokio::time::timeout(Duration::ZERO, &mut late)
+        .await
+        .is_err());
+    assert_eq!(first.await.unwrap(), "v1");
+    cache.invalidate(&key);
+    assert_eq!(late.await, "v2");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
 #[cfg(all(feature = "redis", feature = "serde"))]
 mod shared {
     use super::support::RedisServer;

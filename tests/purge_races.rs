@@ -6,12 +6,15 @@
 
 use herdguard_testkit as support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use herdguard::{Cache, CacheKey, CacheLayer, FencedStore, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
+use tower::{Service, ServiceExt};
 
 fn url() -> http::Uri {
     "http://example.test/r".parse().unwrap()
@@ -154,39 +157,47 @@ async fn purge_raises_the_fence_in_redis() {
     assert_eq!(fenced.read("r").await.unwrap().unwrap(), &b"newer"[..]);
 }
 
-/// A request called while a fill runs but first polled after that fill ended and a purge came never gets the purged answer: it asks the origin itself (2 calls).
-#[tokio::test(start_paused = true)]
-async fn a_request_first_polled_after_its_flight_ended_and_a_purge_asks_again() {
-    use std::convert::Infallible;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+/// A layer over an origin that answers `call=N` (N counts its calls) after
+/// a second, storable for a minute.
+type Svc = tower::util::BoxCloneService<
+    http::Request<axum::body::Body>,
+    http::Response<herdguard::CacheBody<axum::body::Body>>,
+    std::convert::Infallible,
+>;
 
-    use axum::body::Body;
-    use http::{Request, Response};
-    use http_body_util::BodyExt;
-    use tower::{Service, ServiceExt};
-
+fn slow_counted_origin() -> (Arc<AtomicUsize>, CacheLayer, Svc) {
     let calls = Arc::new(AtomicUsize::new(0));
     let c = Arc::clone(&calls);
-    let inner = tower::service_fn(move |_req: Request<herdguard::RequestBody<Body>>| {
-        let n = c.fetch_add(1, Ordering::SeqCst) + 1;
-        async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let mut r = Response::new(Body::from(format!("call={n}")));
-            r.headers_mut().insert(
-                "cache-control",
-                http::HeaderValue::from_static("max-age=60"),
-            );
-            Ok::<_, Infallible>(r)
-        }
-    });
+    let inner = tower::service_fn(
+        move |_req: http::Request<herdguard::RequestBody<axum::body::Body>>| {
+            let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let mut r = http::Response::new(axum::body::Body::from(format!("call={n}")));
+                r.headers_mut().insert(
+                    "cache-control",
+                    http::HeaderValue::from_static("max-age=60"),
+                );
+                Ok::<_, std::convert::Infallible>(r)
+            }
+        },
+    );
     let cache = CacheLayer::new();
     let svc = tower::ServiceBuilder::new()
         .layer(cache.clone())
         .service(inner);
-    let body_of = |r: Response<herdguard::CacheBody<Body>>| async move {
-        r.into_body().collect().await.unwrap().to_bytes()
-    };
+    (calls, cache, Svc::new(svc))
+}
+
+async fn body_of(r: http::Response<herdguard::CacheBody<axum::body::Body>>) -> Bytes {
+    use http_body_util::BodyExt;
+    r.into_body().collect().await.unwrap().to_bytes()
+}
+
+/// A request called while a fill runs but first polled after that fill ended and a purge came never gets the purged answer: it asks the origin itself (2 calls).
+#[tokio::test(start_paused = true)]
+async fn a_request_first_polled_after_its_flight_ended_and_a_purge_asks_again() {
+    let (calls, cache, svc) = slow_counted_origin();
     let first = tokio::spawn(svc.clone().oneshot(get_req("/r")));
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Called while the fill runs; not polled yet.
@@ -197,5 +208,29 @@ async fn a_request_first_polled_after_its_flight_ended_and_a_purge_asks_again() 
     drop(cache.purge_url(&url()));
     let late = late.await.unwrap();
     assert_eq!(body_call(&body_of(late).await), "call=2");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A request that waits on a running fill (polled once while it runs) but
+/// wakes only after that fill ended and a purge completed never gets the
+/// purged answer: it asks the origin itself (2 calls).
+#[tokio::test(start_paused = true)]
+async fn a_waiter_woken_after_its_flight_ended_and_a_purge_asks_again() {
+    let (calls, cache, svc) = slow_counted_origin();
+    let first = tokio::spawn(svc.clone().oneshot(get_req("/r")));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut late_svc = svc.clone();
+    let mut late = Box::pin(late_svc.ready().await.unwrap().call(get_req("/r")));
+    // Polled once while the fill runs: it waits on the flight.
+    assert!(tokio::time::timeout(Duration::ZERO, &mut late)
+        .await
+        .is_err());
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(body_call(&body_of(first).await), "call=1");
+    // The purge completes before the waiter's task runs again.
+    drop(cache.purge_url(&url()));
+    let late = late.await.unwrap();
+    let status = cache_status(late.headers()).to_owned();
+    assert_eq!(body_call(&body_of(late).await), "call=2", "{status}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

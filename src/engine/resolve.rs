@@ -46,6 +46,13 @@ pub(crate) enum Resolved<V> {
     Overloaded,
 }
 
+impl<V> Resolved<V> {
+    /// A copy a hard purge has marked since it was handed out.
+    fn is_purged_copy(&self) -> bool {
+        matches!(self, Resolved::Value { entry, .. } if entry.is_purged())
+    }
+}
+
 /// The engine: state shared by every clone of a cache (and every route of
 /// a layer), and the miss path over it.
 #[derive(Debug)]
@@ -159,10 +166,22 @@ impl<V: Value> Engine<V> {
         key: CacheKey,
         compute: &mut Option<C>,
     ) -> Resolved<V> {
-        match self.flights.join_or_lead(key, &self.leaders, false) {
-            (Role::Follower(rx), _) => self.wait(rx, false, true).await,
-            (Role::Leader(handle), _) => self.lead(handle, compute).await,
-            (Role::Overloaded, _) => Resolved::Overloaded,
+        // A follower woken with a copy a purge marked after its flight
+        // ended goes round once more (leads or follows anew): the purge has
+        // answered "purged", and this caller was not answered before it.
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            match self.flights.join_or_lead(key, &self.leaders, false) {
+                (Role::Follower(rx), _) => {
+                    let resolved = self.wait(rx, false, true).await;
+                    if rounds > 1 || !resolved.is_purged_copy() {
+                        return resolved;
+                    }
+                }
+                (Role::Leader(handle), _) => return self.lead(handle, compute).await,
+                (Role::Overloaded, _) => return Resolved::Overloaded,
+            }
         }
     }
 

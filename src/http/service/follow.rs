@@ -92,6 +92,13 @@ where
         } else {
             target.miss
         };
+        // A copy a purge marked after the flight ended (and before this
+        // waiter woke) is not served: the purge has answered "purged"; this
+        // request goes the whole way, as if it came after the purge.
+        if matches!(&first, First::Resolved(Resolved::Value { entry, .. }) if entry.is_purged()) {
+            let again = Box::pin(miss(state, target, head, inner, req, stale, Wants::Entry));
+            return again.await;
+        }
         if let First::Resolved(Resolved::Value { entry, source }) = &first {
             if plainly_answers(&state, &target, req.headers(), entry, *source) {
                 state.counters().record(*source);
