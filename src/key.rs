@@ -61,11 +61,16 @@ impl CacheKey {
     /// Lowercase hex of the digest; this is the `{H}` hash tag in Redis.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(32);
-        for b in self.0 {
-            s.push(HEX[(b >> 4) as usize] as char);
-            s.push(HEX[(b & 0xf) as usize] as char);
-        }
+        self.push_hex(&mut s);
         s
+    }
+
+    /// Append the 32 lowercase hex digits of [`Self::to_hex`] to `out`.
+    pub(crate) fn push_hex(&self, out: &mut String) {
+        for b in self.0 {
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 0xf) as usize] as char);
+        }
     }
 
     /// Parse the 32-digit lowercase hex form back into a key.

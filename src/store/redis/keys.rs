@@ -19,7 +19,6 @@ pub(crate) struct EntryKeys {
 impl EntryKeys {
     /// The key names of `key`'s entry under the namespace `ns`.
     pub(super) fn new(ns: &str, key: &CacheKey) -> Self {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         // `{ns}:{` + 32 hex digits + `}:`, then the suffix.
         let prefix = ns.len() + 2 + 32 + 2;
         let total = 5 * prefix + SUFFIXES.iter().map(|s| s.len()).sum::<usize>();
@@ -28,10 +27,7 @@ impl EntryKeys {
         for (end, suffix) in ends.iter_mut().zip(SUFFIXES) {
             names.push_str(ns);
             names.push_str(":{");
-            for b in key.as_bytes() {
-                names.push(char::from(HEX[usize::from(b >> 4)]));
-                names.push(char::from(HEX[usize::from(b & 0xf)]));
-            }
+            key.push_hex(&mut names);
             names.push_str("}:");
             names.push_str(suffix);
             *end = names.len();
