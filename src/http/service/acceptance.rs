@@ -46,16 +46,25 @@ pub(super) fn plainly_answers(
     entry: &Stored<CachedResponse>,
     source: Source,
 ) -> bool {
-    let status = entry.value.status;
-    let leaders_error = source == Source::Coalesced
-        && !is_stored(entry)
-        && is_error(status)
-        && !state.http.share_uncacheable;
     entry.value.vary_matches(request_headers)
         && state.variant_for(target, entry, request_headers).is_none()
         && !refuses(state, false, request_headers, entry, source)
-        && !status.is_server_error()
-        && !leaders_error
+        && !entry.value.status.is_server_error()
+        && !leaders_error_page(state, entry, source)
+}
+
+/// An error page the cache did not store, shared by a flight another
+/// request led: it was made for that request (its headers, its cookie),
+/// so a waiter asks for its own (unless the operator shares such answers).
+pub(super) fn leaders_error_page(
+    state: &LayerState,
+    entry: &Stored<CachedResponse>,
+    source: Source,
+) -> bool {
+    source == Source::Coalesced
+        && !is_stored(entry)
+        && is_error(entry.value.status)
+        && !state.http.share_uncacheable
 }
 
 /// Whether `entry`, handed out fresh, is past its freshness now while the

@@ -18,13 +18,12 @@ use crate::http::stream::Stream;
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
 
-use super::acceptance::{acceptable, expired_since_handed_out, refuses};
+use super::acceptance::{acceptable, expired_since_handed_out, leaders_error_page, refuses};
 use super::bounds::{Origin, OriginBody};
 use super::direct::{
     direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, refresh_request, released,
     spare_call,
 };
-use super::fill::{is_error, is_stored};
 use super::hit_for_miss_permit;
 use super::origin::{take_error, take_spare, OriginCall, SlotRef};
 use super::respond::{served_from_flight, StandIn, View};
@@ -489,13 +488,7 @@ where
                 return Ok(r);
             }
         }
-        // An error page the cache did not store was made for the request
-        // that led (its headers, its cookie): a waiter asks for its own.
-        if source == Source::Coalesced
-            && !is_stored(&entry)
-            && is_error(entry.value.status)
-            && !self.state.http.share_uncacheable
-        {
+        if leaders_error_page(&self.state, &entry, source) {
             return self.release(Detail::ErrorNotShared).await;
         }
         self.state.counters().record(source);
