@@ -8,7 +8,12 @@
 //! - nginx `proxy_cache` (2 workers, access log to a file with
 //!   `buffer=256k flush=1s`) and Varnish in front of it, when installed;
 //! - a bare axum handler, herdguard in it from L1, and with L1 off so every
-//!   hit is a Redis round trip.
+//!   hit is a Redis round trip;
+//! - the bare axum handler reading its body from Redis on every request:
+//!   one plain `GET` over one multiplexed connection that all requests
+//!   share (no key derivation, no checks, no coalescing). What a round trip
+//!   per request costs here, beside the herdguard row, whose concurrent
+//!   requests for one key share one lookup.
 //!
 //! ```text
 //! cargo bench --bench hit_throughput
@@ -61,6 +66,7 @@ const VARNISH: &str = "varnish";
 const AXUM: &str = "bare axum handler";
 const AXUM_L1: &str = "axum + herdguard, L1 hit";
 const REDIS: &str = "axum + herdguard, Redis";
+const REDIS_GET: &str = "axum + Redis GET per request";
 
 /// One server under test.
 struct Variant {
@@ -111,6 +117,33 @@ fn router(body: Bytes) -> Router {
         async move { ([(header::CACHE_CONTROL, "max-age=3600")], body) }
     };
     Router::new().route("/k/{key}", get(handler))
+}
+
+/// The bare handler, its body read from Redis with one `GET` per request
+/// over one multiplexed connection shared by every request (commands of
+/// concurrent requests share writes, as the crate's own connections do).
+async fn redis_get(url: &str, body: Bytes) -> Result<Router, String> {
+    use deadpool_redis::redis::{self, AsyncCommands};
+    const KEY: &str = "bench:floor";
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let () = conn
+        .set(KEY, body.as_ref())
+        .await
+        .map_err(|e| e.to_string())?;
+    let handler = move || {
+        let mut conn = conn.clone();
+        async move {
+            match conn.get::<_, Vec<u8>>(KEY).await {
+                Ok(v) => Ok(([(header::CACHE_CONTROL, "max-age=3600")], Bytes::from(v))),
+                Err(_) => Err(axum::http::StatusCode::BAD_GATEWAY),
+            }
+        }
+    };
+    Ok(Router::new().route("/k/{key}", get(handler)))
 }
 
 fn runtime(threads: usize) -> Runtime {
@@ -204,7 +237,7 @@ fn variants(args: &Args, servers: &Runtime, body: &Bytes, children: &mut Childre
     let varnish = run(VARNISH).and_then(|()| {
         children.keep(servers.block_on(PeerProxy::start(Peer::Varnish, origin, lifetime)))
     });
-    let redis = match run(REDIS) {
+    let redis = match run(REDIS).or_else(|_| run(REDIS_GET)) {
         Ok(()) => RedisTarget::from_args(args).unwrap_or_else(|e| {
             eprintln!("redis: {e}");
             std::process::exit(2);
@@ -216,6 +249,12 @@ fn variants(args: &Args, servers: &Runtime, body: &Bytes, children: &mut Childre
         Some(target) => with_redis(CacheLayer::builder(), &target.url, L1::Off, None)
             .and_then(|b| b.build().map_err(|e| e.to_string()))
             .and_then(|layer| start(router(body.clone()).layer(layer))),
+    });
+    let redis_get = run(REDIS_GET).and_then(|()| match &redis {
+        None => Err("skipped: --redis none".to_owned()),
+        Some(target) => servers
+            .block_on(redis_get(&target.url, body.clone()))
+            .and_then(start),
     });
     // A spawned redis-server lives as long as the other children.
     children.1 = redis;
@@ -230,6 +269,7 @@ fn variants(args: &Args, servers: &Runtime, body: &Bytes, children: &mut Childre
         Variant::new(AXUM, axum, false),
         Variant::new(AXUM_L1, axum_l1, true),
         Variant::new(REDIS, redis_hit, true),
+        Variant::new(REDIS_GET, redis_get, false),
     ]
 }
 
