@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use bytes::Bytes;
 use http::header::HeaderValue;
 
+use crate::http::numbers;
 use crate::http::policy::{Forward, Unkeyed};
 use crate::http::state::LayerState;
 
@@ -125,9 +126,13 @@ thread_local! {
         const { RefCell::new([const { None }; WORDINGS]) };
 }
 
-/// An `Age` value, made once per thread for each number (`HeaderValue::from`
+/// An `Age` value: static text below [`numbers::STATIC_BELOW`] seconds,
+/// above it made once per thread for each number (`HeaderValue::from`
 /// allocates).
 pub(crate) fn age_value(age: u64) -> HeaderValue {
+    if age < numbers::STATIC_BELOW {
+        return numbers::number_value(age);
+    }
     let slot = (age % WORDINGS as u64) as usize;
     AGES_BUILT.with(|cell| {
         let mut built = cell.borrow_mut();
@@ -149,7 +154,7 @@ mod tests {
     /// A remembered Age is only reused for the same number.
     #[test]
     fn age_values_are_per_number() {
-        for age in [0, 1, 31, 32, 33, 64, 1_000_000] {
+        for age in [0, 1, 31, 32, 33, 64, 9_999, 10_000, 10_031, 1_000_000] {
             assert_eq!(age_value(age), age.to_string().as_str(), "first {age}");
             assert_eq!(age_value(age), age.to_string().as_str(), "again {age}");
         }

@@ -12,6 +12,7 @@ pub(crate) mod conditional;
 pub(crate) mod future;
 pub(crate) mod keys;
 pub(crate) mod layer;
+pub(crate) mod numbers;
 pub(crate) mod policy;
 pub(crate) mod purge;
 pub(crate) mod range;

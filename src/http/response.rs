@@ -146,11 +146,11 @@ impl CachedResponse {
         h.insert(CACHE_STATUS, HeaderValue::from_static("-"));
         for (name, value) in &self.headers {
             if !strip.drops(name) && name != http::header::AGE && name != CACHE_STATUS {
-                h.append(name.clone(), value.clone());
+                h.append(name.clone(), served_value(name, value, self.body.len()));
             }
         }
         if !h.contains_key(http::header::CONTENT_LENGTH) && has_body(self.status) {
-            let len = HeaderValue::from(self.body.len() as u64);
+            let len = crate::http::numbers::number_value(self.body.len() as u64);
             h.insert(http::header::CONTENT_LENGTH, len);
         }
         h
@@ -209,6 +209,19 @@ pub(crate) fn fill_served(headers: &mut HeaderMap, age: HeaderValue, status: Hea
     if let Some(s) = status {
         headers.insert(CACHE_STATUS, s);
     }
+}
+
+/// A stored header value as every hit's copy carries it: the origin's
+/// `Content-Length` for the stored body's length as the static text of that
+/// number (see [`numbers`](crate::http::numbers)), any other as it is.
+fn served_value(name: &HeaderName, value: &HeaderValue, body_len: usize) -> HeaderValue {
+    if name == http::header::CONTENT_LENGTH {
+        let len = crate::http::numbers::number_value(body_len as u64);
+        if len == value {
+            return len;
+        }
+    }
+    value.clone()
 }
 
 /// The longest a shared store keeps an entry past its freshness for

@@ -166,6 +166,17 @@ fn served_head_states_the_body_length() {
     own.headers
         .insert("content-length", HeaderValue::from_static("5"));
     assert_eq!(length(&own), [b"5".to_vec()]);
+    // Either way every hit's copy carries the static text of the number.
+    for r in [sample(), own] {
+        let head = r.served_headers(strip(None)).unwrap();
+        assert!(crate::http::numbers::is_static(&head["content-length"]));
+    }
+    // A length the origin stated that is not the stored body's stays its own.
+    let mut other = sample();
+    other
+        .headers
+        .insert("content-length", HeaderValue::from_static("7"));
+    assert_eq!(length(&other), [b"7".to_vec()]);
     for status in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
         let mut r = sample();
         r.status = status;
