@@ -630,6 +630,73 @@ async fn route_layer_and_nested_routers_keep_keys_apart() {
     assert_eq!(origin.calls(), 2);
 }
 
+/// An inner service that counts its clones and calls.
+struct CountedClones {
+    clones: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Clone for CountedClones {
+    fn clone(&self) -> Self {
+        self.clones.fetch_add(1, Ordering::SeqCst);
+        Self {
+            clones: Arc::clone(&self.clones),
+            calls: Arc::clone(&self.calls),
+        }
+    }
+}
+
+impl Service<Request<RequestBody<Body>>> for CountedClones {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<RequestBody<Body>>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut r = Response::new(Body::from("counted"));
+        r.headers_mut()
+            .insert("cache-control", HeaderValue::from_static("max-age=60"));
+        std::future::ready(Ok(r))
+    }
+}
+
+/// A hit answered from memory leaves the inner service where it is: only
+/// the miss clones it (it takes the ready instance out to call it).
+#[tokio::test]
+async fn hits_do_not_clone_the_inner_service() {
+    let inner = CountedClones {
+        clones: Arc::new(AtomicUsize::new(0)),
+        calls: Arc::new(AtomicUsize::new(0)),
+    };
+    let (clones, calls) = (Arc::clone(&inner.clones), Arc::clone(&inner.calls));
+    let mut svc = CacheLayer::new().layer_service(inner);
+    let mut after_miss = 0;
+    for i in 0..6 {
+        let r = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(req(Method::GET, "/c", &[]))
+            .await
+            .unwrap();
+        let want = if i == 0 { "fwd=uri-miss" } else { "hit" };
+        assert!(status(r.headers()).contains(want), "request {i}");
+        if i == 0 {
+            after_miss = clones.load(Ordering::SeqCst);
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(after_miss > 0, "the miss took the ready instance out");
+    assert_eq!(clones.load(Ordering::SeqCst), after_miss, "hits cloned it");
+}
+
 /// Trait helper: wrap a service in a layer without ServiceBuilder noise.
 trait LayerService {
     fn layer_service<S>(&self, inner: S) -> herdguard::CacheService<S>;
