@@ -14,6 +14,9 @@ use crate::http::response::CachedResponse;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
+/// Registration channels, by the key's first byte (keys are hashes).
+const SHARDS: usize = 64;
+
 /// A fill whose response head has arrived and whose body is streaming:
 /// what a waiter needs to answer from it.
 #[derive(Debug)]
@@ -34,10 +37,11 @@ impl Stream {
 #[derive(Debug)]
 pub(crate) struct Streams {
     map: Mutex<HashMap<CacheKey, (u64, Arc<Stream>)>>,
-    /// Bumped on every registration so waiters re-check the map. One
-    /// channel for all keys: a registration wakes waiters of other keys
-    /// too, who look once and sleep again.
-    registered: watch::Sender<u64>,
+    /// Bumped on every registration so waiters re-check the map, one
+    /// channel per [`shard`](Self::shard) of keys: a registration wakes the
+    /// waiters of its own key and of the few others in its shard (who look
+    /// once and sleep again), not every waiting request of every key.
+    registered: [watch::Sender<u64>; SHARDS],
     next_id: AtomicU64,
 }
 
@@ -45,7 +49,7 @@ impl Streams {
     pub(crate) fn new() -> Self {
         Self {
             map: Mutex::new(HashMap::new()),
-            registered: watch::Sender::new(0),
+            registered: std::array::from_fn(|_| watch::Sender::new(0)),
             next_id: AtomicU64::new(1),
         }
     }
@@ -59,7 +63,7 @@ impl Streams {
     pub(crate) fn register(self: &Arc<Self>, key: CacheKey, stream: Arc<Stream>) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.map().insert(key, (id, stream));
-        self.registered.send_modify(|n| *n = n.wrapping_add(1));
+        self.registered[Self::shard(&key)].send_modify(|n| *n = n.wrapping_add(1));
         Registration {
             streams: Arc::clone(self),
             key,
@@ -81,7 +85,7 @@ impl Streams {
         usable: impl Fn(&Stream) -> bool + 'a,
     ) -> impl Future<Output = Arc<Stream>> + 'a {
         async move {
-            let mut rx = self.registered.subscribe();
+            let mut rx = self.registered[Self::shard(&key)].subscribe();
             loop {
                 if let Some(s) = self.usable(&key, &usable) {
                     return s;
@@ -97,6 +101,11 @@ impl Streams {
     fn usable(&self, key: &CacheKey, usable: impl Fn(&Stream) -> bool) -> Option<Arc<Stream>> {
         let found = self.map().get(key).map(|(_, s)| Arc::clone(s));
         found.filter(|s| usable(s))
+    }
+
+    /// Which registration channel `key`'s waiters listen on.
+    pub(super) fn shard(key: &CacheKey) -> usize {
+        usize::from(key.as_bytes()[0]) % SHARDS
     }
 
     #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::error::BoxError;
 use crate::http::response::CachedResponse;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 
 async fn next(r: &mut StreamReader) -> Option<Result<Bytes, BoxError>> {
     poll_fn(|cx| r.poll_chunk(cx)).await
@@ -322,11 +322,8 @@ async fn failure_reaches_readers() {
     assert!(next(&mut a).await.unwrap().is_err());
 }
 
-/// A registration withdraws only its own offer.
-#[test]
-fn registration_removes_own() {
-    let streams = Arc::new(Streams::new());
-    let key = CacheKey::new("k");
+/// A stream head for `key`, as a fill registers it.
+fn stream_for(key: CacheKey) -> Arc<Stream> {
     let value = CachedResponse {
         status: StatusCode::OK,
         headers: http::HeaderMap::new(),
@@ -347,16 +344,61 @@ fn registration_removes_own() {
         Default::default(),
         Default::default(),
     ));
-    let s = || {
-        Arc::new(Stream {
-            head: Arc::clone(&head),
-            body: SharedBody::new("test", Duration::from_secs(60)),
-        })
-    };
-    let first = streams.register(key, s());
-    let second = streams.register(key, s());
+    Arc::new(Stream {
+        head,
+        body: SharedBody::new("test", Duration::from_secs(60)),
+    })
+}
+
+/// A registration withdraws only its own offer.
+#[test]
+fn registration_removes_own() {
+    let streams = Arc::new(Streams::new());
+    let key = CacheKey::new("k");
+    let first = streams.register(key, stream_for(key));
+    let second = streams.register(key, stream_for(key));
     drop(first);
     assert_eq!(streams.len(), 1);
     drop(second);
     assert_eq!(streams.len(), 0);
+}
+
+/// Counts its wake-ups.
+#[derive(Default)]
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A stream registered for one key wakes the waiters of that key, not the
+/// waiters of keys in other shards: with one channel for all keys, every
+/// fill that started streaming woke every waiting request of every key,
+/// each of which locked the map to look again (a cold burst over K keys
+/// made on the order of K² wake-ups).
+#[test]
+fn a_registration_wakes_only_its_shard() {
+    let streams = Arc::new(Streams::new());
+    let a = CacheKey::new("a");
+    let b = (0..)
+        .map(|i| CacheKey::new(format!("b{i}")))
+        .find(|b| Streams::shard(b) != Streams::shard(&a))
+        .unwrap();
+    let wakes = |key: CacheKey| {
+        let counter = Arc::new(CountingWaker::default());
+        let waker = Waker::from(Arc::clone(&counter));
+        let mut fut = Box::pin(streams.wait(key, |_: &Stream| true));
+        let pending = fut.as_mut().poll(&mut Context::from_waker(&waker));
+        assert!(pending.is_pending(), "nothing registered yet");
+        (counter, fut, waker)
+    };
+    let (woken_a, _wait_a, _) = wakes(a);
+    let (woken_b, mut wait_b, waker_b) = wakes(b);
+    let _offer = streams.register(b, stream_for(b));
+    assert_eq!(woken_a.0.load(Ordering::SeqCst), 0, "another key's waiter");
+    assert_eq!(woken_b.0.load(Ordering::SeqCst), 1, "its own key's waiter");
+    let got = wait_b.as_mut().poll(&mut Context::from_waker(&waker_b));
+    assert!(matches!(got, Poll::Ready(s) if s.head.value.url == b));
 }
