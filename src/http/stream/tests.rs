@@ -382,10 +382,11 @@ impl std::task::Wake for CountingWaker {
 fn a_registration_wakes_only_its_shard() {
     let streams = Arc::new(Streams::new());
     let a = CacheKey::new("a");
-    let b = (0..)
+    // Bounded: a broken shard function fails here instead of looping.
+    let b = (0..10_000)
         .map(|i| CacheKey::new(format!("b{i}")))
         .find(|b| Streams::shard(b) != Streams::shard(&a))
-        .unwrap();
+        .expect("a key in another shard");
     let wakes = |key: CacheKey| {
         let counter = Arc::new(CountingWaker::default());
         let waker = Waker::from(Arc::clone(&counter));
