@@ -16,7 +16,7 @@ use super::direct::{hit_for_miss, refresh_request};
 use super::follow::{follow, running};
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, View};
-use super::{has_body, hit_for_miss_permit, plain_get, ReadyInner};
+use super::{has_body, hit_for_miss_permit, plain_get};
 use crate::http::body::CacheBody;
 use crate::http::cache_status::Detail;
 use crate::http::future::ResponseFuture;
@@ -367,7 +367,7 @@ impl<'a> Past<'a> {
         scan: &RequestScan,
         found: Found,
         target: Target,
-        inner: ReadyInner<'_, S>,
+        inner: S,
     ) -> ResponseFuture<S::Future, ResB, S::Error>
     where
         S: Origin<ReqB, ResB> + Clone,
@@ -390,7 +390,7 @@ impl<'a> Past<'a> {
                     let stale = Some(entry.value.clone());
                     let req = refresh_request(req);
                     let state2 = Arc::clone(state);
-                    let refresh = OriginCall::new(inner.take(), req, state2, None, target, stale);
+                    let refresh = OriginCall::new(inner, req, state2, None, target, stale);
                     state.engine.refresh_ahead(target.key, entry, refresh);
                 }
                 state
@@ -402,7 +402,7 @@ impl<'a> Past<'a> {
                 let stale = Some(entry.value.clone());
                 let req = refresh_request(req);
                 let state2 = Arc::clone(state);
-                let refresh = OriginCall::new(inner.take(), req, state2, None, target, stale);
+                let refresh = OriginCall::new(inner, req, state2, None, target, stale);
                 state.engine.refresh_in_background(target.key, refresh);
                 let served = Served::Stale(stale_detail(usable));
                 ResponseFuture::ready(state.respond(entry, &view, served))

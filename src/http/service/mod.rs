@@ -168,8 +168,9 @@ impl<S> CacheService<S> {
         ReqB: Default + Send + 'static,
         ResB: OriginBody,
     {
-        // Taken out (a clone left behind) only by a path that calls it.
-        let inner = ReadyInner(&mut self.inner);
+        // The instance that was polled ready is the one we may call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = &self.state;
         // The request stays a local here: a helper that took it by value
         // would copy all of it on the hit path.
@@ -181,7 +182,7 @@ impl<S> CacheService<S> {
             }
             Gate::Bypass(status, invalidate) => {
                 state.counters().record(Source::Bypass);
-                return ResponseFuture::bypass(inner.take().call(req), status, invalidate);
+                return ResponseFuture::bypass(inner.call(req), status, invalidate);
             }
         };
         let head = req.method() == Method::HEAD;
@@ -198,13 +199,13 @@ impl<S> CacheService<S> {
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some(Detail::TooLarge));
-            return ResponseFuture::bypass(inner.take().call(req), status, None);
+            return ResponseFuture::bypass(inner.call(req), status, None);
         }
         let span = request_span(&target.key);
         let _entered = span.enter();
         let past = Past::new(state, head, &span);
         if rd.no_cache && !rd.only_if_cached {
-            return past.refresh(target, inner.take(), req);
+            return past.refresh(target, inner, req);
         }
         // One clock read for the lookup, the age and the answer.
         let now = tokio::time::Instant::now();
@@ -215,9 +216,7 @@ impl<S> CacheService<S> {
                 }
                 return match past.own_variant(&rd, target, &e, &req, scan) {
                     Ok(hit) => hit,
-                    Err((target, stale)) => {
-                        past.miss(target, inner.take(), req, stale, Wants::Entry)
-                    }
+                    Err((target, stale)) => past.miss(target, inner, req, stale, Wants::Entry),
                 };
             }
             Probe::Fresh(e) => (e, true),
@@ -225,33 +224,19 @@ impl<S> CacheService<S> {
             Probe::Pass if rd.only_if_cached => {
                 return ResponseFuture::ready(state.only_if_cached())
             }
-            Probe::Pass => return past.under_marker(target, inner.take(), req),
+            Probe::Pass => return past.under_marker(target, inner, req),
             Probe::Miss => match state.retained.get(&target.key) {
                 Some(e) if e.value.vary_matches(req.headers()) => (e, false),
                 _ if rd.only_if_cached => return ResponseFuture::ready(state.only_if_cached()),
-                _ => return past.miss(target, inner.take(), req, None, Wants::Entry),
+                _ => return past.miss(target, inner, req, None, Wants::Entry),
             },
         };
         let found = Found::new(entry, engine_fresh, now);
         match past.judge(&rd, &found) {
-            Use::Reload => past.reload(target, inner.take(), req, Some(found.entry)),
-            Use::Flight => past.miss(target, inner.take(), req, Some(found.entry), Wants::Entry),
+            Use::Reload => past.reload(target, inner, req, Some(found.entry)),
+            Use::Flight => past.miss(target, inner, req, Some(found.entry), Wants::Entry),
             Use::Answer(a) => past.answer(a, &req, scan, found, target, inner),
         }
-    }
-}
-
-/// The inner service that `poll_ready` found ready, still in its place: a
-/// path that calls it takes it out ([`take`](Self::take)) and leaves a clone
-/// behind, as Tower asks; a hit answered from memory does not, so it costs
-/// no clone and no drop of the inner service (and the instance stays ready).
-pub(super) struct ReadyInner<'a, S>(&'a mut S);
-
-impl<S: Clone> ReadyInner<'_, S> {
-    /// The ready instance, a fresh clone left in its place.
-    pub(super) fn take(self) -> S {
-        let clone = self.0.clone();
-        std::mem::replace(self.0, clone)
     }
 }
 
