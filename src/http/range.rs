@@ -27,6 +27,7 @@ use http::{Method, Response, StatusCode};
 use moka::sync::Cache as MokaCache;
 
 use crate::http::body::CacheBody;
+use crate::http::numbers;
 use crate::http::CACHE_STATUS;
 use crate::key::CacheKey;
 
@@ -184,7 +185,7 @@ impl RangeRequest {
                 );
                 parts
                     .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+                    .insert(header::CONTENT_LENGTH, numbers::number_value(count));
                 Response::from_parts(parts, body.slice(start, count))
             }
             Cut::Unsatisfiable => {
@@ -198,7 +199,7 @@ impl RangeRequest {
                     }
                 }
                 headers.insert(header::CONTENT_RANGE, value(format!("bytes */{len}")));
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+                headers.insert(header::CONTENT_LENGTH, numbers::number_value(0));
                 let mut r = Response::new(CacheBody::empty());
                 *r.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
                 *r.headers_mut() = headers;
