@@ -18,8 +18,9 @@ pub(crate) const STATIC_BELOW: u64 = 10_000;
 /// 90 of 2, 900 of 3, 9,000 of 4.
 const LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
 
-/// Where the numbers of each digit count start in [`DIGITS`].
-const STARTS: [usize; 5] = [0, 0, 10, 10 + 180, 10 + 180 + 2_700];
+/// For each digit count (index 1 to 4): its first number and where that
+/// number's text starts in [`DIGITS`].
+const SPANS: [(usize, usize); 5] = [(0, 0), (0, 0), (10, 10), (100, 190), (1_000, 2_890)];
 
 static DIGITS: [u8; LEN] = digits();
 
@@ -59,8 +60,8 @@ pub(crate) fn number_value(n: u64) -> HeaderValue {
         return HeaderValue::from(n);
     }
     let w = width(n);
-    let first = [0, 0, 10, 100, 1_000][w];
-    let at = STARTS[w] + (n as usize - first) * w;
+    let (first, start) = SPANS[w];
+    let at = start + (n as usize - first) * w;
     match DIGITS.get(at..at + w) {
         Some(text) => HeaderValue::from_maybe_shared(Bytes::from_static(text))
             .unwrap_or_else(|_| HeaderValue::from(n)),
