@@ -175,6 +175,72 @@ impl CachedResponse {
     }
 }
 
+/// Bodies this long or shorter are copied when stored (see
+/// [`CachedResponse::compact`]); a longer one is kept as it came.
+pub(crate) const COPY_BODY_MAX: usize = 64 * 1024;
+
+impl CachedResponse {
+    /// Make the value hold only its own bytes, before it is stored.
+    ///
+    /// hyper hands out a response's header values, and a body read with its
+    /// head, as slices of the connection's read buffer (8 KiB and up), and a
+    /// request's header values likewise: kept as they are, a small entry
+    /// would keep that whole buffer alive, many times the bytes the store
+    /// counts against its capacity. So the header values are copied into
+    /// one buffer of their own, the Vary values into another, and a body
+    /// of at most [`COPY_BODY_MAX`] bytes is copied. A longer body came in
+    /// several frames (joined into one exact copy already) or is most of
+    /// the buffer it sits in, and is kept.
+    pub(crate) fn compact(&mut self) {
+        self.headers = compact_headers(&self.headers);
+        for (_, values) in &mut self.vary {
+            *values = compact_values(values.iter());
+        }
+        if self.body.len() <= COPY_BODY_MAX {
+            self.body = Bytes::copy_from_slice(&self.body);
+        }
+    }
+}
+
+/// `headers` with every value a slice of one new buffer, names, order and
+/// sensitivity as they were.
+fn compact_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut values = compact_values(headers.values()).into_iter();
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let copy = values.next().unwrap_or_else(|| value.clone());
+        out.append(name.clone(), copy);
+    }
+    out
+}
+
+/// Copies of `values`, each a slice of one new buffer. A value that would
+/// not parse again (none should: each was a valid value) is kept as it is.
+fn compact_values<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Vec<HeaderValue> {
+    let values: Vec<&HeaderValue> = values.into_iter().collect();
+    let total = values.iter().map(|v| v.len()).sum();
+    let mut buf = BytesMut::with_capacity(total);
+    for v in &values {
+        buf.extend_from_slice(v.as_bytes());
+    }
+    let buf = buf.freeze();
+    let mut at = 0;
+    values
+        .into_iter()
+        .map(|v| {
+            let range = at..at + v.len();
+            at = range.end;
+            match HeaderValue::from_maybe_shared(buf.slice(range)) {
+                Ok(mut copy) => {
+                    copy.set_sensitive(v.is_sensitive());
+                    copy
+                }
+                Err(_) => v.clone(),
+            }
+        })
+        .collect()
+}
+
 /// Whether a response with this status has a body (RFC 9110 §6.4.1: not
 /// 1xx, 204 or 304), so a `Content-Length` may describe it.
 fn has_body(status: StatusCode) -> bool {

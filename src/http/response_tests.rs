@@ -320,3 +320,48 @@ mod properties {
         }
     }
 }
+
+/// `compact` keeps every header (order, repeats, sensitivity) and Vary
+/// value as it was, each now outside the buffer it was cut from; a small
+/// body is copied, a long one kept.
+#[test]
+fn compact_copies_out_of_the_arrival_buffer() {
+    let buffer = Bytes::from(vec![b'v'; 128 * 1024]);
+    let inside = |b: &[u8]| {
+        let (start, at) = (buffer.as_ptr() as usize, b.as_ptr() as usize);
+        at >= start && at < start + buffer.len()
+    };
+    let cut = |r: std::ops::Range<usize>| HeaderValue::from_maybe_shared(buffer.slice(r)).unwrap();
+    let mut value = sample();
+    value.headers.append("x-multi", cut(0..3));
+    let mut secret = cut(3..5);
+    secret.set_sensitive(true);
+    value.headers.insert("x-secret", secret);
+    value.vary[0].1 = vec![cut(5..9), cut(9..10)];
+    value.body = buffer.slice(10..20);
+    let before: Vec<(HeaderName, HeaderValue)> = value
+        .headers
+        .iter()
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    let vary_before = value.vary.clone();
+
+    value.compact();
+    let after: Vec<(HeaderName, HeaderValue)> = value
+        .headers
+        .iter()
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    assert_eq!(after, before, "names, values and order are kept");
+    assert!(value.headers["x-secret"].is_sensitive());
+    assert!(after.iter().all(|(_, v)| !inside(v.as_bytes())));
+    assert_eq!(value.vary, vary_before);
+    assert!(value.vary[0].1.iter().all(|v| !inside(v.as_bytes())));
+    assert_eq!(value.body, buffer.slice(10..20));
+    assert!(!inside(&value.body), "a small body is copied");
+
+    let long = buffer.slice(..COPY_BODY_MAX + 1);
+    value.body = long.clone();
+    value.compact();
+    assert_eq!(value.body.as_ptr(), long.as_ptr(), "a long body is kept");
+}

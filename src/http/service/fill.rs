@@ -101,11 +101,13 @@ impl LayerState {
     fn store_fill(
         &self,
         target: Target,
-        value: CachedResponse,
+        mut value: CachedResponse,
         fresh_for: Duration,
         stale_for: Duration,
         request_headers: &HeaderMap,
     ) -> Fill<CachedResponse> {
+        // Its own bytes only, not the buffers it arrived in.
+        value.compact();
         let names: Vec<HeaderName> = value.vary.iter().map(|(n, _)| n.clone()).collect();
         self.vary.learn(target.base, &names);
         // The next request with these values computes this key; file
