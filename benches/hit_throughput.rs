@@ -33,7 +33,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::http::header;
@@ -166,23 +165,6 @@ impl Children {
     }
 }
 
-/// The `herdguard` binary: `--proxy-bin`, else the one
-/// `cargo build --release -p herdguard-cli` put beside this bench's own
-/// profile folder (target/release/herdguard).
-fn proxy_bin(args: &Args) -> Result<PathBuf, String> {
-    if let Some(p) = args.value("proxy-bin") {
-        return Ok(PathBuf::from(p));
-    }
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("herdguard")))
-        .filter(|p| p.is_file());
-    beside.ok_or_else(|| {
-        "skipped: run `cargo build --release -p herdguard-cli` first (or pass --proxy-bin)"
-            .to_owned()
-    })
-}
-
 /// Whether the row `name` runs: `--only` lists parts of row names
 /// (case-insensitive), any of which selects a row; without it, every row.
 fn selected(args: &Args, name: &str) -> bool {
@@ -223,9 +205,11 @@ fn variants(args: &Args, servers: &Runtime, body: &Bytes, children: &mut Childre
     });
     // Long enough for any run; each child ends by itself after it.
     let lifetime = Duration::from_secs(60 + 12 * args.get("seconds", 5u64).max(1));
-    let proxy = run(PROXY).and_then(|()| proxy_bin(args)).and_then(|bin| {
-        children.keep(servers.block_on(PeerProxy::start_herdguard(&bin, origin, lifetime)))
-    });
+    let proxy = run(PROXY)
+        .and_then(|()| common::peers::herdguard_bin(args.value("proxy-bin")))
+        .and_then(|bin| {
+            children.keep(servers.block_on(PeerProxy::start_herdguard(&bin, origin, lifetime)))
+        });
     let nginx = run(NGINX).and_then(|()| {
         children.keep(servers.block_on(PeerProxy::start_logging(
             Peer::Nginx,

@@ -122,11 +122,21 @@ impl PeerProxy {
         origin: SocketAddr,
         lifetime: Duration,
     ) -> Result<Self, String> {
+        Self::start_herdguard_with(bin, origin, lifetime, &[]).await
+    }
+
+    /// [`PeerProxy::start_herdguard`] with `extra` flags after the others.
+    pub(crate) async fn start_herdguard_with(
+        bin: &Path,
+        origin: SocketAddr,
+        lifetime: Duration,
+        extra: &[&str],
+    ) -> Result<Self, String> {
         let dir =
             std::env::temp_dir().join(format!("herdguard-bench-proxy-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let args = vec![
+        let mut args = vec![
             "proxy".to_owned(),
             "--listen".into(),
             addr.to_string(),
@@ -135,7 +145,19 @@ impl PeerProxy {
             "--access-log".into(),
             dir.join("access.log").display().to_string(),
         ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         Self::launch(bin.as_os_str(), &args, dir, addr, lifetime).await
+    }
+
+    /// Resident memory of the server (the child of `timeout`), from
+    /// `/proc`; None where that cannot be read.
+    pub(crate) fn server_rss_bytes(&self) -> Option<u64> {
+        let pid = self.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        let server: u32 = children.split_whitespace().next()?.parse().ok()?;
+        let statm = std::fs::read_to_string(format!("/proc/{server}/statm")).ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * 4096)
     }
 
     async fn launch(
@@ -340,4 +362,21 @@ sub vcl_deliver {{
         "-s".into(),
         "malloc,256m".into(),
     ])
+}
+
+/// The `herdguard` binary: `--proxy-bin`, else the one
+/// `cargo build --release -p herdguard-cli` put beside the running bench's
+/// own profile folder (target/release/herdguard).
+pub(crate) fn herdguard_bin(given: Option<&str>) -> Result<PathBuf, String> {
+    if let Some(p) = given {
+        return Ok(PathBuf::from(p));
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("herdguard")))
+        .filter(|p| p.is_file());
+    beside.ok_or_else(|| {
+        "skipped: run `cargo build --release -p herdguard-cli` first (or pass --proxy-bin)"
+            .to_owned()
+    })
 }
