@@ -69,7 +69,9 @@ impl<V: Value> RetainedStore<V> {
         let cache = MokaCache::builder()
             .max_capacity(capacity_bytes)
             .weigher(|_k: &CacheKey, r: &Retained<V>| -> u32 {
-                (r.entry.value.weight() + 128).min(u32::MAX as usize) as u32
+                // Moka's own node per entry: about 256 bytes more.
+                let overhead = crate::store::memory::entry_overhead::<V>() + 256;
+                (r.entry.value.weight() + overhead).min(u32::MAX as usize) as u32
             })
             .expire_after(RetainedExpiry)
             .build();

@@ -424,16 +424,33 @@ impl Value for CachedResponse {
         })
     }
 
+    /// The body, each header's bytes and its slot in a `HeaderMap`, twice
+    /// (the served head is a second copy), and the Vary values, each with
+    /// its slot. The store adds its own per-entry structure.
     fn weight(&self) -> usize {
         let headers: usize = self
             .headers
             .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 32)
+            .map(|(k, v)| k.as_str().len() + v.len() + HEADER_SLOT)
             .sum();
-        // Twice: the served head is a second copy of them.
-        self.body.len() + 2 * headers + 64
+        let vary: usize = self
+            .vary
+            .iter()
+            .map(|(name, values)| {
+                let values: usize = values.iter().map(|v| v.len() + VALUE_SLOT).sum();
+                name.as_str().len() + values + VALUE_SLOT
+            })
+            .sum();
+        self.body.len() + 2 * headers + vary
     }
 }
+
+/// What one header takes in a `HeaderMap` beyond its bytes: its bucket
+/// (name, value, hash and links: 104 bytes on 64-bit targets) and its
+/// share of the index table.
+const HEADER_SLOT: usize = 112;
+/// What one value or name takes in a `Vec` beyond its bytes.
+const VALUE_SLOT: usize = 40;
 
 fn put_str16(out: &mut BytesMut, s: &[u8]) {
     let len = s.len().min(u16::MAX as usize);

@@ -365,3 +365,22 @@ fn compact_copies_out_of_the_arrival_buffer() {
     value.compact();
     assert_eq!(value.body.as_ptr(), long.as_ptr(), "a long body is kept");
 }
+
+/// A header weighs its `HeaderMap` bucket (104 bytes on 64-bit targets),
+/// twice (the served head), not only its bytes: small headers are most of
+/// a small entry.
+#[test]
+fn weight_counts_each_header_slot() {
+    let mut value = sample();
+    value.body = Bytes::new();
+    value.vary.clear();
+    value.headers.clear();
+    for name in NAMES {
+        value
+            .headers
+            .insert(HeaderName::from_static(name), HeaderValue::from_static("1"));
+    }
+    assert!(value.weight() >= 10 * 2 * 104, "weighs {}", value.weight());
+}
+
+const NAMES: [&str; 10] = ["h0", "h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9"];

@@ -239,6 +239,12 @@ pub(crate) enum Probe<V> {
     Miss,
 }
 
+/// What an entry takes in memory beyond its value's own weight: the
+/// `Stored` around it with its `Arc` counts, and its slot in a map.
+pub(crate) fn entry_overhead<V>() -> usize {
+    std::mem::size_of::<Stored<V>>() + 16 + 64
+}
+
 /// How long past its end a slot stays in the map: paused test clocks and
 /// scheduling jitter never see an entry that is still usable go.
 const EVICTION_SLACK: Duration = Duration::from_secs(1);
@@ -246,7 +252,7 @@ const EVICTION_SLACK: Duration = Duration::from_secs(1);
 impl<V: Value> Resident for Slot<V> {
     fn weight(&self) -> u64 {
         match self {
-            Slot::Entry(e) => e.value.weight().saturating_add(128) as u64,
+            Slot::Entry(e) => e.value.weight().saturating_add(entry_overhead::<V>()) as u64,
             Slot::Pass { .. } => 64,
         }
     }
@@ -447,6 +453,20 @@ mod tests {
         let (a, b) = (DigestState::new(), DigestState::new());
         assert_ne!(a.hash_one(key), b.hash_one(key));
         assert_eq!(a.hash_one(key), a.hash_one(key));
+    }
+
+    /// An entry counts its `Stored` record, not only its value: a
+    /// one-byte value still weighs more than the record around it.
+    #[test]
+    fn an_entry_weighs_its_record() {
+        let store = MemoryStore::new(1 << 20);
+        store.insert(CacheKey::new("k"), stored(60, 60));
+        let record = std::mem::size_of::<Stored<Bytes>>() as u64;
+        assert!(
+            store.weighted_bytes() > record,
+            "{} counted for a {record}-byte record",
+            store.weighted_bytes()
+        );
     }
 
     /// An entry is fresh, then stale, then gone, by the paused tokio clock.
