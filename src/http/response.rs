@@ -176,8 +176,9 @@ impl CachedResponse {
 }
 
 /// Bodies this long or shorter are copied when stored (see
-/// [`CachedResponse::compact`]); a longer one is kept as it came.
-pub(crate) const COPY_BODY_MAX: usize = 64 * 1024;
+/// [`CachedResponse::compact`]); a longer one is kept as it came. Above
+/// hyper's largest read buffer (8 KiB + 400 KiB by default).
+pub(crate) const COPY_BODY_MAX: usize = 512 * 1024;
 
 impl CachedResponse {
     /// Make the value hold only its own bytes, before it is stored.
@@ -187,10 +188,11 @@ impl CachedResponse {
     /// request's header values likewise: kept as they are, a small entry
     /// would keep that whole buffer alive, many times the bytes the store
     /// counts against its capacity. So the header values are copied into
-    /// one buffer of their own, the Vary values into another, and a body
-    /// of at most [`COPY_BODY_MAX`] bytes is copied. A longer body came in
-    /// several frames (joined into one exact copy already) or is most of
-    /// the buffer it sits in, and is kept.
+    /// one buffer of their own, each Vary header's values into one more,
+    /// and a body of at most [`COPY_BODY_MAX`] bytes is copied. A longer
+    /// body is kept: hyper never hands out a frame larger than its read
+    /// buffer (at most about 400 KiB unless raised), so it was joined from
+    /// several frames into an exact copy already, or came from elsewhere.
     pub(crate) fn compact(&mut self) {
         self.headers = compact_headers(&self.headers);
         for (_, values) in &mut self.vary {

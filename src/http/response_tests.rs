@@ -326,7 +326,7 @@ mod properties {
 /// body is copied, a long one kept.
 #[test]
 fn compact_copies_out_of_the_arrival_buffer() {
-    let buffer = Bytes::from(vec![b'v'; 128 * 1024]);
+    let buffer = Bytes::from(vec![b'v'; COPY_BODY_MAX + 1024]);
     let inside = |b: &[u8]| {
         let (start, at) = (buffer.as_ptr() as usize, b.as_ptr() as usize);
         at >= start && at < start + buffer.len()
