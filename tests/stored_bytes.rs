@@ -103,3 +103,34 @@ async fn a_hit_holds_none_of_the_origin_buffer() {
         "the body points into the origin's buffer"
     );
 }
+
+/// A response with more header values than a `HeaderMap` can be made for
+/// at once (an h2 origin may send 16 MiB of headers) is stored and served
+/// whole, never a panic: the copies grow as the original did.
+#[tokio::test]
+async fn a_response_with_thirty_thousand_header_values_is_served_whole() {
+    const VALUES: usize = 30_000;
+    let inner = tower::service_fn(|_req: Request<RequestBody<axum::body::Body>>| async {
+        let mut response = Response::new(Full::new(Bytes::from_static(b"many")));
+        let headers = response.headers_mut();
+        headers.insert(
+            "cache-control",
+            http::HeaderValue::from_static("max-age=60"),
+        );
+        for _ in 0..VALUES {
+            headers.append("x-many", http::HeaderValue::from_static("v"));
+        }
+        Ok::<_, Infallible>(response)
+    });
+    let cached = CacheLayer::new().layer(inner);
+    for round in ["first", "second"] {
+        let response = cached.clone().oneshot(request()).await.unwrap();
+        assert_eq!(response.status(), 200, "{round} request");
+        let n = response.headers().get_all("x-many").iter().count();
+        assert_eq!(n, VALUES, "{round} request carries every value");
+        if round == "second" {
+            let status = response.headers()["cache-status"].to_str().unwrap();
+            assert!(status.contains("hit"), "stored, then a hit: {status}");
+        }
+    }
+}

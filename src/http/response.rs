@@ -141,7 +141,9 @@ impl CachedResponse {
     /// 1,200 instructions an axum hit). A HEAD then carries the length its
     /// GET would have, as RFC 9110 §9.3.2 asks; a range cut replaces it.
     fn build_served(&self, strip: Strip<'_>) -> HeaderMap {
-        let mut h = HeaderMap::with_capacity(self.headers.len() + 3);
+        // Room for the names, not for every value (repeats live apart): a
+        // capacity for all values may be more than a map can be made with.
+        let mut h = HeaderMap::try_with_capacity(self.headers.keys_len() + 3).unwrap_or_default();
         h.insert(http::header::AGE, HeaderValue::from_static("0"));
         h.insert(CACHE_STATUS, HeaderValue::from_static("-"));
         for (name, value) in &self.headers {
@@ -208,7 +210,8 @@ impl CachedResponse {
 /// sensitivity as they were.
 fn compact_headers(headers: &HeaderMap) -> HeaderMap {
     let mut values = compact_values(headers.values()).into_iter();
-    let mut out = HeaderMap::with_capacity(headers.len());
+    // As `build_served`: room for the names; the map grows as the original did.
+    let mut out = HeaderMap::try_with_capacity(headers.keys_len()).unwrap_or_default();
     for (name, value) in headers {
         let copy = values.next().unwrap_or_else(|| value.clone());
         out.append(name.clone(), copy);
