@@ -92,7 +92,11 @@ fn main() {
         println!("{:>7} {:>12} {:>10}", "t (s)", "rss", "÷capacity");
         while !run.is_finished() {
             tokio::time::sleep(Duration::from_secs_f64(seconds / 10.0)).await;
-            let rss = proxy.server_rss_bytes().unwrap_or(0);
+            let Some(rss) = proxy.server_rss_bytes() else {
+                // A bound that cannot be read must not pass.
+                eprintln!("entry_memory: cannot read the proxy's RSS from /proc");
+                std::process::exit(2);
+            };
             rss_max = rss_max.max(rss);
             println!(
                 "{:>7.1} {:>12} {:>10.2}",

@@ -155,9 +155,11 @@ impl PeerProxy {
         let pid = self.child.id();
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
         let server: u32 = children.split_whitespace().next()?.parse().ok()?;
-        let statm = std::fs::read_to_string(format!("/proc/{server}/statm")).ok()?;
-        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-        Some(pages * 4096)
+        // `VmRSS:  1234 kB`: in kB whatever the page size.
+        let status = std::fs::read_to_string(format!("/proc/{server}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
     }
 
     async fn launch(
