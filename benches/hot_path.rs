@@ -7,7 +7,8 @@
 //! cargo bench --bench hot_path -- '^(tower|engine/get_or_compute)'
 //! ```
 //! Groups: `tower` (an L1 hit through `CacheService` next to the bare inner
-//! service, as `service_fn` and as an axum `Router`), `engine`
+//! service, as `service_fn` and as an axum `Router`, and an axum handler
+//! whose answer is all static), `engine`
 //! (`Cache::get_or_compute` hit, a coalesced miss of N tasks on one cold key
 //! next to N uncached computations), `key` (`CacheKey::from_parts`, and one
 //! BLAKE3 call over the same bytes for scale), `anatomy` (the parts an L1 hit
@@ -161,6 +162,30 @@ fn tower_paths(t: &Timing) {
     t.pair(
         ("tower/bare axum Router", || through(&bare_router)),
         ("tower/L1 hit axum Router", || through(&cached_router)),
+    );
+
+    // Everything static: an `&'static str` body (and so its content type)
+    // and a `from_static` header. The stored copy makes these counted
+    // copies, which every hit's clone pays for (src/docs/memory.md).
+    let static_answer = || async {
+        (
+            [(
+                header::CACHE_CONTROL,
+                header::HeaderValue::from_static("max-age=3600"),
+            )],
+            "a static body",
+        )
+    };
+    let bare_static: Router = Router::new().route("/k/{key}", get(static_answer));
+    let cached_static: Router = Router::new()
+        .route("/k/{key}", get(static_answer))
+        .layer(CacheLayer::new());
+    let _ = rt.block_on(cached_static.clone().oneshot(request()));
+    t.pair(
+        ("tower/bare axum, static answer", || through(&bare_static)),
+        ("tower/L1 hit axum, static answer", || {
+            through(&cached_static)
+        }),
     );
 }
 
