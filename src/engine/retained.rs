@@ -164,3 +164,24 @@ impl<V: Value> RetainedStore<V> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// A retained copy counts its `Stored` record and the store's node, not
+    /// only its value: a one-byte value weighs more than the record.
+    #[test]
+    fn a_retained_copy_weighs_its_record_and_node() {
+        let store = RetainedStore::new(1 << 20);
+        let hour = Duration::from_secs(3600);
+        store.insert(CacheKey::new("k"), Bytes::from_static(b"v"), hour, hour);
+        let record = std::mem::size_of::<Stored<Bytes>>() as u64;
+        let held = store.weighted_bytes();
+        assert!(
+            held > record + 256,
+            "{held} counted for a {record}-byte record"
+        );
+    }
+}
