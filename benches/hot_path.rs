@@ -72,24 +72,52 @@ fn run<F: Future>(rt: &Runtime, fut: F) -> F::Output {
 /// both read the whole body, so the difference is what the layer costs.
 fn tower_paths(t: &Timing) {
     let rt = runtime();
+    service_fn_pair(t, &rt);
+
+    let bytes = Bytes::from(vec![b'x'; BODY_BYTES]);
+    let handler = move || {
+        let bytes = bytes.clone();
+        async move { ([(header::CACHE_CONTROL, "max-age=3600")], bytes) }
+    };
+    axum_pair(
+        t,
+        &rt,
+        ("tower/bare axum Router", "tower/L1 hit axum Router"),
+        handler,
+    );
+
+    // Everything static: an `&'static str` body (and so its content type)
+    // and a `from_static` header. The stored copy makes these counted
+    // copies, which every hit's clone pays for (src/docs/memory.md).
+    let static_answer = || async {
+        (
+            [(
+                header::CACHE_CONTROL,
+                header::HeaderValue::from_static("max-age=3600"),
+            )],
+            "a static body",
+        )
+    };
+    axum_pair(
+        t,
+        &rt,
+        (
+            "tower/bare axum, static answer",
+            "tower/L1 hit axum, static answer",
+        ),
+        static_answer,
+    );
+}
+
+/// An L1 hit through `CacheService` over a `service_fn` against that
+/// `service_fn` alone, after checking that hits share the stored body.
+fn service_fn_pair(t: &Timing, rt: &Runtime) {
     let body = Bytes::from(vec![b'x'; BODY_BYTES]);
     let inner = tower::service_fn(move |_req: Request<RequestBody<Body>>| {
         let body = body.clone();
         async move { Ok::<_, Infallible>(origin_response(body)) }
     });
     let cached = CacheLayer::new().layer(inner.clone());
-
-    async fn body_len<B: http_body::Body>(r: Response<B>) -> usize
-    where
-        B::Error: std::fmt::Debug,
-    {
-        let collected = r
-            .into_body()
-            .collect()
-            .await
-            .unwrap_or_else(|e| panic!("{e:?}"));
-        collected.to_bytes().len()
-    }
 
     // Fill the entry once; every measured call is a hit.
     let warm = rt.block_on(cached.clone().oneshot(request()));
@@ -115,7 +143,7 @@ fn tower_paths(t: &Timing) {
     // Each pair is timed in turn, sample by sample: the ratio is the goal's
     // number (issue 25: an L1 hit at most 1.5x the bare service_fn).
     let bare_fn = || {
-        run(&rt, async {
+        run(rt, async {
             let r = inner
                 .clone()
                 .oneshot(request().map(RequestBody::new))
@@ -125,7 +153,7 @@ fn tower_paths(t: &Timing) {
         })
     };
     let hit_fn = || {
-        run(&rt, async {
+        run(rt, async {
             let r = cached
                 .clone()
                 .oneshot(request())
@@ -138,19 +166,22 @@ fn tower_paths(t: &Timing) {
         ("tower/bare service_fn", bare_fn),
         ("tower/L1 hit service_fn", hit_fn),
     );
+}
 
-    let bytes = Bytes::from(vec![b'x'; BODY_BYTES]);
-    let handler = move || {
-        let bytes = bytes.clone();
-        async move { ([(header::CACHE_CONTROL, "max-age=3600")], bytes) }
-    };
-    let bare_router: Router = Router::new().route("/k/{key}", get(handler.clone()));
-    let cached_router: Router = Router::new()
+/// Time `handler` in a bare axum `Router` against the same behind the
+/// layer (filled once first, so every measured call is a hit).
+fn axum_pair<H, T>(t: &Timing, rt: &Runtime, (bare_name, hit_name): (&str, &str), handler: H)
+where
+    H: axum::handler::Handler<T, ()> + Clone,
+    T: 'static,
+{
+    let bare: Router = Router::new().route("/k/{key}", get(handler.clone()));
+    let cached: Router = Router::new()
         .route("/k/{key}", get(handler))
         .layer(CacheLayer::new());
-    let _ = rt.block_on(cached_router.clone().oneshot(request()));
+    let _ = rt.block_on(cached.clone().oneshot(request()));
     let through = |router: &Router| {
-        run(&rt, async {
+        run(rt, async {
             let r = router
                 .clone()
                 .oneshot(request())
@@ -160,33 +191,22 @@ fn tower_paths(t: &Timing) {
         })
     };
     t.pair(
-        ("tower/bare axum Router", || through(&bare_router)),
-        ("tower/L1 hit axum Router", || through(&cached_router)),
+        (bare_name, || through(&bare)),
+        (hit_name, || through(&cached)),
     );
+}
 
-    // Everything static: an `&'static str` body (and so its content type)
-    // and a `from_static` header. The stored copy makes these counted
-    // copies, which every hit's clone pays for (src/docs/memory.md).
-    let static_answer = || async {
-        (
-            [(
-                header::CACHE_CONTROL,
-                header::HeaderValue::from_static("max-age=3600"),
-            )],
-            "a static body",
-        )
-    };
-    let bare_static: Router = Router::new().route("/k/{key}", get(static_answer));
-    let cached_static: Router = Router::new()
-        .route("/k/{key}", get(static_answer))
-        .layer(CacheLayer::new());
-    let _ = rt.block_on(cached_static.clone().oneshot(request()));
-    t.pair(
-        ("tower/bare axum, static answer", || through(&bare_static)),
-        ("tower/L1 hit axum, static answer", || {
-            through(&cached_static)
-        }),
-    );
+/// Read the whole body, as a client would; its length.
+async fn body_len<B: http_body::Body>(r: Response<B>) -> usize
+where
+    B::Error: std::fmt::Debug,
+{
+    let collected = r
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    collected.to_bytes().len()
 }
 
 /// The HTTP-agnostic engine: a hit, and a miss that N tasks coalesce on.
