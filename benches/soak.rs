@@ -53,10 +53,7 @@ const WINDOW_SLACK: Duration = Duration::from_millis(20);
 const REFILL_GAP: Duration = Duration::from_millis(MAX_AGE.as_millis() as u64 * 3 / 4);
 
 fn mib(b: Option<u64>) -> String {
-    b.map_or_else(
-        || "?".to_owned(),
-        |b| format!("{:.1} MiB", b as f64 / 1048576.0),
-    )
+    b.map_or_else(|| "?".to_owned(), common::mib)
 }
 
 #[tokio::main]
@@ -293,7 +290,7 @@ async fn large(args: &Args) {
             std::process::exit(2);
         }
     };
-    let bound = capacity + capacity / 4 + 64 * 1048576;
+    let bound = common::memory_bound(capacity);
     println!(
         "soak --large: {seconds} s, {connections} connections, one in-memory instance, \
          capacity {}, distinct {} KB entries, bound 1.25 x capacity + 64 MiB = {}",

@@ -33,10 +33,27 @@ pub(crate) fn quantile(samples: &mut [Duration], q: f64) -> Option<Duration> {
     Some(samples[idx])
 }
 
-/// Resident set size of this process in bytes, from /proc/self/statm
-/// (assumes 4 KiB pages, as on every x86_64/aarch64 Linux we run on).
+/// Resident set size of this process in bytes (see [`rss_of`]).
 pub(crate) fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
+    rss_of("self")
+}
+
+/// Resident set size of process `pid` (`self` for this one) in bytes, from
+/// `VmRSS` in `/proc/<pid>/status`: in kB whatever the page size.
+pub(crate) fn rss_of(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `bytes` as `12.3 MiB`.
+pub(crate) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / 1048576.0)
+}
+
+/// The RSS the memory benches hold an instance to at `capacity` bytes:
+/// 1.25 × capacity + 64 MiB, the bound the crate documents.
+pub(crate) fn memory_bound(capacity: u64) -> u64 {
+    capacity + capacity / 4 + 64 * 1048576
 }

@@ -154,12 +154,8 @@ impl PeerProxy {
     pub(crate) fn server_rss_bytes(&self) -> Option<u64> {
         let pid = self.child.id();
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-        let server: u32 = children.split_whitespace().next()?.parse().ok()?;
-        // `VmRSS:  1234 kB`: in kB whatever the page size.
-        let status = std::fs::read_to_string(format!("/proc/{server}/status")).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kb * 1024)
+        let server = children.split_whitespace().next()?;
+        super::rss_of(server)
     }
 
     async fn launch(
