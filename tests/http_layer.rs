@@ -633,8 +633,8 @@ async fn route_layer_and_nested_routers_keep_keys_apart() {
 /// Two clones of a layered service whose inner one holds a reservation from
 /// `poll_ready` (a permit, a slot): after a miss and then a hit on the first,
 /// which then sits idle as a keep-alive connection would, the second
-/// becomes ready. A hit must give the reservation back (Tower's only way is
-/// to drop the instance that was readied).
+/// becomes ready. A hit must not keep a reservation (the layer never
+/// readies its inner service for a hit at all).
 async fn a_hit_gives_back_the_reservation<S>(mut first: S)
 where
     S: Service<Request<Body>> + Clone,
@@ -670,6 +670,97 @@ async fn a_hit_releases_a_concurrency_limit_permit() {
 async fn a_hit_releases_a_buffer_slot() {
     let inner = tower::buffer::Buffer::new(tower::service_fn(reserved_origin), 1);
     a_hit_gives_back_the_reservation(CacheLayer::new().layer_service(inner)).await;
+}
+
+/// An origin behind a limit of one call at a time whose `/slow` path holds
+/// that one permit until `release` is notified; other paths answer at once
+/// (cacheable). It counts its calls.
+fn limited_origin(
+    calls: Arc<AtomicUsize>,
+    release: Arc<tokio::sync::Notify>,
+) -> tower::limit::ConcurrencyLimit<
+    impl Service<
+            Request<RequestBody<Body>>,
+            Response = Response<Body>,
+            Error = Infallible,
+            Future = impl Send,
+        > + Clone
+        + Send,
+> {
+    let origin = tower::service_fn(move |req: Request<RequestBody<Body>>| {
+        let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let release = Arc::clone(&release);
+        async move {
+            if req.uri().path() == "/slow" {
+                release.notified().await;
+            }
+            let mut r = Response::new(Body::from(format!("call={n}")));
+            r.headers_mut()
+                .insert("cache-control", HeaderValue::from_static("max-age=60"));
+            Ok::<_, Infallible>(r)
+        }
+    });
+    tower::limit::ConcurrencyLimit::new(origin, 1)
+}
+
+/// A hit does not wait for the origin's readiness: with the origin's one
+/// permit held by a slow call, a stored answer is still served at once.
+#[tokio::test(start_paused = true)]
+async fn a_hit_is_served_while_the_origin_has_no_permit_free() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let cached = CacheLayer::new().layer_service(limited_origin(calls.clone(), release.clone()));
+    let filled = cached
+        .clone()
+        .oneshot(req(Method::GET, "/a", &[]))
+        .await
+        .unwrap();
+    assert!(status(filled.headers()).contains("fwd=uri-miss"));
+    let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow", &[])));
+    while calls.load(Ordering::SeqCst) < 2 {
+        tokio::task::yield_now().await;
+    }
+    let hit = tokio::time::timeout(
+        Duration::from_secs(5),
+        cached.clone().oneshot(req(Method::GET, "/a", &[])),
+    )
+    .await
+    .expect("the hit waited for the origin's permit")
+    .unwrap();
+    assert!(status(hit.headers()).contains("hit"));
+    assert_eq!(
+        hit.into_body().collect().await.unwrap().to_bytes(),
+        "call=1"
+    );
+    release.notify_one();
+    slow.await.unwrap().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A request past the cache makes the origin ready before calling it: a
+/// POST waits for the slow call's permit (no panic from calling a service
+/// that was never readied), then is answered by the origin.
+#[tokio::test(start_paused = true)]
+async fn a_bypass_waits_for_the_origin_to_be_ready() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let cached = CacheLayer::new().layer_service(limited_origin(calls.clone(), release.clone()));
+    let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow", &[])));
+    while calls.load(Ordering::SeqCst) < 1 {
+        tokio::task::yield_now().await;
+    }
+    let mut post = tokio::spawn(cached.clone().oneshot(req(Method::POST, "/a", &[])));
+    let early = tokio::time::timeout(Duration::from_secs(5), &mut post).await;
+    assert!(early.is_err(), "the POST went past the origin's limit");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    release.notify_one();
+    slow.await.unwrap().unwrap();
+    let answer = post.await.unwrap().unwrap();
+    assert!(status(answer.headers()).contains("fwd=method"));
+    assert_eq!(
+        answer.into_body().collect().await.unwrap().to_bytes(),
+        "call=2"
+    );
 }
 
 /// Trait helper: wrap a service in a layer without ServiceBuilder noise.

@@ -1,13 +1,16 @@
-//! The named response future. A hit is `Ready` (no box, no await); a bypass
-//! wraps the inner future; only the miss path is boxed.
+//! The named response future. A hit is `Ready` (no box, no await, and no
+//! use of the inner service); every path that asks the origin is boxed, a
+//! bypass included: it makes the inner service ready first.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
+use tower_service::Service;
 
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
@@ -17,10 +20,11 @@ use crate::http::range::RangeRequest;
 const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
 
 pin_project! {
-    /// Response future of [`CacheService`](crate::CacheService).
+    /// Response future of [`CacheService`](crate::CacheService). `F`, the
+    /// inner service's future, only names the type: a call that reaches
+    /// the inner service runs in a box of its own.
     pub struct ResponseFuture<F, B, E> {
-        #[pin]
-        kind: Kind<F, B, E>,
+        kind: Kind<B, E>,
         strip_surrogate_key: bool,
         // A header meant for this cache alone, removed on the way out.
         strip: Option<HeaderName>,
@@ -31,21 +35,21 @@ pin_project! {
         stripped: bool,
         // The byte range to cut from the cache's answer (never a bypass's).
         range: Option<Box<RangeRequest>>,
+        inner_future: PhantomData<fn() -> F>,
     }
 }
 
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F, B, E> {
-        Ready { response: Option<Response<CacheBody<B>>> },
-        Bypass {
-            #[pin]
-            fut: F,
-            cache_status: Option<HeaderValue>,
-            invalidate: Option<Invalidation>,
-        },
-        Boxed { fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>> },
-    }
+enum Kind<B, E> {
+    Ready {
+        response: Option<Response<CacheBody<B>>>,
+    },
+    /// The origin's own answer to the request as sent: never cut to a range.
+    Bypass {
+        fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>,
+    },
+    Boxed {
+        fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>,
+    },
 }
 
 impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
@@ -62,17 +66,22 @@ impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
-    pub(crate) fn ready(response: Response<CacheBody<B>>) -> Self {
+    fn of(kind: Kind<B, E>) -> Self {
         Self {
-            kind: Kind::Ready {
-                response: Some(response),
-            },
+            kind,
             strip_surrogate_key: false,
             strip: None,
             hide_cache_status: false,
             stripped: false,
             range: None,
+            inner_future: PhantomData,
         }
+    }
+
+    pub(crate) fn ready(response: Response<CacheBody<B>>) -> Self {
+        Self::of(Kind::Ready {
+            response: Some(response),
+        })
     }
 
     /// [`Self::ready`] for a response whose head already went without
@@ -85,34 +94,38 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn bypass(
-        fut: F,
+    /// The request past the cache, to `inner` as it is. The cache never
+    /// holds the inner service ready between calls (a hit does not use
+    /// it), so this makes it ready first. The answer goes out with
+    /// `cache_status`, and an unsafe method's `invalidate` runs once its
+    /// status is known.
+    pub(crate) fn bypass<S, Req>(
+        mut inner: S,
+        req: Req,
         cache_status: HeaderValue,
         invalidate: Option<Invalidation>,
-    ) -> Self {
-        Self {
-            kind: Kind::Bypass {
-                fut,
-                cache_status: Some(cache_status),
-                invalidate,
-            },
-            strip_surrogate_key: false,
-            strip: None,
-            hide_cache_status: false,
-            stripped: false,
-            range: None,
-        }
+    ) -> Self
+    where
+        S: Service<Req, Response = Response<B>, Error = E> + Send + 'static,
+        S::Future: Send + 'static,
+        Req: Send + 'static,
+        B: Send + 'static,
+        E: Send + 'static,
+    {
+        let fut = Box::pin(async move {
+            poll_fn(|cx| inner.poll_ready(cx)).await?;
+            let (mut parts, body) = inner.call(req).await?.into_parts();
+            parts.headers.insert(CACHE_STATUS, cache_status);
+            if let Some(invalidation) = invalidate {
+                invalidation.apply(parts.status, &parts.headers);
+            }
+            Ok(Response::from_parts(parts, CacheBody::inner(body)))
+        });
+        Self::of(Kind::Bypass { fut })
     }
 
     pub(crate) fn boxed(fut: BoxFuture<'static, Result<Response<CacheBody<B>>, E>>) -> Self {
-        Self {
-            kind: Kind::Boxed { fut },
-            strip_surrogate_key: false,
-            strip: None,
-            hide_cache_status: false,
-            stripped: false,
-            range: None,
-        }
+        Self::of(Kind::Boxed { fut })
     }
 
     /// What every answer passes on its way out, set once per call in place
@@ -142,10 +155,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B, E>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
+impl<F, B, E> Future for ResponseFuture<F, B, E> {
     type Output = Result<Response<CacheBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -170,36 +180,18 @@ where
     }
 }
 
-impl<F, B, E> ResponseFuture<F, B, E>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
+impl<F, B, E> ResponseFuture<F, B, E> {
     fn poll_kind(
-        kind: Pin<&mut Kind<F, B, E>>,
+        kind: &mut Kind<B, E>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Response<CacheBody<B>>, E>> {
-        match kind.project() {
-            KindProj::Ready { response } => match response.take() {
+        match kind {
+            Kind::Ready { response } => match response.take() {
                 Some(r) => Poll::Ready(Ok(r)),
                 // Polled after completion: a contract violation by the caller.
                 None => Poll::Pending,
             },
-            KindProj::Bypass {
-                fut,
-                cache_status,
-                invalidate,
-            } => {
-                let response = ready!(fut.poll(cx))?;
-                let (mut parts, body) = response.into_parts();
-                if let Some(v) = cache_status.take() {
-                    parts.headers.insert(CACHE_STATUS, v);
-                }
-                if let Some(invalidation) = invalidate.take() {
-                    invalidation.apply(parts.status, &parts.headers);
-                }
-                Poll::Ready(Ok(Response::from_parts(parts, CacheBody::inner(body))))
-            }
-            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
+            Kind::Bypass { fut } | Kind::Boxed { fut } => fut.as_mut().poll(cx),
         }
     }
 }

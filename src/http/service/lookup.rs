@@ -317,7 +317,7 @@ impl<'a> Past<'a> {
     pub(super) fn under_marker<S, ReqB, ResB>(
         self,
         target: Target,
-        mut inner: S,
+        inner: S,
         req: Request<ReqB>,
     ) -> ResponseFuture<S::Future, ResB, S::Error>
     where
@@ -337,7 +337,7 @@ impl<'a> Past<'a> {
         }
         state.counters().record(Source::Bypass);
         let status = state.status_fwd(Forward::UriMiss, Some(Detail::HitForPass));
-        ResponseFuture::bypass(inner.call(req), status, None)
+        ResponseFuture::bypass(inner, req, status, None)
     }
 
     /// What the stored candidate is used for (a few compares, no copy).
@@ -367,7 +367,7 @@ impl<'a> Past<'a> {
         scan: &RequestScan,
         found: Found,
         target: Target,
-        inner: S,
+        origin: &S,
     ) -> ResponseFuture<S::Future, ResB, S::Error>
     where
         S: Origin<ReqB, ResB> + Clone,
@@ -390,6 +390,7 @@ impl<'a> Past<'a> {
                     let stale = Some(entry.value.clone());
                     let req = refresh_request(req);
                     let state2 = Arc::clone(state);
+                    let inner = origin.clone();
                     let refresh = OriginCall::new(inner, req, state2, None, target, stale);
                     state.engine.refresh_ahead(target.key, entry, refresh);
                 }
@@ -402,6 +403,7 @@ impl<'a> Past<'a> {
                 let stale = Some(entry.value.clone());
                 let req = refresh_request(req);
                 let state2 = Arc::clone(state);
+                let inner = origin.clone();
                 let refresh = OriginCall::new(inner, req, state2, None, target, stale);
                 state.engine.refresh_in_background(target.key, refresh);
                 let served = Served::Stale(stale_detail(usable));

@@ -89,6 +89,10 @@ const NOT_STORED: [HeaderName; 7] = [
 
 /// The caching service produced by [`CacheLayer`](crate::CacheLayer).
 ///
+/// It is always ready: a hit never waits for the inner service, and each
+/// call that reaches the origin makes a clone of it ready first (see
+/// *Bounds and timeouts* in the crate docs).
+///
 /// It takes a `Request<B>` with any body `B` (`hyper::body::Incoming`
 /// included) and hands the inner service a `Request<RequestBody<B>>`: see
 /// [`RequestBody`] for why and what it holds.
@@ -134,8 +138,12 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResB, S::Error>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready: a hit does not use the inner service, so it never
+    /// waits for the origin's readiness (a `ConcurrencyLimit` whose permits
+    /// are all out, a full `Buffer`). Each call that reaches the inner
+    /// service makes a clone of it ready first, within the origin timeout.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
@@ -159,7 +167,7 @@ where
 impl<S> CacheService<S> {
     /// `call` but for the final header touch.
     fn route<ReqB, ResB>(
-        &mut self,
+        &self,
         mut req: Request<ReqB>,
         scan: &RequestScan,
     ) -> ResponseFuture<S::Future, ResB, S::Error>
@@ -168,9 +176,9 @@ impl<S> CacheService<S> {
         ReqB: Default + Send + 'static,
         ResB: OriginBody,
     {
-        // The instance that was polled ready is the one we may call.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        // Never readied here (see `poll_ready`): a path that asks the
+        // origin takes a clone and makes it ready; a hit touches none.
+        let origin = &self.inner;
         let state = &self.state;
         // The request stays a local here: a helper that took it by value
         // would copy all of it on the hit path.
@@ -182,7 +190,7 @@ impl<S> CacheService<S> {
             }
             Gate::Bypass(status, invalidate) => {
                 state.counters().record(Source::Bypass);
-                return ResponseFuture::bypass(inner.call(req), status, invalidate);
+                return ResponseFuture::bypass(origin.clone(), req, status, invalidate);
             }
         };
         let head = req.method() == Method::HEAD;
@@ -199,13 +207,13 @@ impl<S> CacheService<S> {
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some(Detail::TooLarge));
-            return ResponseFuture::bypass(inner.call(req), status, None);
+            return ResponseFuture::bypass(origin.clone(), req, status, None);
         }
         let span = request_span(&target.key);
         let _entered = span.enter();
         let past = Past::new(state, head, &span);
         if rd.no_cache && !rd.only_if_cached {
-            return past.refresh(target, inner, req);
+            return past.refresh(target, origin.clone(), req);
         }
         // One clock read for the lookup, the age and the answer.
         let now = tokio::time::Instant::now();
@@ -216,7 +224,9 @@ impl<S> CacheService<S> {
                 }
                 return match past.own_variant(&rd, target, &e, &req, scan) {
                     Ok(hit) => hit,
-                    Err((target, stale)) => past.miss(target, inner, req, stale, Wants::Entry),
+                    Err((target, stale)) => {
+                        past.miss(target, origin.clone(), req, stale, Wants::Entry)
+                    }
                 };
             }
             Probe::Fresh(e) => (e, true),
@@ -224,18 +234,21 @@ impl<S> CacheService<S> {
             Probe::Pass if rd.only_if_cached => {
                 return ResponseFuture::ready(state.only_if_cached())
             }
-            Probe::Pass => return past.under_marker(target, inner, req),
+            Probe::Pass => return past.under_marker(target, origin.clone(), req),
             Probe::Miss => match state.retained.get(&target.key) {
                 Some(e) if e.value.vary_matches(req.headers()) => (e, false),
                 _ if rd.only_if_cached => return ResponseFuture::ready(state.only_if_cached()),
-                _ => return past.miss(target, inner, req, None, Wants::Entry),
+                _ => return past.miss(target, origin.clone(), req, None, Wants::Entry),
             },
         };
         let found = Found::new(entry, engine_fresh, now);
         match past.judge(&rd, &found) {
-            Use::Reload => past.reload(target, inner, req, Some(found.entry)),
-            Use::Flight => past.miss(target, inner, req, Some(found.entry), Wants::Entry),
-            Use::Answer(a) => past.answer(a, &req, scan, found, target, inner),
+            Use::Reload => past.reload(target, origin.clone(), req, Some(found.entry)),
+            Use::Flight => {
+                let entry = Some(found.entry);
+                past.miss(target, origin.clone(), req, entry, Wants::Entry)
+            }
+            Use::Answer(a) => past.answer(a, &req, scan, found, target, origin),
         }
     }
 }
