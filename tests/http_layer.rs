@@ -635,9 +635,9 @@ async fn route_layer_and_nested_routers_keep_keys_apart() {
 /// which then sits idle as a keep-alive connection would, the second
 /// becomes ready. A hit must not keep a reservation (the layer never
 /// readies its inner service for a hit at all).
-async fn a_hit_gives_back_the_reservation<S>(mut first: S)
+async fn a_hit_gives_back_the_reservation<S, B>(mut first: S)
 where
-    S: Service<Request<Body>> + Clone,
+    S: Service<Request<Body>, Response = Response<B>> + Clone,
     S::Error: std::fmt::Debug,
 {
     let mut second = first.clone();
@@ -649,8 +649,18 @@ where
             .call(req(Method::GET, "/r", &[]));
         r.await.unwrap();
     }
-    let ready = tokio::time::timeout(Duration::from_secs(1), second.ready()).await;
-    assert!(ready.is_ok(), "the first clone's hit kept the reservation");
+    // The second clone's miss must reach the origin: a reservation kept
+    // by the first clone would hold it back.
+    let miss = second
+        .ready()
+        .await
+        .unwrap()
+        .call(req(Method::GET, "/r2", &[]));
+    let answered = tokio::time::timeout(Duration::from_secs(1), miss).await;
+    let response = answered.expect("the first clone's hit kept the reservation");
+    let response = response.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(status(response.headers()).contains("fwd=uri-miss"));
 }
 
 async fn reserved_origin(_: Request<RequestBody<Body>>) -> Result<Response<Body>, Infallible> {
@@ -703,6 +713,19 @@ fn limited_origin(
     tower::limit::ConcurrencyLimit::new(origin, 1)
 }
 
+/// Wait (at most 5 s of the test's clock) until the origin has been called
+/// `n` times. It sleeps between looks, so a paused clock moves on too.
+async fn until_called(calls: &AtomicUsize, n: usize) {
+    let wait = async {
+        while calls.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .expect("the origin was not called in time");
+}
+
 /// A hit does not wait for the origin's readiness: with the origin's one
 /// permit held by a slow call, a stored answer is still served at once.
 #[tokio::test(start_paused = true)]
@@ -717,9 +740,7 @@ async fn a_hit_is_served_while_the_origin_has_no_permit_free() {
         .unwrap();
     assert!(status(filled.headers()).contains("fwd=uri-miss"));
     let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow", &[])));
-    while calls.load(Ordering::SeqCst) < 2 {
-        tokio::task::yield_now().await;
-    }
+    until_called(&calls, 2).await;
     let hit = tokio::time::timeout(
         Duration::from_secs(5),
         cached.clone().oneshot(req(Method::GET, "/a", &[])),
@@ -746,9 +767,7 @@ async fn a_bypass_waits_for_the_origin_to_be_ready() {
     let release = Arc::new(tokio::sync::Notify::new());
     let cached = CacheLayer::new().layer_service(limited_origin(calls.clone(), release.clone()));
     let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow", &[])));
-    while calls.load(Ordering::SeqCst) < 1 {
-        tokio::task::yield_now().await;
-    }
+    until_called(&calls, 1).await;
     let mut post = tokio::spawn(cached.clone().oneshot(req(Method::POST, "/a", &[])));
     let early = tokio::time::timeout(Duration::from_secs(5), &mut post).await;
     assert!(early.is_err(), "the POST went past the origin's limit");
@@ -761,6 +780,34 @@ async fn a_bypass_waits_for_the_origin_to_be_ready() {
         answer.into_body().collect().await.unwrap().to_bytes(),
         "call=2"
     );
+}
+
+/// The time a miss queued for the origin's readiness is not counted into
+/// its answer's age: behind a slow call holding the one permit for 3 s
+/// (real time: the age is computed from the wall clock), the answer stored
+/// once the permit is free is served with `Age: 0` or 1, not 3.
+#[tokio::test]
+async fn the_wait_for_the_origins_readiness_does_not_age_the_answer() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let cached = CacheLayer::new().layer_service(limited_origin(calls.clone(), release.clone()));
+    let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow", &[])));
+    until_called(&calls, 1).await;
+    let queued = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/b", &[])));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    release.notify_one();
+    slow.await.unwrap().unwrap();
+    let filled = queued.await.unwrap().unwrap();
+    assert!(status(filled.headers()).contains("fwd=uri-miss"));
+    let hit = cached
+        .clone()
+        .oneshot(req(Method::GET, "/b", &[]))
+        .await
+        .unwrap();
+    assert!(status(hit.headers()).contains("hit"));
+    let age: u64 = hit.headers()["age"].to_str().unwrap().parse().unwrap();
+    assert!(age <= 1, "the queueing counted as age: Age {age}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
 /// Trait helper: wrap a service in a layer without ServiceBuilder noise.

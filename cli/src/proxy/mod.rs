@@ -258,8 +258,8 @@ impl Session {
                 return local(purge_status(handle.await, done, &what))
             }
         }
-        // `call` takes `&mut`: a clone (two reference counts), as the layer
-        // itself clones its inner service per call.
+        // `call` takes `&mut`: a clone (two reference counts). No
+        // `poll_ready` first: `CacheService` is always ready.
         let response = match self.proxy.cached.clone().call(req).await {
             Ok(r) => r.map(|body| ClientBody::Cached { body }),
             Err(never) => match never {},

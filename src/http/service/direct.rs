@@ -248,7 +248,8 @@ where
 
 /// A request under a pass marker with no fallback permit free: its own
 /// call, outside the cap, as a pass in `route()` makes it (one call per
-/// request, never queued), bounded by the origin timeout. The caller
+/// request, queued only on the origin's own readiness), bounded by the
+/// origin timeout. The caller
 /// counts the bypass.
 pub(super) async fn pass_uncapped<S, ReqB, ResB>(
     state: &LayerState,

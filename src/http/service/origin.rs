@@ -376,8 +376,11 @@ where
         if let Some(s) = &*stale {
             conditional::add_validators(req.headers_mut(), s);
         }
-        let request_time = SystemTime::now();
+        // The wait for the origin's readiness (a full `ConcurrencyLimit`)
+        // is not part of the exchange: counted in, it would age the answer
+        // (RFC 9111 §4.2.3's response_delay) by however long it queued.
         poll_fn(|cx| inner.poll_ready(cx)).await?;
+        let request_time = SystemTime::now();
         let response = inner.call(req).await?;
         let response_time = SystemTime::now();
         let (parts, body) = response.into_parts();
