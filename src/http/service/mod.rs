@@ -176,9 +176,8 @@ impl<S> CacheService<S> {
         ReqB: Default + Send + 'static,
         ResB: OriginBody,
     {
-        // Never readied here (see `poll_ready`): a path that asks the
-        // origin takes a clone and makes it ready; a hit touches none.
-        let origin = &self.inner;
+        // Never readied (see `poll_ready`): only a call to the origin clones it.
+        let inner = &self.inner;
         let state = &self.state;
         // The request stays a local here: a helper that took it by value
         // would copy all of it on the hit path.
@@ -190,7 +189,7 @@ impl<S> CacheService<S> {
             }
             Gate::Bypass(status, invalidate) => {
                 state.counters().record(Source::Bypass);
-                return ResponseFuture::bypass(origin.clone(), req, status, invalidate);
+                return ResponseFuture::bypass(inner.clone(), req, status, invalidate);
             }
         };
         let head = req.method() == Method::HEAD;
@@ -207,13 +206,13 @@ impl<S> CacheService<S> {
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
             let status = state.status_fwd(Forward::Request, Some(Detail::TooLarge));
-            return ResponseFuture::bypass(origin.clone(), req, status, None);
+            return ResponseFuture::bypass(inner.clone(), req, status, None);
         }
         let span = request_span(&target.key);
         let _entered = span.enter();
         let past = Past::new(state, head, &span);
         if rd.no_cache && !rd.only_if_cached {
-            return past.refresh(target, origin.clone(), req);
+            return past.refresh(target, inner.clone(), req);
         }
         // One clock read for the lookup, the age and the answer.
         let now = tokio::time::Instant::now();
@@ -224,9 +223,7 @@ impl<S> CacheService<S> {
                 }
                 return match past.own_variant(&rd, target, &e, &req, scan) {
                     Ok(hit) => hit,
-                    Err((target, stale)) => {
-                        past.miss(target, origin.clone(), req, stale, Wants::Entry)
-                    }
+                    Err((t, stale)) => past.miss(t, inner.clone(), req, stale, Wants::Entry),
                 };
             }
             Probe::Fresh(e) => (e, true),
@@ -234,21 +231,18 @@ impl<S> CacheService<S> {
             Probe::Pass if rd.only_if_cached => {
                 return ResponseFuture::ready(state.only_if_cached())
             }
-            Probe::Pass => return past.under_marker(target, origin.clone(), req),
+            Probe::Pass => return past.under_marker(target, inner.clone(), req),
             Probe::Miss => match state.retained.get(&target.key) {
                 Some(e) if e.value.vary_matches(req.headers()) => (e, false),
                 _ if rd.only_if_cached => return ResponseFuture::ready(state.only_if_cached()),
-                _ => return past.miss(target, origin.clone(), req, None, Wants::Entry),
+                _ => return past.miss(target, inner.clone(), req, None, Wants::Entry),
             },
         };
         let found = Found::new(entry, engine_fresh, now);
         match past.judge(&rd, &found) {
-            Use::Reload => past.reload(target, origin.clone(), req, Some(found.entry)),
-            Use::Flight => {
-                let entry = Some(found.entry);
-                past.miss(target, origin.clone(), req, entry, Wants::Entry)
-            }
-            Use::Answer(a) => past.answer(a, &req, scan, found, target, origin),
+            Use::Reload => past.reload(target, inner.clone(), req, Some(found.entry)),
+            Use::Flight => past.miss(target, inner.clone(), req, Some(found.entry), Wants::Entry),
+            Use::Answer(a) => past.answer(a, &req, scan, found, target, inner),
         }
     }
 }
