@@ -630,58 +630,6 @@ async fn route_layer_and_nested_routers_keep_keys_apart() {
     assert_eq!(origin.calls(), 2);
 }
 
-/// Two clones of a layered service whose inner one holds a reservation from
-/// `poll_ready` (a permit, a slot): after a miss and then a hit on the first,
-/// which then sits idle as a keep-alive connection would, the second
-/// becomes ready. A hit must not keep a reservation (the layer never
-/// readies its inner service for a hit at all).
-async fn a_hit_gives_back_the_reservation<S, B>(mut first: S)
-where
-    S: Service<Request<Body>, Response = Response<B>> + Clone,
-    S::Error: std::fmt::Debug,
-{
-    let mut second = first.clone();
-    for _ in 0..2 {
-        let r = first
-            .ready()
-            .await
-            .unwrap()
-            .call(req(Method::GET, "/r", &[]));
-        r.await.unwrap();
-    }
-    // The second clone's miss must reach the origin: a reservation kept
-    // by the first clone would hold it back.
-    let miss = second
-        .ready()
-        .await
-        .unwrap()
-        .call(req(Method::GET, "/r2", &[]));
-    let answered = tokio::time::timeout(Duration::from_secs(1), miss).await;
-    let response = answered.expect("the first clone's hit kept the reservation");
-    let response = response.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert!(status(response.headers()).contains("fwd=uri-miss"));
-}
-
-async fn reserved_origin(_: Request<RequestBody<Body>>) -> Result<Response<Body>, Infallible> {
-    let mut r = Response::new(Body::from("x"));
-    r.headers_mut()
-        .insert("cache-control", HeaderValue::from_static("max-age=60"));
-    Ok(r)
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_hit_releases_a_concurrency_limit_permit() {
-    let inner = tower::limit::ConcurrencyLimit::new(tower::service_fn(reserved_origin), 1);
-    a_hit_gives_back_the_reservation(CacheLayer::new().layer_service(inner)).await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_hit_releases_a_buffer_slot() {
-    let inner = tower::buffer::Buffer::new(tower::service_fn(reserved_origin), 1);
-    a_hit_gives_back_the_reservation(CacheLayer::new().layer_service(inner)).await;
-}
-
 /// Trait helper: wrap a service in a layer without ServiceBuilder noise.
 trait LayerService {
     fn layer_service<S>(&self, inner: S) -> herdguard::CacheService<S>;
