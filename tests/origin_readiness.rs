@@ -154,6 +154,33 @@ async fn the_wait_for_the_origins_readiness_does_not_age_the_answer() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
+/// A call outside any flight readies the origin too: with the one leader
+/// permit held by a slow flight, a miss on another key goes to the origin
+/// uncached (`detail=overloaded`), waits for the origin's permit, then is
+/// answered by it (no panic from calling a service that was never readied).
+#[tokio::test(start_paused = true)]
+async fn a_call_past_the_leader_cap_waits_for_the_origin_to_be_ready() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let layer = CacheLayer::builder().leader_limit(1).build().unwrap();
+    let cached = layer.layer(limited_origin(calls.clone(), release.clone()));
+    let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow")));
+    until_called(&calls, 1).await;
+    let mut other = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/a")));
+    let early = tokio::time::timeout(Duration::from_secs(5), &mut other).await;
+    assert!(early.is_err(), "the miss went past the origin's limit");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    release.notify_one();
+    slow.await.unwrap().unwrap();
+    let answer = other.await.unwrap().unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert!(status(answer.headers()).contains("detail=overloaded"));
+    assert_eq!(
+        answer.into_body().collect().await.unwrap().to_bytes(),
+        "call=2"
+    );
+}
+
 /// Two clones of a layered service whose inner one holds a reservation from
 /// `poll_ready` (a permit, a slot): after a miss and then a hit on the first,
 /// which then sits idle as a keep-alive connection would, the second
