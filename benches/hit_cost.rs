@@ -35,10 +35,9 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use herdguard::{CacheLayer, RequestBody};
-use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
 
-use common::hit::{origin_response, request};
+use common::hit::{body_len, origin_response, request};
 
 const BODY_BYTES: usize = 512;
 const USAGE: &str =
@@ -55,18 +54,6 @@ fn ready<F: Future>(fut: F) -> F::Output {
         Poll::Ready(v) => v,
         Poll::Pending => panic!("a hit answered Pending: it waited on something"),
     }
-}
-
-async fn body_len<B: http_body::Body>(r: Response<B>) -> usize
-where
-    B::Error: std::fmt::Debug,
-{
-    let collected = r
-        .into_body()
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    collected.to_bytes().len()
 }
 
 /// The measured loop: callgrind collects only inside this function.

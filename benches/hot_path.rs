@@ -31,7 +31,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{header, Request, Response};
+use axum::http::{header, Request};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
@@ -43,7 +43,7 @@ use tokio::runtime::Runtime;
 use tower::{Layer, ServiceExt};
 
 use common::args::Args;
-use common::hit::{origin_response, request};
+use common::hit::{body_len, origin_response, request};
 use common::timing::{self, Timing};
 
 const BODY_BYTES: usize = 512;
@@ -194,19 +194,6 @@ where
         (bare_name, || through(&bare)),
         (hit_name, || through(&cached)),
     );
-}
-
-/// Read the whole body, as a client would; its length.
-async fn body_len<B: http_body::Body>(r: Response<B>) -> usize
-where
-    B::Error: std::fmt::Debug,
-{
-    let collected = r
-        .into_body()
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    collected.to_bytes().len()
 }
 
 /// The HTTP-agnostic engine: a hit, and a miss that N tasks coalesce on.

@@ -4,7 +4,7 @@
 use axum::body::Body;
 use axum::http::{header, Request, Response};
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 
 pub(crate) fn request() -> Request<Body> {
     Request::builder()
@@ -29,4 +29,17 @@ pub(crate) fn origin_response(body: Bytes) -> Response<Full<Bytes>> {
             .unwrap_or_else(|_| unreachable!()),
     );
     r
+}
+
+/// Read the whole body, as a client would; its length.
+pub(crate) async fn body_len<B: http_body::Body>(r: Response<B>) -> usize
+where
+    B::Error: std::fmt::Debug,
+{
+    let collected = r
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    collected.to_bytes().len()
 }
