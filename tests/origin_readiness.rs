@@ -70,6 +70,31 @@ async fn until_called(calls: &AtomicUsize, n: usize) {
         .expect("the origin was not called in time");
 }
 
+/// `second`, sent while a slow `/slow` call holds the origin's one permit:
+/// it does not reach the origin for 5 s of the test's clock, and once the
+/// slow call is let go, it does. Its answer.
+async fn behind_the_slow_call<S, B>(
+    cached: &S,
+    calls: &AtomicUsize,
+    release: &tokio::sync::Notify,
+    second: Request<Body>,
+) -> Response<B>
+where
+    S: Service<Request<Body>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow")));
+    until_called(calls, 1).await;
+    let mut queued = tokio::spawn(cached.clone().oneshot(second));
+    let early = tokio::time::timeout(Duration::from_secs(5), &mut queued).await;
+    assert!(early.is_err(), "it went past the origin's limit");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    release.notify_one();
+    slow.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap()
+}
+
 /// A hit does not wait for the origin's readiness: with the origin's one
 /// permit held by a slow call, a stored answer is still served at once.
 #[tokio::test(start_paused = true)]
@@ -110,15 +135,7 @@ async fn a_bypass_waits_for_the_origin_to_be_ready() {
     let calls = Arc::new(AtomicUsize::new(0));
     let release = Arc::new(tokio::sync::Notify::new());
     let cached = CacheLayer::new().layer(limited_origin(calls.clone(), release.clone()));
-    let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow")));
-    until_called(&calls, 1).await;
-    let mut post = tokio::spawn(cached.clone().oneshot(req(Method::POST, "/a")));
-    let early = tokio::time::timeout(Duration::from_secs(5), &mut post).await;
-    assert!(early.is_err(), "the POST went past the origin's limit");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    release.notify_one();
-    slow.await.unwrap().unwrap();
-    let answer = post.await.unwrap().unwrap();
+    let answer = behind_the_slow_call(&cached, &calls, &release, req(Method::POST, "/a")).await;
     assert!(status(answer.headers()).contains("fwd=method"));
     assert_eq!(
         answer.into_body().collect().await.unwrap().to_bytes(),
@@ -164,15 +181,7 @@ async fn a_call_past_the_leader_cap_waits_for_the_origin_to_be_ready() {
     let release = Arc::new(tokio::sync::Notify::new());
     let layer = CacheLayer::builder().leader_limit(1).build().unwrap();
     let cached = layer.layer(limited_origin(calls.clone(), release.clone()));
-    let slow = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/slow")));
-    until_called(&calls, 1).await;
-    let mut other = tokio::spawn(cached.clone().oneshot(req(Method::GET, "/a")));
-    let early = tokio::time::timeout(Duration::from_secs(5), &mut other).await;
-    assert!(early.is_err(), "the miss went past the origin's limit");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    release.notify_one();
-    slow.await.unwrap().unwrap();
-    let answer = other.await.unwrap().unwrap();
+    let answer = behind_the_slow_call(&cached, &calls, &release, req(Method::GET, "/a")).await;
     assert_eq!(answer.status(), StatusCode::OK);
     assert!(status(answer.headers()).contains("detail=overloaded"));
     assert_eq!(
