@@ -308,11 +308,24 @@ mod across_instances {
                     .namespace(NS)
                     .lease_ttl(Duration::from_secs(30))
                     .poll_interval(Duration::from_secs(30))
-                    .response_timeout(Duration::from_secs(2))
+                    .response_timeout(Duration::from_secs(5))
                     .pool_wait_timeout(Duration::from_secs(2)),
             )
             .build()
             .unwrap()
+    }
+
+    /// Redis holds every write (and every script) for `d`: a release or a
+    /// lease asked for meanwhile is answered when the pause ends.
+    async fn pause_writes(server: &RedisServer, d: Duration) {
+        let mut c = server.connection().await;
+        let () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(d.as_millis() as u64)
+            .arg("WRITE")
+            .query_async(&mut c)
+            .await
+            .unwrap();
     }
 
     /// Sharded fill channels some instance subscribes to (a waiter on a lease).
@@ -422,7 +435,11 @@ mod across_instances {
 
     /// A storable fill after a too-large one on the same key is waited for:
     /// the too-large fill left nothing behind that sends another instance
-    /// to the origin itself.
+    /// to the origin itself. Redis's writes are paused while the too-large
+    /// body streams, so that fill's flight on A has not ended (its lease's
+    /// release waits) when A's second read arrives: that read follows it,
+    /// too late for its stream, and must still lead the next fill under the
+    /// lease, not call on its own (which let B lead a third call).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn storable_fill_after_a_too_large_one_is_waited_for() {
         let server = RedisServer::start();
@@ -431,8 +448,10 @@ mod across_instances {
         let a = instance(&server).layer(origin.service());
         let b = instance(&server).layer(origin.service());
 
-        // A too-large fill on A.
+        // A too-large fill on A, its lease held until Redis takes writes.
         let first = spawn_reads(&a, 1);
+        until("A's first fill calls the origin", || origin.calls() == 1).await;
+        pause_writes(&server, Duration::from_millis(1500)).await;
         origin.open(1);
         let tx = origin.body(0).await;
         let parts = large_parts();

@@ -129,6 +129,9 @@ struct Miss<S, ReqB, ResB, E> {
     error_slot: SlotRef<S, ReqB, E>,
     arrived: std::time::Instant,
     grace: Duration,
+    /// It has gone round the key's flights once more after coming too late
+    /// for a stream (see [`late_for_a_stream`](Self::late_for_a_stream)).
+    went_round: bool,
 }
 
 impl<S, ReqB, ResB> Miss<S, ReqB, ResB, S::Error>
@@ -173,6 +176,7 @@ where
             error_slot,
             arrived,
             grace,
+            went_round: false,
         }
     }
 
@@ -202,6 +206,11 @@ where
                 self.state.counters().record(Source::Miss);
                 Ok(self.state.respond_uncached(*value, &self.view(), self.fwd))
             }
+            Resolved::Pass(None) if self.late_for_a_stream() => {
+                self.went_round = true;
+                let first = self.first().await;
+                Box::pin(self.after(first)).await
+            }
             Resolved::Pass(None) => self.answer_unshared().await,
             Resolved::Failed(error) => {
                 if let Some(r) = self.fallback(None) {
@@ -221,6 +230,20 @@ where
             }
             Resolved::Overloaded => self.release(Detail::Overloaded).await,
         }
+    }
+
+    /// A follower whose flight streamed a body too large to store, which
+    /// it came too late to read from the first byte: that flight ends
+    /// unshared (its lease is released as the stream starts), but the
+    /// request was not refused; it shares the key's next call, as
+    /// [`first`](Self::first) promises, rather than calling alone outside
+    /// any lease. Once: a second unshared outcome sends it on its own. Not
+    /// a request past a pass marker, which never shares a call.
+    fn late_for_a_stream(&self) -> bool {
+        !self.went_round
+            && self.wants != Wants::PastMarker
+            && self.compute.is_some()
+            && self.state.too_large.contains(&self.target.key)
     }
 
     fn reload(&self) -> bool {
