@@ -1,27 +1,34 @@
 //! The access log: one line per request, written off the request path.
 //!
-//! A request appends its line to a shared buffer under a short lock (no
-//! `.await`, no I/O, no allocation once the buffer has grown) and goes on. One
-//! writer thread swaps the buffer for its spare and writes it out when
-//! [`FLUSH_BYTES`] are waiting or [`FLUSH_EVERY`] has passed, as nginx's
-//! `access_log ... buffer=256k flush=1s` does. When the writer falls behind
-//! (a slow disk, a blocked pipe) and [`MAX_BUFFERED`] bytes wait, new lines
-//! are dropped, never waited for, and counted in
-//! [`DROPPED_METRIC`]: a log must not slow the answers it records.
+//! A request appends its line to its own thread's buffer under a lock only
+//! the writer ever shares (no `.await`, no I/O, no allocation once the
+//! buffer has grown, no cache line that the other worker threads write)
+//! and goes on. One writer thread swaps each thread's buffer for its spare
+//! and writes it out when a buffer holds [`FLUSH_BYTES`] or [`FLUSH_EVERY`]
+//! has passed, as nginx's `access_log ... buffer=256k flush=1s` does for
+//! each of its workers. So lines of one thread keep their order, and lines
+//! of different threads within one flush are written thread by thread, not
+//! by time. When the writer falls behind (a slow disk, a blocked pipe) and
+//! a thread's buffer holds [`MAX_BUFFERED`] bytes, its new lines are
+//! dropped, never waited for, and counted in [`DROPPED_METRIC`]: a log
+//! must not slow the answers it records.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Lines waiting past this size wake the writer before [`FLUSH_EVERY`].
+/// A thread's lines waiting past this size wake the writer before
+/// [`FLUSH_EVERY`].
 pub const FLUSH_BYTES: usize = 256 * 1024;
 /// The longest a written line waits in memory.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
-/// Bytes held for the writer; past it lines are dropped and counted.
-pub const MAX_BUFFERED: usize = 4 * 1024 * 1024;
+/// Bytes one thread holds for the writer; past it that thread's lines are
+/// dropped and counted. Requests are logged by the runtime's worker
+/// threads, one per core: the whole log holds at most that many times this.
+pub const MAX_BUFFERED: usize = 1024 * 1024;
 /// Counter of access-log lines dropped because the writer fell behind.
 pub const DROPPED_METRIC: &str = herdguard::metric_names::ACCESS_LOG_DROPPED;
 /// How long the last lines may take to reach the disk at exit.
@@ -94,21 +101,77 @@ fn push_millis(buf: &mut Vec<u8>, us: u64) {
     push_frac3(buf, (us % 1000) as u32);
 }
 
+/// One thread's lines waiting for the writer.
 #[derive(Debug)]
-struct Pending {
+struct Lines {
     buf: Vec<u8>,
-    closed: bool,
     /// The formatted `YYYY-MM-DDTHH:MM:SS` of `second`: made once a second.
     second: u64,
     stamp: String,
 }
 
+/// One thread's buffer: locked by that thread for each line and by the
+/// writer for a swap.
+#[derive(Debug)]
+struct Slot(Mutex<Lines>);
+
+impl Slot {
+    fn new() -> Self {
+        Self(Mutex::new(Lines {
+            buf: Vec::new(),
+            second: u64::MAX,
+            stamp: String::with_capacity(24),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Lines> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
-    pending: Mutex<Pending>,
+    /// Every logging thread's buffer, by the time it first logged.
+    slots: Mutex<Vec<Arc<Slot>>>,
+    /// Set once [`Writer::finish`] is called; the writer sleeps on it.
+    closed: Mutex<bool>,
     wake: Condvar,
     dropped: AtomicU64,
     format: Format,
+}
+
+impl Shared {
+    fn new(format: Format) -> Self {
+        Self {
+            slots: Mutex::new(Vec::new()),
+            closed: Mutex::new(false),
+            wake: Condvar::new(),
+            dropped: AtomicU64::new(0),
+            format,
+        }
+    }
+
+    fn slots(&self) -> MutexGuard<'_, Vec<Arc<Slot>>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether some thread's lines already call for a write.
+    fn any_full(&self) -> bool {
+        self.slots()
+            .iter()
+            .any(|s| s.lock().buf.len() >= FLUSH_BYTES)
+    }
+
+    fn drop_line(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(DROPPED_METRIC).increment(1);
+    }
+}
+
+thread_local! {
+    /// This thread's buffer in each log it has written to (one, but in
+    /// tests), with the log it belongs to.
+    static SLOTS: RefCell<Vec<(Weak<Shared>, Arc<Slot>)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The handle requests log through; cheap to clone.
@@ -140,48 +203,13 @@ pub fn start(dest: Destination, format: Format) -> Result<(AccessLog, Writer), S
                 .map_err(|e| format!("cannot open the access log {}: {e}", path.display()))?,
         ),
     };
-    let shared = Arc::new(Shared {
-        pending: Mutex::new(Pending {
-            buf: Vec::with_capacity(FLUSH_BYTES * 2),
-            closed: false,
-            second: u64::MAX,
-            stamp: String::with_capacity(24),
-        }),
-        wake: Condvar::new(),
-        dropped: AtomicU64::new(0),
-        format,
-    });
+    let shared = Arc::new(Shared::new(format));
     let (done_tx, done) = std::sync::mpsc::channel();
     let writer_shared = Arc::clone(&shared);
     std::thread::Builder::new()
         .name("herdguard-access-log".into())
         .spawn(move || {
-            let mut spare = Vec::with_capacity(FLUSH_BYTES * 2);
-            loop {
-                let closed = {
-                    let Ok(mut p) = writer_shared.pending.lock() else {
-                        break;
-                    };
-                    if p.buf.len() < FLUSH_BYTES && !p.closed {
-                        p = match writer_shared.wake.wait_timeout(p, FLUSH_EVERY) {
-                            Ok((p, _)) => p,
-                            Err(_) => break,
-                        };
-                    }
-                    std::mem::swap(&mut p.buf, &mut spare);
-                    p.closed
-                };
-                if !spare.is_empty() {
-                    // A failed write loses these lines, not the proxy.
-                    let _ = out.write_all(&spare).and_then(|()| out.flush());
-                    spare.clear();
-                    // Give back memory a burst made the spare grow to.
-                    spare.shrink_to(FLUSH_BYTES * 2);
-                }
-                if closed {
-                    break;
-                }
-            }
+            write_until_closed(&writer_shared, out.as_mut());
             let _ = done_tx.send(());
         })
         .map_err(|e| format!("cannot start the access-log writer: {e}"))?;
@@ -191,6 +219,64 @@ pub fn start(dest: Destination, format: Format) -> Result<(AccessLog, Writer), S
         },
         Writer { shared, done },
     ))
+}
+
+/// The writer thread's loop: each time a buffer is full or
+/// [`FLUSH_EVERY`] has passed, write out every thread's lines; after
+/// [`Writer::finish`], once more, then stop.
+fn write_until_closed(shared: &Shared, out: &mut dyn std::io::Write) {
+    let mut spare = Vec::with_capacity(FLUSH_BYTES * 2);
+    loop {
+        let closed = {
+            let closed = shared.closed.lock().unwrap_or_else(PoisonError::into_inner);
+            if *closed || shared.any_full() {
+                *closed
+            } else {
+                let (closed, _) = shared
+                    .wake
+                    .wait_timeout(closed, FLUSH_EVERY)
+                    .unwrap_or_else(PoisonError::into_inner);
+                *closed
+            }
+        };
+        let slots = shared.slots().clone();
+        for slot in &slots {
+            write_slot(slot, &mut spare, out);
+        }
+        drop(slots);
+        // A thread that has ended holds its buffer no more: write what it
+        // added since, and forget it.
+        let gone: Vec<Arc<Slot>> = {
+            let mut slots = shared.slots();
+            let (gone, live) = std::mem::take(&mut *slots)
+                .into_iter()
+                .partition(|s| Arc::strong_count(s) == 1);
+            *slots = live;
+            gone
+        };
+        for slot in &gone {
+            write_slot(slot, &mut spare, out);
+        }
+        if closed {
+            break;
+        }
+    }
+}
+
+/// Swap `slot`'s lines for `spare` and write them out.
+fn write_slot(slot: &Slot, spare: &mut Vec<u8>, out: &mut dyn std::io::Write) {
+    {
+        let mut lines = slot.lock();
+        if lines.buf.is_empty() {
+            return;
+        }
+        std::mem::swap(&mut lines.buf, spare);
+    }
+    // A failed write loses these lines, not the proxy.
+    let _ = out.write_all(spare).and_then(|()| out.flush());
+    spare.clear();
+    // Give back memory a burst made the spare grow to.
+    spare.shrink_to(FLUSH_BYTES * 2);
 }
 
 /// Describe the dropped-lines counter and show it at 0 before any drop, on
@@ -207,27 +293,57 @@ impl Writer {
     /// Write every line logged so far and stop the thread; waits at most
     /// `FINISH_WAIT` for a slow destination.
     pub fn finish(self) {
-        if let Ok(mut p) = self.shared.pending.lock() {
-            p.closed = true;
-        }
+        *self
+            .shared
+            .closed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = true;
         self.shared.wake.notify_one();
         let _ = self.done.recv_timeout(FINISH_WAIT);
     }
 }
 
 impl AccessLog {
-    /// Append one line; never waits for the disk.
+    /// Append one line to this thread's buffer; never waits for the disk.
     pub fn record(&self, e: &Entry<'_>) {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        let Ok(mut p) = self.shared.pending.lock() else {
-            return;
-        };
+        // Not while the thread's locals are being torn down (a line logged
+        // at thread exit): that line is dropped.
+        let logged = SLOTS.try_with(|slots| {
+            let Ok(mut slots) = slots.try_borrow_mut() else {
+                return false;
+            };
+            let slot = match slots
+                .iter()
+                .position(|(log, _)| std::ptr::eq(log.as_ptr(), Arc::as_ptr(&self.shared)))
+            {
+                Some(i) => &slots[i].1,
+                None => self.register(&mut slots),
+            };
+            self.append(&mut slot.lock(), now, e);
+            true
+        });
+        if logged != Ok(true) {
+            self.shared.drop_line();
+        }
+    }
+
+    /// Give this thread a buffer in this log, forgetting those of logs
+    /// that are gone.
+    fn register<'a>(&self, slots: &'a mut Vec<(Weak<Shared>, Arc<Slot>)>) -> &'a Arc<Slot> {
+        slots.retain(|(log, _)| log.strong_count() > 0);
+        let slot = Arc::new(Slot::new());
+        self.shared.slots().push(Arc::clone(&slot));
+        slots.push((Arc::downgrade(&self.shared), slot));
+        &slots[slots.len() - 1].1
+    }
+
+    /// Format one line into `p`, or drop it when `p` is full.
+    fn append(&self, p: &mut Lines, now: Duration, e: &Entry<'_>) {
         if p.buf.len() >= MAX_BUFFERED {
-            drop(p);
-            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(DROPPED_METRIC).increment(1);
+            self.shared.drop_line();
             return;
         }
         let secs = now.as_secs();
@@ -236,7 +352,6 @@ impl AccessLog {
             p.stamp.clear();
             write_rfc3339_seconds(&mut p.stamp, secs);
         }
-        let p = &mut *p;
         let start = p.buf.len();
         let buf = &mut p.buf;
         let millis = now.subsec_millis();
@@ -454,32 +569,85 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// With the writer stuck, lines past the buffer bound are dropped and counted, and `record` returns at once.
+    /// With the writer stuck, a thread's lines past its buffer's bound are
+    /// dropped and counted, and `record` returns at once.
     #[test]
     fn a_stuck_writer_drops_and_counts_lines() {
         // No writer thread: the buffer only fills.
         let log = AccessLog {
-            shared: Arc::new(Shared {
-                pending: Mutex::new(Pending {
-                    buf: Vec::new(),
-                    closed: false,
-                    second: u64::MAX,
-                    stamp: String::new(),
-                }),
-                wake: Condvar::new(),
-                dropped: AtomicU64::new(0),
-                format: Format::Text,
-            }),
+            shared: Arc::new(Shared::new(Format::Text)),
         };
-        let line_len = {
-            log.record(&entry());
-            log.shared.pending.lock().unwrap().buf.len()
-        };
+        let held = || log.shared.slots()[0].lock().buf.len();
+        log.record(&entry());
+        let line_len = held();
         let fit = MAX_BUFFERED.div_ceil(line_len);
         for _ in 1..fit + 10 {
             log.record(&entry());
         }
         assert_eq!(log.dropped(), 10);
-        assert_eq!(log.shared.pending.lock().unwrap().buf.len(), fit * line_len);
+        assert_eq!(held(), fit * line_len);
+    }
+
+    /// Lines logged by several threads at once all reach the file, each
+    /// thread's in the order it logged them.
+    #[test]
+    fn every_threads_lines_reach_the_file_in_order() {
+        const THREADS: usize = 4;
+        const LINES: usize = 2000;
+        let path =
+            std::env::temp_dir().join(format!("hg-access-threads-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let (log, writer) = start(Destination::File(path.clone()), Format::Text).unwrap();
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let log = log.clone();
+                scope.spawn(move || {
+                    for i in 0..LINES {
+                        log.record(&Entry {
+                            path: &format!("/{t}/{i}"),
+                            ..entry()
+                        });
+                    }
+                });
+            }
+        });
+        writer.finish();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let mut next = [0; THREADS];
+        for line in text.lines() {
+            let target = line.split(' ').nth(2).unwrap();
+            let (t, i) = target[1..].split_once('/').unwrap();
+            let t: usize = t.parse().unwrap();
+            assert_eq!(
+                i.parse::<usize>().unwrap(),
+                next[t],
+                "thread {t}'s lines in order"
+            );
+            next[t] += 1;
+        }
+        assert_eq!(next, [LINES; THREADS], "every line written once");
+        assert_eq!(log.dropped(), 0);
+    }
+
+    /// A thread that has ended leaves its lines to be written and its
+    /// buffer to be forgotten: the writer holds no buffer for it after.
+    #[test]
+    fn an_ended_threads_buffer_is_written_then_forgotten() {
+        let path = std::env::temp_dir().join(format!("hg-access-ended-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let (log, writer) = start(Destination::File(path.clone()), Format::Text).unwrap();
+        let on_thread = log.clone();
+        std::thread::spawn(move || on_thread.record(&entry()))
+            .join()
+            .unwrap();
+        writer.finish();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            log.shared.slots().is_empty(),
+            "the ended thread's buffer is forgotten"
+        );
     }
 }
