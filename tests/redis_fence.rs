@@ -5,11 +5,13 @@
 
 use herdguard_testkit as support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 use herdguard::{Cache, CacheKey, FencedStore, Freshness, RedisOptions};
 use support::RedisServer;
+use tokio::sync::Notify;
 
 const NS: &str = "fz";
 
@@ -93,14 +95,21 @@ async fn a_lost_fence_hash_restarts_above_the_entrys_token() {
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     // Another instance finds the entry stale, serves it, and refreshes it.
+    // The refresh answers only once the stale copy is seen: one that had
+    // already landed would rightly be served instead.
     let b = cache();
-    let stale = b
-        .get_or_compute(&key, fresh, || async {
-            Ok::<_, std::io::Error>("two".to_owned())
-        })
+    let seen = Arc::new(Notify::new());
+    let refreshed = Arc::clone(&seen);
+    let refresh = b.get_or_compute(&key, fresh, || async move {
+        refreshed.notified().await;
+        Ok::<_, std::io::Error>("two".to_owned())
+    });
+    let stale = tokio::time::timeout(Duration::from_secs(5), refresh)
         .await
+        .expect("served stale, not held until the refresh answers")
         .unwrap();
     assert_eq!(stale.value, "one", "served stale while it refreshes");
+    seen.notify_one();
     let start = Instant::now();
     loop {
         let stored: Vec<u8> = redis::cmd("GET")
