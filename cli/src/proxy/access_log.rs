@@ -322,12 +322,32 @@ impl AccessLog {
                 Some(i) => &slots[i].1,
                 None => self.register(&mut slots),
             };
-            self.append(&mut slot.lock(), now, e);
+            // The slot's lock is let go at the end of this statement,
+            // before the writer's (the writer takes its own, then the slots').
+            let full = self.append(&mut slot.lock(), now, e);
+            if full {
+                self.wake_writer();
+            }
             true
         });
         if logged != Ok(true) {
             self.shared.drop_line();
         }
+    }
+
+    /// Wake the writer for a buffer that has just filled. Taking its lock
+    /// first means it is either before its check of the buffers (and will
+    /// see this one full) or already asleep (and is woken): the wake-up
+    /// cannot fall between the two and leave it asleep for a whole
+    /// [`FLUSH_EVERY`].
+    fn wake_writer(&self) {
+        drop(
+            self.shared
+                .closed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        self.shared.wake.notify_one();
     }
 
     /// Give this thread a buffer in this log, forgetting those of logs
@@ -340,11 +360,12 @@ impl AccessLog {
         &slots[slots.len() - 1].1
     }
 
-    /// Format one line into `p`, or drop it when `p` is full.
-    fn append(&self, p: &mut Lines, now: Duration, e: &Entry<'_>) {
+    /// Format one line into `p`, or drop it when `p` is full. True when
+    /// this line filled `p` past [`FLUSH_BYTES`].
+    fn append(&self, p: &mut Lines, now: Duration, e: &Entry<'_>) -> bool {
         if p.buf.len() >= MAX_BUFFERED {
             self.shared.drop_line();
-            return;
+            return false;
         }
         let secs = now.as_secs();
         if p.second != secs {
@@ -398,10 +419,7 @@ impl AccessLog {
                 buf.extend_from_slice(b"}\n");
             }
         }
-        let full = p.buf.len() >= FLUSH_BYTES && start < FLUSH_BYTES;
-        if full {
-            self.shared.wake.notify_one();
-        }
+        p.buf.len() >= FLUSH_BYTES && start < FLUSH_BYTES
     }
 
     /// Lines dropped so far because the writer fell behind.

@@ -174,3 +174,29 @@ fn an_ended_threads_buffer_is_written_then_forgotten() {
         "the ended thread's buffer is forgotten"
     );
 }
+
+/// A thread whose lines pass [`FLUSH_BYTES`] wakes the writer at once:
+/// they reach the file long before [`FLUSH_EVERY`] would have passed.
+#[test]
+fn a_full_buffer_wakes_the_writer() {
+    let path = std::env::temp_dir().join(format!("hg-access-full-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let started = std::time::Instant::now();
+    let (log, writer) = start(Destination::File(path.clone()), Format::Text).unwrap();
+    log.record(&entry());
+    let line_len = log.shared.slots()[0].lock().buf.len();
+    // The last of these passes FLUSH_BYTES.
+    for _ in 0..FLUSH_BYTES / line_len {
+        log.record(&entry());
+    }
+    let written = || std::fs::metadata(&path).map_or(0, |m| m.len());
+    while written() < FLUSH_BYTES as u64 {
+        assert!(
+            started.elapsed() < FLUSH_EVERY * 6 / 10,
+            "the writer slept through a full buffer"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    writer.finish();
+    let _ = std::fs::remove_file(&path);
+}
