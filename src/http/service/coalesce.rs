@@ -237,11 +237,12 @@ where
     /// unshared (its lease is released as the stream starts), but the
     /// request was not refused; it shares the key's next call, as
     /// [`first`](Self::first) promises, rather than calling alone outside
-    /// any lease. Once: a second unshared outcome sends it on its own. Not
-    /// a request past a pass marker, which never shares a call.
+    /// any lease. Once: a second unshared outcome sends it on its own. Only
+    /// a request that could have read the stream: not a reload (it never
+    /// does) nor one past a pass marker (it never shares a call).
     fn late_for_a_stream(&self) -> bool {
         !self.went_round
-            && self.wants != Wants::PastMarker
+            && self.wants == Wants::Entry
             && self.compute.is_some()
             && self.state.too_large.contains(&self.target.key)
     }
