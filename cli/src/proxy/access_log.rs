@@ -239,22 +239,19 @@ fn write_until_closed(shared: &Shared, out: &mut dyn std::io::Write) {
                 *closed
             }
         };
-        let slots = shared.slots().clone();
-        for slot in &slots {
-            write_slot(slot, &mut spare, out);
-        }
-        drop(slots);
-        // A thread that has ended holds its buffer no more: write what it
-        // added since, and forget it.
-        let gone: Vec<Arc<Slot>> = {
+        // A buffer only this list holds belongs to a thread that has
+        // ended: it can take no more lines, so it is written once more and
+        // forgotten. The rest are written from a copy of the list, so a
+        // thread that registers never waits for the disk.
+        let (live, gone): (Vec<Arc<Slot>>, Vec<Arc<Slot>>) = {
             let mut slots = shared.slots();
             let (gone, live) = std::mem::take(&mut *slots)
                 .into_iter()
                 .partition(|s| Arc::strong_count(s) == 1);
-            *slots = live;
-            gone
+            slots.clone_from(&live);
+            (live, gone)
         };
-        for slot in &gone {
+        for slot in live.iter().chain(&gone) {
             write_slot(slot, &mut spare, out);
         }
         if closed {
