@@ -24,6 +24,15 @@ pub enum Error {
     /// The wait for another caller's result ran out and the fallback
     /// concurrency cap was exhausted, so the origin was not called either.
     Overloaded,
+    /// The origin budget had no permit for this call within `max_wait`
+    /// (or its queue was full), so the origin was not called.
+    OriginBusy,
+    /// The origin's breaker is open: recent calls failed in a row, so the
+    /// origin was not called. The next probe goes out in `retry_after`.
+    OriginDown {
+        /// Time until the breaker lets the next probe through.
+        retry_after: std::time::Duration,
+    },
 }
 
 impl Error {
@@ -77,6 +86,8 @@ impl fmt::Display for Error {
             Error::Aborted => f.write_str("computation was aborted before it finished"),
             Error::OriginTimeout => f.write_str("computation exceeded the origin timeout"),
             Error::Overloaded => f.write_str("wait timed out and the fallback cap is exhausted"),
+            Error::OriginBusy => f.write_str("the origin budget had no permit in time"),
+            Error::OriginDown { .. } => f.write_str("the origin is down (its breaker is open)"),
         }
     }
 }

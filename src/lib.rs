@@ -114,13 +114,17 @@
 //!                    and waiting for another's fill, lead.rs the leader's
 //!                    write and copies, stale.rs stale replies
 //!   quorum_lease.rs  a key's lease on the Redlock quorum
+//!   gate/           the origin as a whole: the budget by priority, the
+//!                    breaker, their cluster-wide half on Redis;
+//!                    origin_calls.rs how the engine's calls meet it
 //!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
 //!   value.rs (Value), envelope.rs (the stored bytes)
 //! store/           memory/ (embedded default and L1; clock.rs its map,
 //!                  CLOCK eviction by weight), notice.rs (the purge
 //!                  notice's bytes), redis/ (connection
 //!                  and breaker, keys, Lua scripts as .lua files, fills,
-//!                  purge bus, cluster, TLS)
+//!                  purge bus, the origin's cluster budget and shared
+//!                  breaker, cluster, TLS)
 //! lock/            Redlock and the lease watchdog
 //! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
 //! docs/            the sections of these crate docs below this map
@@ -132,6 +136,7 @@
 //! (unpublished test support both packages' tests share).
 //!
 #![doc = include_str!("docs/failure.md")]
+#![doc = include_str!("docs/origin.md")]
 #![doc = include_str!("docs/http_choices.md")]
 #![doc = include_str!("docs/grace.md")]
 #![doc = include_str!("docs/memory.md")]
@@ -166,7 +171,7 @@ mod store;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use engine::Json;
-pub use engine::{Cache, CacheBuilder, Freshness, Lookup, Value};
+pub use engine::{Cache, CacheBuilder, Freshness, Lookup, OriginBreaker, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;

@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, Method, Response, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{CacheLayer, CacheLayerBuilder, RedisOptions, Redlock, ReloadMode};
+use herdguard::{CacheLayer, CacheLayerBuilder, OriginBreaker, RedisOptions, Redlock, ReloadMode};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::RedisServer;
 
@@ -473,7 +473,9 @@ async fn waiters_never_take_the_error_page_the_leader_drew() {
     let calls = Arc::new(AtomicUsize::new(0));
     let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let origin = failing_origin(Arc::clone(&calls), Arc::clone(&started), Arc::clone(&open));
-    let app = origin.layer(redis_layer(&server).build().unwrap());
+    // Seven failures in a row would open the breaker: this is about sharing.
+    let layer = redis_layer(&server).origin_breaker(OriginBreaker::off());
+    let app = origin.layer(layer.build().unwrap());
     let leader = burst(&app, "/drawn", 1, |_| vec![]);
     started.notified().await;
     let waiters = burst(&app, "/drawn", 6, |_| vec![]);

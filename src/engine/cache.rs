@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::compute::{Compute, ComputeFuture, Fill, FnCompute};
+use super::compute::{Compute, ComputeFuture, Fill, FnCompute, Work};
 use super::config::EngineConfig;
 use super::purge_log::key_name;
 use super::resolve::{Engine, Resolved};
@@ -225,7 +225,7 @@ impl<V: Value> Cache<V> {
             }
             // Past its L1 lifetime but still fresh: ask Redis, as for a miss.
             Probe::Stale(entry) if !entry.fresh_by_meta() => {
-                engine.refresh_in_background(*key, as_fill);
+                engine.refresh_in_background(*key, &entry, as_fill);
                 Ok(lookup(&entry, Source::Stale))
             }
             Probe::Stale(_) | Probe::Pass | Probe::Miss => {
@@ -234,11 +234,11 @@ impl<V: Value> Cache<V> {
                     Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
                     Resolved::Failed(e) => Err(e),
                     Resolved::WaitTimedOut(permit) => match compute.take() {
-                        Some(compute) => self.fallback(compute, Some(permit)).await,
+                        Some(compute) => self.fallback(key, compute, Some(permit)).await,
                         None => Err(Error::Aborted),
                     },
                     Resolved::Pass(_) | Resolved::Overloaded => match compute.take() {
-                        Some(compute) => self.fallback(compute, None).await,
+                        Some(compute) => self.fallback(key, compute, None).await,
                         None => Err(Error::Aborted),
                     },
                 }
@@ -253,6 +253,7 @@ impl<V: Value> Cache<V> {
 
     async fn fallback(
         &self,
+        key: &CacheKey,
         compute: impl Compute<V>,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<Lookup<V>, Error> {
@@ -263,8 +264,8 @@ impl<V: Value> Cache<V> {
         let Some(_permit) = permit else {
             return Err(Error::Overloaded);
         };
-        self.engine.counters.origin_call();
-        let value = match self.engine.run_compute(compute.start()).await? {
+        let work = Work::waited(compute.start());
+        let value = match self.engine.run_compute(*key, work).await? {
             Fill::Store { value, .. }
             | Fill::Share(value)
             | Fill::Pass(Some(value))
@@ -411,6 +412,24 @@ impl<V: Value> CacheBuilder<V> {
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.config.fallback_limit = limit;
+        self
+    }
+
+    /// Most computations this cache runs at once, of every kind (default
+    /// 64); see [`CacheLayerBuilder::origin_budget`](crate::CacheLayerBuilder::origin_budget).
+    /// A caller refused a permit gets [`Error::OriginBusy`].
+    #[must_use]
+    pub fn origin_budget(mut self, permits: usize) -> Self {
+        self.config.origin_budget = permits;
+        self
+    }
+
+    /// The breaker over computations: after failed ones in a row (errors,
+    /// panics, timeouts) callers get [`Error::OriginDown`] at once until a
+    /// probe succeeds; see [`OriginBreaker`](crate::OriginBreaker).
+    #[must_use]
+    pub fn origin_breaker(mut self, breaker: crate::OriginBreaker) -> Self {
+        self.config.breaker = breaker;
         self
     }
 

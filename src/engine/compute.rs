@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
+use super::gate::{Priority, Ticket};
 use crate::error::BoxError;
 
 /// What a computation produced, and what may be done with it.
@@ -51,7 +52,55 @@ pub(crate) struct Copy {
     pub(crate) memory: bool,
 }
 
+impl<V> Fill<V> {
+    /// The value it holds, if any.
+    pub(crate) fn value(&self) -> Option<&V> {
+        match self {
+            Fill::Store { value, .. } | Fill::Share(value) | Fill::Private(value) => Some(value),
+            Fill::Pass(value) => value.as_ref(),
+            Fill::Unbuffered => None,
+        }
+    }
+}
+
 pub(crate) type ComputeFuture<V> = BoxFuture<'static, Result<Fill<V>, BoxError>>;
+
+/// A computation as the engine runs it: its future, what waits on it (its
+/// priority at the origin gate), and the place in the budget it already
+/// holds, if any (a background refresh takes one before its flight is made).
+pub(crate) struct Work<V> {
+    pub(crate) fut: ComputeFuture<V>,
+    pub(crate) priority: Priority,
+    pub(crate) ticket: Option<Ticket>,
+}
+
+impl<V> Work<V> {
+    /// Work somebody waits for.
+    pub(crate) fn waited(fut: ComputeFuture<V>) -> Self {
+        Self {
+            fut,
+            priority: Priority::Waited,
+            ticket: None,
+        }
+    }
+
+    /// Background work holding its `ticket`.
+    pub(crate) fn background(fut: ComputeFuture<V>, priority: Priority, ticket: Ticket) -> Self {
+        Self {
+            fut,
+            priority,
+            ticket: Some(ticket),
+        }
+    }
+}
+
+impl<V> std::fmt::Debug for Work<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("priority", &self.priority)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Something that can start a computation. A trait rather than a closure so a
 /// follower that never led can take its inputs back for a fallback.

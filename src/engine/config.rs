@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::gate::OriginBreaker;
 use crate::error::BuildError;
 use crate::lock::redlock::Redlock;
 use crate::store::redis::RedisOptions;
@@ -20,6 +21,12 @@ pub(crate) struct EngineConfig {
     /// Refresh-ahead: the last fraction of an entry's freshness in which a
     /// hit starts one background refresh (0 turns it off).
     pub(crate) refresh_ahead: f64,
+    /// Most origin calls at once from this instance (every priority).
+    pub(crate) origin_budget: usize,
+    pub(crate) breaker: OriginBreaker,
+    /// After a key's fill failed, how long its stale copy answers alone
+    /// before the next attempt.
+    pub(crate) failure_backoff: Duration,
     pub(crate) redis: Option<RedisOptions>,
     pub(crate) redlock: Option<Arc<Redlock>>,
     /// The `cache` label on every metric (the layer's `cache_name`).
@@ -43,6 +50,9 @@ impl Default for EngineConfig {
             max_leaders: 1024,
             max_fill_bytes: 64 * 1024 * 1024,
             refresh_ahead: DEFAULT_REFRESH_AHEAD,
+            origin_budget: DEFAULT_ORIGIN_BUDGET,
+            breaker: OriginBreaker::default(),
+            failure_backoff: Duration::from_secs(1),
             redis: None,
             redlock: None,
             metrics_name: "herdguard".to_owned(),
@@ -66,6 +76,19 @@ impl EngineConfig {
                 "0 would run no flight at all: at least 1",
             ));
         }
+        if self.origin_budget == 0 {
+            return Err(BuildError::invalid(
+                "origin_budget",
+                "0 would allow no origin call at all: at least 1",
+            ));
+        }
+        let b = &self.breaker;
+        if b.enabled() && (b.first_backoff.is_zero() || b.max_backoff < b.first_backoff) {
+            return Err(BuildError::invalid(
+                "origin_breaker",
+                "its first backoff must be above 0 and at most its cap",
+            ));
+        }
         if self.fallback_limit == 0 {
             return Err(BuildError::invalid(
                 "fallback_limit",
@@ -85,3 +108,8 @@ impl EngineConfig {
 
 /// The default refresh-ahead fraction: the last quarter of the freshness.
 pub(crate) const DEFAULT_REFRESH_AHEAD: f64 = 0.25;
+
+/// The default origin budget: the fallback cap's default, a connection
+/// pool's usual size, and no more than the clients of a typical instance
+/// keep busy (see the crate docs, "The origin as a whole").
+pub(crate) const DEFAULT_ORIGIN_BUDGET: usize = 64;

@@ -19,6 +19,8 @@
 //! - `flight`: the in-process single flight.
 //! - `remote`: leading and waiting across instances (Redis);
 //!   `redlock`: the lease on a Redlock quorum.
+//! - `gate`: the origin as a whole: every origin call's budget and the
+//!   breaker.
 //! - `fill`: putting outcomes into memory; `refresh`: background refreshes;
 //!   `outside_flight`: stores and purges outside any flight.
 //! - `purge_log`: purge generations; `retained`: copies kept past their
@@ -31,8 +33,10 @@ mod config;
 pub(crate) mod envelope;
 mod fill;
 pub(crate) mod flight;
+mod gate;
 #[cfg(not(feature = "redis"))]
 mod no_redis;
+mod origin_calls;
 mod outside_flight;
 pub(crate) mod purge_log;
 #[cfg(feature = "redis")]
@@ -45,9 +49,11 @@ pub(crate) mod retained;
 mod value;
 
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
-pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill};
+pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill, Work};
 pub(crate) use config::EngineConfig;
 pub(crate) use flight::Joined;
+pub use gate::OriginBreaker;
+pub(crate) use gate::{Priority, Refusal};
 pub(crate) use resolve::{Engine, Resolved};
 pub(crate) use value::sealed::Internal;
 #[cfg(feature = "serde")]

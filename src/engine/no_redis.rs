@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::compute::{ComputeFuture, Fill};
+use super::compute::{Fill, Work};
 use super::flight::{FlightHandle, Outcome};
 use super::resolve::Engine;
 use super::value::Value;
@@ -20,7 +20,7 @@ impl<V: Value> Engine<V> {
         &self,
         remote: &Arc<RedisStore>,
         _handle: &FlightHandle<V>,
-        _fut: ComputeFuture<V>,
+        _fut: Work<V>,
         _ahead: Option<&Arc<Stored<V>>>,
     ) -> Outcome<V> {
         match **remote {}

@@ -4,22 +4,53 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::compute::Compute;
+use super::compute::{Compute, Work};
 use super::flight::Role;
+use super::gate::{Priority, Ticket};
 use super::resolve::{spawn_detached, Engine};
 use super::value::Value;
 use crate::key::CacheKey;
+use crate::metrics::Skipped;
 use crate::store::memory::Stored;
 
 impl<V: Value> Engine<V> {
-    /// Start one background refresh of `key` unless a flight already runs
-    /// (or the leader cap is full: the stale copy keeps being served).
-    pub(crate) fn refresh_in_background(self: &Arc<Self>, key: CacheKey, compute: impl Compute<V>) {
+    /// Start one background refresh of `key`, whose stored copy `current`
+    /// is being served stale, unless a flight already runs. Skipped (the
+    /// stale copy keeps being served, and the next request that finds it
+    /// tries again) when the leader cap is full, the budget has no permit
+    /// to spare for it, the breaker is open, or the key's last fill failed
+    /// within its backoff.
+    pub(crate) fn refresh_in_background(
+        self: &Arc<Self>,
+        key: CacheKey,
+        current: &Stored<V>,
+        compute: impl Compute<V>,
+    ) {
         if self.flights.is_running(&key) {
             return;
         }
+        let priority = Priority::Revalidate;
+        let Some(ticket) = self.background_ticket(current, priority) else {
+            return;
+        };
         if let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) {
-            self.spawn_drive(handle, compute.start());
+            self.spawn_drive(handle, Work::background(compute.start(), priority, ticket));
+        }
+    }
+
+    /// A place at the origin for a background refresh of `current`'s key,
+    /// if it may have one now (see [`Self::refresh_in_background`]).
+    fn background_ticket(&self, current: &Stored<V>, priority: Priority) -> Option<Ticket> {
+        if self.backing_off(current) {
+            self.counters.refresh_skipped(Skipped::Backoff);
+            return None;
+        }
+        match self.gate.try_ticket(priority) {
+            Ok(ticket) => Some(ticket),
+            Err(refusal) => {
+                let _ = self.refused(refusal, priority);
+                None
+            }
         }
     }
 
@@ -33,6 +64,13 @@ impl<V: Value> Engine<V> {
         current: &Arc<Stored<V>>,
         compute: impl Compute<V>,
     ) {
+        if self.flights.is_running(&key) {
+            return;
+        }
+        let priority = Priority::Ahead;
+        let Some(ticket) = self.background_ticket(current, priority) else {
+            return;
+        };
         let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) else {
             return;
         };
@@ -41,7 +79,7 @@ impl<V: Value> Engine<V> {
         handle.publish_fresh(Arc::clone(current));
         let shared = Arc::clone(self);
         let current = Arc::clone(current);
-        let fut = compute.start();
+        let fut = Work::background(compute.start(), priority, ticket);
         let span = tracing::Span::current();
         spawn_detached(
             "refresh-ahead",

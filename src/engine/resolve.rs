@@ -10,9 +10,11 @@ use futures_util::FutureExt;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::compute::{Compute, ComputeFuture, Fill};
+use super::compute::{Compute, Fill, Work};
 use super::config::{EngineConfig, WAIT_MARGIN};
 use super::flight::{FlightHandle, FlightState, Flights, Joined, Outcome, Role};
+use super::gate::OriginGate;
+use super::origin_calls::origin_gate;
 use super::purge_log::key_name;
 use super::retained::RetainedStore;
 use super::value::Value;
@@ -80,6 +82,8 @@ pub(crate) struct Engine<V: Value> {
     /// The lease backend when leases live on Redlock nodes.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(super) redlock: Option<Arc<Redlock>>,
+    /// Every origin call's budget and the origin's breaker.
+    pub(crate) gate: OriginGate,
 }
 
 impl<V: Value> Engine<V> {
@@ -126,15 +130,18 @@ impl<V: Value> Engine<V> {
                 }
             }));
         }
+        let counters = Counters::new(&config.metrics_name, remote.is_some());
+        let gate = origin_gate(&config, remote.as_ref(), &counters);
         Ok(Self {
             memory,
             flights,
+            gate,
             fallback: Arc::new(Semaphore::new(config.fallback_limit.max(1))),
             leaders: Arc::new(Semaphore::new(config.max_leaders.max(1))),
             fill_bytes: Arc::new(Semaphore::new(
                 config.max_fill_bytes.min(Semaphore::MAX_PERMITS),
             )),
-            counters: Counters::new(&config.metrics_name, remote.is_some()),
+            counters,
             config,
             remote,
             retained: None,
@@ -272,11 +279,11 @@ impl<V: Value> Engine<V> {
         let Some(rx) = handle.subscribe() else {
             return Resolved::Failed(Error::Aborted);
         };
-        self.spawn_drive(handle, compute.start());
+        self.spawn_drive(handle, Work::waited(compute.start()));
         self.wait(rx, true, !refresh).await
     }
 
-    pub(super) fn spawn_drive(self: &Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
+    pub(super) fn spawn_drive(self: &Arc<Self>, handle: FlightHandle<V>, fut: Work<V>) {
         let shared = Arc::clone(self);
         // The leader's task carries the request's span, so its lease, fence
         // and outcome show up under the request that started it.
@@ -292,7 +299,7 @@ impl<V: Value> Engine<V> {
     /// The leader's task: find the value in Redis, or win the lease and
     /// compute it, or wait for whoever holds the lease; then publish the
     /// outcome to this process's waiters.
-    async fn drive(self: Arc<Self>, handle: FlightHandle<V>, fut: ComputeFuture<V>) {
+    async fn drive(self: Arc<Self>, handle: FlightHandle<V>, fut: Work<V>) {
         let key = handle.key();
         let outcome = match &self.remote {
             Some(remote) if remote.available() => {
@@ -305,10 +312,9 @@ impl<V: Value> Engine<V> {
 
     /// Memory alone: the embedded default, and the fail-open path when Redis
     /// is down (memory then keeps entries for their whole lifetime).
-    pub(super) async fn compute_locally(&self, key: CacheKey, fut: ComputeFuture<V>) -> Outcome<V> {
-        self.counters.origin_call();
+    pub(super) async fn compute_locally(&self, key: CacheKey, fut: Work<V>) -> Outcome<V> {
         let started = Instant::now();
-        match self.run_compute(fut).await {
+        match self.run_compute(key, fut).await {
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");
                 Outcome::Failed(error)
@@ -323,9 +329,22 @@ impl<V: Value> Engine<V> {
         }
     }
 
-    /// Run a computation with the origin timeout, turning a panic into an error.
-    pub(crate) async fn run_compute(&self, fut: ComputeFuture<V>) -> Result<Fill<V>, Error> {
-        match tokio::time::timeout(
+    /// Run a computation for `key` through the origin gate (its budget,
+    /// the breaker), with the origin timeout, turning a panic into an
+    /// error; its health goes back to the breaker, and a failure to the
+    /// key's stored copy (its backoff).
+    pub(crate) async fn run_compute(&self, key: CacheKey, work: Work<V>) -> Result<Fill<V>, Error> {
+        let Work {
+            fut,
+            priority,
+            ticket,
+        } = work;
+        let pass = match self.gate.admit(priority, ticket, &self.counters).await {
+            Ok(pass) => pass,
+            Err(refusal) => return Err(self.refused(refusal, priority)),
+        };
+        self.counters.origin_call();
+        let result = match tokio::time::timeout(
             self.config.origin_timeout,
             AssertUnwindSafe(fut).catch_unwind(),
         )
@@ -335,7 +354,13 @@ impl<V: Value> Engine<V> {
             Ok(Err(_panic)) => Err(Error::Panicked),
             Ok(Ok(Err(e))) => Err(Error::Compute(Arc::from(e))),
             Ok(Ok(Ok(fill))) => Ok(fill),
+        };
+        let healthy = self.health(&result);
+        pass.finish(healthy);
+        if healthy == Some(false) {
+            self.note_failed_fill(&key);
         }
+        result
     }
 
     /// Wait for the flight behind `rx`. `take_stale`: a stale copy the
@@ -355,12 +380,13 @@ impl<V: Value> Engine<V> {
         async move {
             let started = Instant::now();
             // The leader's own caller always gets an outcome: its task waits
-            // for another instance's fill at most `max_wait`, then computes
-            // within the origin timeout (Redis calls have their own bounds,
-            // well below the margin). Followers give up after `max_wait`.
+            // for another instance's fill at most `max_wait`, then for an
+            // origin permit at most `max_wait`, then computes within the
+            // origin timeout (Redis calls have their own bounds, well below
+            // the margin). Followers give up after `max_wait`.
             let max_wait = self.config.max_wait();
             let bound = if initiator {
-                max_wait + self.config.origin_timeout + WAIT_MARGIN
+                max_wait * 2 + self.config.origin_timeout + WAIT_MARGIN
             } else {
                 max_wait
             };

@@ -63,6 +63,12 @@ pub trait Value: Clone + Send + Sync + 'static {
     fn sealed_purge_groups(&self, _: sealed::Internal) -> Vec<String> {
         Vec::new()
     }
+
+    /// The crate's own, as [`sealed_envelope_flags`](Value::sealed_envelope_flags).
+    #[doc(hidden)]
+    fn sealed_origin_status(&self, _: sealed::Internal) -> Option<u16> {
+        None
+    }
 }
 
 pub(crate) mod sealed {
@@ -99,6 +105,12 @@ pub(crate) trait ValueMeta: Value {
     /// store so a purge by group can find every member.
     fn purge_groups(&self) -> Vec<String> {
         self.sealed_purge_groups(sealed::Internal)
+    }
+
+    /// The status the origin answered with, for a value that is an answer
+    /// (the HTTP response): the breaker counts 5xx as failures.
+    fn origin_status(&self) -> Option<u16> {
+        self.sealed_origin_status(sealed::Internal)
     }
 }
 

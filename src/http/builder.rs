@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::HeaderName;
 
 use crate::engine::retained::RetainedStore;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig, OriginBreaker};
 use crate::error::BuildError;
 use crate::http::layer::CacheLayer;
 use crate::http::state::{HttpConfig, LayerState, MemoryBudget, ReloadMode, VARY_URL_BYTES};
@@ -351,6 +351,45 @@ impl CacheLayerBuilder {
     #[must_use]
     pub fn fallback_limit(mut self, limit: usize) -> Self {
         self.engine.fallback_limit = limit;
+        self
+    }
+
+    /// Most origin calls this layer makes at once, of every kind (default
+    /// 64): a flight's call, a revalidation, a background or refresh-ahead
+    /// refresh, a call outside any flight. Requests that pass the cache
+    /// untouched (a POST, a request with a body) are the client's own and
+    /// take none. A call somebody waits for queues for a permit, first come
+    /// first served, at most [`max_wait`](Self::max_wait), then gets `503`
+    /// with `Retry-After` (`Cache-Status: …; detail=origin-busy`, or the
+    /// stale copy where `stale-if-error` allows it). A background refresh
+    /// never queues: a stale refresh is deferred while more than three
+    /// quarters of the budget are in use (the stale copy is served and the
+    /// next request tries again), a refresh ahead of expiry is skipped while
+    /// more than half are. See the crate docs, "The origin as a whole".
+    /// At least 1: `build()` refuses 0.
+    #[must_use]
+    pub fn origin_budget(mut self, permits: usize) -> Self {
+        self.engine.origin_budget = permits;
+        self
+    }
+
+    /// The origin's breaker (default [`OriginBreaker::default`]: open after
+    /// 5 failed calls in a row, probe after 1 s doubling to 30 s). With
+    /// Redis the probe is elected for every instance
+    /// ([`RedisOptions::share_origin_breaker`]).
+    #[must_use]
+    pub fn origin_breaker(mut self, breaker: OriginBreaker) -> Self {
+        self.engine.breaker = breaker;
+        self
+    }
+
+    /// After a key's fill failed, how long requests that `stale-if-error`
+    /// lets take its stale copy get it at once, with no new attempt
+    /// (default 1 s; `Cache-Status: …; detail=origin-backoff`). Only the
+    /// fact of the failure is kept, never the error page.
+    #[must_use]
+    pub fn failure_backoff(mut self, backoff: Duration) -> Self {
+        self.engine.failure_backoff = backoff;
         self
     }
 

@@ -312,6 +312,11 @@ impl Value for CachedResponse {
         Duration::from_secs(u64::from(self.rules.sie)).min(STALE_IF_ERROR_KEEP_MAX)
     }
 
+    /// The origin's status, for the breaker (a 5xx counts as a failure).
+    fn sealed_origin_status(&self, _: Internal) -> Option<u16> {
+        Some(self.status.as_u16())
+    }
+
     /// The URL's group, the route key's (under the same `url:` prefix, so
     /// a purge by key finds it as it finds a URL's: route keys are hashed
     /// apart from URL keys, so none equals one), and one per tag.

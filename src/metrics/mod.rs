@@ -10,6 +10,10 @@ use std::sync::Arc;
 
 use metrics::{Key, Label, Level, Metadata};
 
+pub(crate) use origin::Skipped;
+
+mod origin;
+
 /// How a request or lookup was answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -90,6 +94,31 @@ pub mod names {
     /// Access-log lines dropped because the destination was slow
     /// (`herdguard proxy` only; no `cache` label).
     pub const ACCESS_LOG_DROPPED: &str = "herdguard_access_log_dropped_lines_total";
+    /// Gauge: the origin budget's permits (this instance).
+    pub const ORIGIN_BUDGET_LIMIT: &str = "herdguard_origin_budget_limit";
+    /// Gauge: origin budget permits in use (this instance).
+    pub const ORIGIN_BUDGET_IN_USE: &str = "herdguard_origin_budget_in_use";
+    /// Gauge: the cluster-wide origin budget's permits (Redis only).
+    pub const CLUSTER_BUDGET_LIMIT: &str = "herdguard_cluster_origin_budget_limit";
+    /// Gauge: cluster-wide permits in use, as last seen (Redis only).
+    pub const CLUSTER_BUDGET_IN_USE: &str = "herdguard_cluster_origin_budget_in_use";
+    /// Gauge: origin calls queued for a budget permit.
+    pub const ORIGIN_QUEUE: &str = "herdguard_origin_queue_length";
+    /// Histogram: how long a call queued for a budget permit.
+    pub const ORIGIN_QUEUE_SECONDS: &str = "herdguard_origin_queue_seconds";
+    /// Origin calls refused before reaching the origin, by `reason`:
+    /// busy (the budget's queue was full or its wait ran out), down (the
+    /// breaker is open).
+    pub const ORIGIN_REFUSED: &str = "herdguard_origin_refused_total";
+    /// Background refreshes not started, by `reason`: budget, breaker,
+    /// backoff (the key's last fill failed moments ago).
+    pub const REFRESHES_SKIPPED: &str = "herdguard_refreshes_skipped_total";
+    /// Gauge: 1 while the origin's breaker is open (or probing), else 0.
+    pub const BREAKER_OPEN: &str = "herdguard_origin_breaker_open";
+    /// The breaker's transitions, by `to`: open, closed.
+    pub const BREAKER_TRANSITIONS: &str = "herdguard_origin_breaker_transitions_total";
+    /// Probes sent to an origin whose breaker is open.
+    pub const BREAKER_PROBES: &str = "herdguard_origin_probes_total";
 }
 
 /// The label every metric of a layer carries: its `cache_name`.
@@ -196,6 +225,7 @@ pub fn describe_metrics() {
         "How long a lease was held before release."
     );
     describe_stream_metrics();
+    origin::describe();
 }
 
 fn describe_stream_metrics() {
@@ -231,6 +261,13 @@ pub struct Stats {
     pub errors: u64,
     /// Writes refused by the fence because a newer write had already landed.
     pub fenced_rejections: u64,
+    /// Origin calls refused before reaching the origin: the budget's queue
+    /// was full or its wait ran out, or the breaker was open.
+    pub origin_refused: u64,
+    /// Background refreshes not started (budget, breaker, the key's backoff).
+    pub refreshes_skipped: u64,
+    /// Probes sent to an origin whose breaker was open.
+    pub probes: u64,
 }
 
 /// One cache's counters and metric keys. Route layers with their own label
@@ -252,6 +289,9 @@ struct Tally {
     origin_calls: AtomicU64,
     errors: AtomicU64,
     fenced_rejections: AtomicU64,
+    origin_refused: AtomicU64,
+    refreshes_skipped: AtomicU64,
+    probes: AtomicU64,
 }
 
 /// Every metric key of one cache, labelled with its name and built once:
@@ -272,6 +312,8 @@ struct Keys {
     /// In the order of [`NotStoredLabel::ALL`].
     not_stored: [Key; 9],
     corrupt_entries: Key,
+    /// The origin gate's (budget, breaker).
+    origin: origin::OriginKeys,
 }
 /// `expired_mid_work` of one cache, recorded from the watchdog's task.
 #[derive(Debug, Clone)]
@@ -321,13 +363,15 @@ impl Keys {
             not_stored: NotStoredLabel::ALL
                 .map(|r| key(names::NOT_STORED, Some(("reason", r.as_str())))),
             corrupt_entries: key(names::CORRUPT_ENTRIES, None),
+            origin: origin::OriginKeys::new(&key),
         }
     }
 
     /// Register every metric of this cache with the installed recorder, so
     /// exporters show each at 0 before anything happens; the Redis-path
-    /// ones only when `redis` is used.
-    fn register(&self, redis: bool) {
+    /// ones only when `redis` is used, the origin gate's only for the engine
+    /// itself (a route's own label shares its gate).
+    fn register(&self, redis: bool, origin: bool) {
         let (ttfb, cut_off) = (
             cache_key(names::STREAM_WAITER_TTFB, &self.cache),
             cache_key(names::STREAM_READERS_CUT_OFF, &self.cache),
@@ -336,6 +380,12 @@ impl Keys {
         let mut counters: Vec<&Key> = self.requests.iter().chain(&self.not_stored).collect();
         counters.extend([&self.origin_calls, &cut_off]);
         let mut histograms = vec![&self.wait, &self.entry_bytes, &ttfb];
+        let mut gauges = Vec::new();
+        if origin {
+            counters.extend(self.origin.counters());
+            histograms.push(&self.origin.queue_seconds);
+            gauges = self.origin.gauges();
+        }
         if redis {
             counters.extend(&self.lock_acquire);
             counters.extend([&self.fenced_rejected, &self.corrupt_entries, &redis_errors]);
@@ -349,12 +399,19 @@ impl Keys {
             for key in histograms {
                 let _ = r.register_histogram(key, &METADATA);
             }
+            for key in gauges {
+                r.register_gauge(key, &METADATA).set(0.0);
+            }
         });
     }
 }
 
 fn count(key: &Key) {
     metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+}
+
+fn gauge(key: &Key, value: f64) {
+    metrics::with_recorder(|r| r.register_gauge(key, &METADATA).set(value));
 }
 
 fn observe(key: &Key, value: f64) {
@@ -375,7 +432,7 @@ impl Counters {
     /// with the installed recorder (the Redis-path ones when `redis`).
     pub(crate) fn new(cache: &str, redis: bool) -> Self {
         let keys = Keys::new(cache);
-        keys.register(redis);
+        keys.register(redis, true);
         Self {
             tally: Arc::default(),
             keys,
@@ -387,7 +444,7 @@ impl Counters {
     /// metrics under the new label.
     pub(crate) fn relabel(&self, cache: &str) -> Self {
         let keys = Keys::new(cache);
-        keys.register(false);
+        keys.register(false, false);
         Self {
             tally: Arc::clone(&self.tally),
             keys,
@@ -492,6 +549,9 @@ impl Counters {
             origin_calls: l(&self.tally.origin_calls),
             errors: l(&self.tally.errors),
             fenced_rejections: l(&self.tally.fenced_rejections),
+            origin_refused: l(&self.tally.origin_refused),
+            refreshes_skipped: l(&self.tally.refreshes_skipped),
+            probes: l(&self.tally.probes),
         }
     }
 }

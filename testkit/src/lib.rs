@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod echo;
+pub mod faulty;
 pub mod origin;
 pub mod stream;
 pub mod tls;

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use futures_util::future::join_all;
 
-use crate::engine::compute::{ComputeFuture, Copy, Fill};
+use crate::engine::compute::{Copy, Fill, Work};
 use crate::engine::envelope::{encode_kept, EntryMeta};
 use crate::engine::fill::unstored;
 use crate::engine::flight::Outcome;
@@ -33,14 +33,13 @@ impl<V: Value> Engine<V> {
         lease: HeldLease,
         fence: FenceToken,
         asked: Instant,
-        fut: ComputeFuture<V>,
+        fut: Work<V>,
     ) -> Outcome<V> {
         let single = matches!(lease, HeldLease::Single(_));
         let held_since = Instant::now();
         let (watchdog, token) = self.watch_lease(remote, key, lease, fence);
-        self.counters.origin_call();
         let started = Instant::now();
-        let result = self.run_compute(fut).await;
+        let result = self.run_compute(key, fut).await;
         let took = started.elapsed();
         let stopped = watchdog.stop().await;
         let lost = stopped.lost;
@@ -285,9 +284,8 @@ impl<V: Value> Engine<V> {
     }
 
     /// The remote wait ran out: compute once for this process, store nothing.
-    pub(super) async fn compute_unshared(&self, fut: ComputeFuture<V>) -> Outcome<V> {
-        self.counters.origin_call();
-        match self.run_compute(fut).await {
+    pub(super) async fn compute_unshared(&self, key: CacheKey, fut: Work<V>) -> Outcome<V> {
+        match self.run_compute(key, fut).await {
             Err(e) => Outcome::Failed(e),
             Ok(Fill::Store { value, .. }) | Ok(Fill::Share(value)) => Outcome::Value {
                 entry: unstored(value),
@@ -413,11 +411,10 @@ impl<V: Value> Engine<V> {
         key: CacheKey,
         token: LeaseToken,
         asked: Instant,
-        fut: ComputeFuture<V>,
+        fut: Work<V>,
     ) -> Outcome<V> {
-        self.counters.origin_call();
         let started = Instant::now();
-        let fill = match self.run_compute(fut).await {
+        let fill = match self.run_compute(key, fut).await {
             Ok(fill) => self.unless_purged(key, fill),
             Err(error) => {
                 tracing::debug!(key = %key.short(), %error, "computation failed");

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use tokio::time::Instant;
 
-use super::compute::ComputeFuture;
+use super::compute::Work;
 use super::envelope::{decode_entry, EntryMeta, MAGIC, VERSION};
 use super::flight::{FlightHandle, Outcome};
 use super::quorum_lease::RedlockTry;
@@ -75,7 +75,7 @@ enum Looked {
 enum Next<V> {
     Done(Outcome<V>),
     /// Look again, with the computation not yet run.
-    Again(ComputeFuture<V>),
+    Again(Work<V>),
 }
 
 /// What a wait for another instance's fill came to.
@@ -96,7 +96,7 @@ impl<V: Value> Engine<V> {
         &self,
         remote: &Arc<RedisStore>,
         handle: &FlightHandle<V>,
-        mut fut: ComputeFuture<V>,
+        mut fut: Work<V>,
         ahead: Option<&Arc<Stored<V>>>,
     ) -> Outcome<V> {
         let mut d = Drive::new(remote, handle, Instant::now() + self.config.max_wait());
@@ -276,7 +276,7 @@ impl<V: Value> Engine<V> {
         (hard_left, fence, holder): (Duration, Option<FenceToken>, Bytes),
         full: bool,
         (token, asked): (LeaseToken, Instant),
-        fut: ComputeFuture<V>,
+        fut: Work<V>,
     ) -> Next<V> {
         let (remote, key) = (d.remote, d.key);
         if full {
@@ -339,12 +339,7 @@ impl<V: Value> Engine<V> {
 
     /// No entry and no lease (a Redlock lookup): try Redlock for the lease,
     /// else wait for whoever holds it.
-    async fn miss_reply(
-        &self,
-        d: &mut Drive<'_, V>,
-        asked: Instant,
-        fut: ComputeFuture<V>,
-    ) -> Next<V> {
+    async fn miss_reply(&self, d: &mut Drive<'_, V>, asked: Instant, fut: Work<V>) -> Next<V> {
         let (remote, key) = (d.remote, d.key);
         let newer_than = if d.refresh { d.refused } else { None };
         match self.redlock_lease(remote, key, newer_than).await {
@@ -376,7 +371,7 @@ impl<V: Value> Engine<V> {
         d: &mut Drive<'_, V>,
         holder: (Duration, &Bytes),
         stale: Option<Arc<Stored<V>>>,
-        fut: ComputeFuture<V>,
+        fut: Work<V>,
     ) -> Next<V> {
         let newer_than = if d.refresh { d.refused } else { None };
         let waited = self
@@ -389,7 +384,7 @@ impl<V: Value> Engine<V> {
                 newer_than,
             )
             .await;
-        match self.after_wait(waited, d.refresh, stale, fut).await {
+        match self.after_wait(waited, d, stale, fut).await {
             Ok(outcome) => Next::Done(outcome),
             Err(back) => Next::Again(back),
         }
@@ -475,17 +470,18 @@ impl<V: Value> Engine<V> {
     async fn after_wait(
         &self,
         waited: Waited<V>,
-        refresh: bool,
+        d: &Drive<'_, V>,
         stale: Option<Arc<Stored<V>>>,
-        fut: ComputeFuture<V>,
-    ) -> Result<Outcome<V>, ComputeFuture<V>> {
+        fut: Work<V>,
+    ) -> Result<Outcome<V>, Work<V>> {
+        let refresh = d.refresh;
         match waited {
             Waited::Over => Ok(match stale {
                 Some(entry) => Outcome::Value {
                     entry,
                     source: Source::Stale,
                 },
-                None => self.compute_unshared(fut).await,
+                None => self.compute_unshared(d.key, fut).await,
             }),
             Waited::Filled(entry) => Ok(Outcome::Value {
                 entry,

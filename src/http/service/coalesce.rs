@@ -213,7 +213,7 @@ where
             }
             Resolved::Pass(None) => self.answer_unshared().await,
             Resolved::Failed(error) => {
-                if let Some(r) = self.fallback(None) {
+                if let Some(r) = self.stand_in().answer_for(&error) {
                     return Ok(r);
                 }
                 self.state.counters().record_error();

@@ -13,7 +13,7 @@ use http::{Method, Request, Response, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tower_service::Service;
 
-use crate::engine::{Compute, Fill, Freshness};
+use crate::engine::{Compute, Fill, Freshness, Priority, Work};
 use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::policy::{self, Forward, NotStored};
@@ -122,9 +122,9 @@ where
     let (fwd, under_marker) = why.forward();
     let call = call.passing_unstored(under_marker);
     let counters = state.counters();
-    counters.origin_call();
     let started = state.engine.outside_start();
-    match state.engine.run_compute(call.start()).await {
+    let work = Work::waited(call.start());
+    match state.engine.run_compute(target.key, work).await {
         Ok(Fill::Store {
             value,
             fresh_for,
@@ -278,16 +278,31 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
     let counters = state.counters();
+    let engine = &state.engine;
+    let pass = match engine.gate.admit(Priority::Waited, None, counters).await {
+        Ok(pass) => pass,
+        Err(refusal) => {
+            counters.record_error();
+            let error = engine.refused(refusal, Priority::Waited);
+            return Ok(state.refusal_answer(&error, &status));
+        }
+    };
     counters.origin_call();
     let authorized = req.headers().contains_key(http::header::AUTHORIZATION);
     let call = async {
         poll_fn(|cx| inner.poll_ready(cx)).await?;
         inner.call(req).await
     };
-    let Ok(response) = tokio::time::timeout(state.engine.config.origin_timeout, call).await else {
+    let Ok(response) = tokio::time::timeout(engine.config.origin_timeout, call).await else {
+        pass.finish(Some(false));
         counters.record_error();
         return Ok(state.own_answer(StatusCode::GATEWAY_TIMEOUT, &status, "origin-timeout"));
     };
+    let healthy = match &response {
+        Ok(r) => !engine.gate.breaker().status_fails(r.status().as_u16()),
+        Err(_) => false,
+    };
+    pass.finish(Some(healthy));
     let (mut parts, body) = response?.into_parts();
     let status = precise_detail(state, status, &parts, authorized);
     parts.headers.insert(CACHE_STATUS, status);

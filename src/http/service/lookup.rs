@@ -15,8 +15,9 @@ use super::coalesce::{miss, reload, Wants};
 use super::direct::{hit_for_miss, refresh_request};
 use super::follow::{follow, running};
 use super::origin::OriginCall;
-use super::respond::{stale_detail, Served, View};
+use super::respond::{stale_detail, Served, StandIn, View};
 use super::{has_body, hit_for_miss_permit, plain_get};
+use crate::engine::{Priority, Refusal};
 use crate::http::body::CacheBody;
 use crate::http::cache_status::Detail;
 use crate::http::future::ResponseFuture;
@@ -216,6 +217,9 @@ impl<'a> Past<'a> {
         ReqB: Default + Send + 'static,
         ResB: OriginBody,
     {
+        if let Some(held) = self.held(stale.as_ref(), &target, &req) {
+            return held;
+        }
         let state = Arc::clone(self.state);
         // Whether it leads or follows is settled as it arrives: a follower's
         // future is a small one of its own, a leader's the whole miss path.
@@ -226,6 +230,41 @@ impl<'a> Past<'a> {
             }
             None => self.boxed(miss(state, target, self.head, inner, req, stale, wants)),
         }
+    }
+
+    /// An answer at once, without a flight, while the origin may not be
+    /// asked: its breaker is open, or the key's last fill failed within its
+    /// backoff. The stored copy (or one kept aside) where stale-if-error
+    /// allows it; else, with the breaker open, the layer's `503` (a miss
+    /// would only be refused at the gate). `None`: go on to the flight.
+    fn held<F, ReqB, ResB, E>(
+        self,
+        stale: Option<&Entry>,
+        target: &Target,
+        req: &Request<ReqB>,
+    ) -> Option<ResponseFuture<F, ResB, E>> {
+        let state = self.state;
+        let engine = &state.engine;
+        let down = engine.origin_down_for();
+        let detail = match (down, stale) {
+            (Some(_), _) => "origin-down",
+            (None, Some(e)) if engine.backing_off(e) => "origin-backoff",
+            (None, _) => return None,
+        };
+        let stand_in = StandIn {
+            state: Arc::clone(state),
+            stale: stale.cloned(),
+            key: target.key,
+            headers: Arc::new(req.headers().clone()),
+            head: self.head,
+        };
+        if let Some(answer) = stand_in.answer_as(Served::Held(detail)) {
+            return Some(ResponseFuture::ready(answer));
+        }
+        let retry_after = down?;
+        state.counters().record_error();
+        let error = engine.refused(Refusal::Down(retry_after), Priority::Waited);
+        Some(ResponseFuture::ready(state.error_response(&error)))
     }
 
     /// Refresh, with the stored response's validators when there is one.
@@ -405,7 +444,9 @@ impl<'a> Past<'a> {
                 let state2 = Arc::clone(state);
                 let inner = origin.clone();
                 let refresh = OriginCall::new(inner, req, state2, None, target, stale);
-                state.engine.refresh_in_background(target.key, refresh);
+                state
+                    .engine
+                    .refresh_in_background(target.key, entry, refresh);
                 let served = Served::Stale(stale_detail(usable));
                 ResponseFuture::ready(state.respond(entry, &view, served))
             }

@@ -95,6 +95,11 @@ pub(crate) enum Served {
     StaleIfError {
         fwd_status: Option<u16>,
     },
+    /// Stale as stale-if-error allows, without asking the origin: its
+    /// breaker is open (`origin-down`), the budget had no permit in time
+    /// (`origin-busy`), or the key's last fill failed moments ago
+    /// (`origin-backoff`).
+    Held(&'static str),
 }
 
 /// `Cache-Status` detail of a stale answer: the origin's
@@ -147,6 +152,21 @@ pub(super) struct StandIn {
 
 impl StandIn {
     pub(super) fn answer<B>(&self, fwd_status: Option<u16>) -> Option<Response<CacheBody<B>>> {
+        self.answer_as(Served::StaleIfError { fwd_status })
+    }
+
+    /// The stand-in for a flight the origin gate refused (`error`): served
+    /// as [`Served::Held`], or as a plain stale-if-error for another error.
+    pub(super) fn answer_for<B>(&self, error: &Error) -> Option<Response<CacheBody<B>>> {
+        match error {
+            Error::OriginDown { .. } => self.answer_as(Served::Held("origin-down")),
+            Error::OriginBusy => self.answer_as(Served::Held("origin-busy")),
+            _ => self.answer(None),
+        }
+    }
+
+    /// The stored copy as `served`, if stale-if-error allows it.
+    pub(super) fn answer_as<B>(&self, served: Served) -> Option<Response<CacheBody<B>>> {
         let kept;
         let entry = match self.stale.as_ref() {
             Some(e) => e,
@@ -169,10 +189,7 @@ impl StandIn {
             headers: &self.headers,
             validators: true,
         };
-        Some(
-            self.state
-                .respond(entry, &view, Served::StaleIfError { fwd_status }),
-        )
+        Some(self.state.respond(entry, &view, served))
     }
 }
 
@@ -235,6 +252,9 @@ impl LayerState {
             )),
             Served::StaleIfError { fwd_status: None } => {
                 self.status(format_args!("fwd=stale; ttl={ttl}; detail=stale-if-error"))
+            }
+            Served::Held(detail) => {
+                self.status(format_args!("fwd=stale; ttl={ttl}; detail={detail}"))
             }
         };
         // A response fetched for this request (or collapsed into its fetch)
@@ -416,6 +436,8 @@ impl LayerState {
         let (code, detail) = match error {
             Error::OriginTimeout => (StatusCode::GATEWAY_TIMEOUT, "origin-timeout"),
             Error::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            Error::OriginBusy => (StatusCode::SERVICE_UNAVAILABLE, "origin-busy"),
+            Error::OriginDown { .. } => (StatusCode::SERVICE_UNAVAILABLE, "origin-down"),
             Error::Panicked => (StatusCode::BAD_GATEWAY, "origin-panic"),
             Error::Aborted => (StatusCode::BAD_GATEWAY, "origin-aborted"),
             _ => (StatusCode::BAD_GATEWAY, "origin-error"),
@@ -424,6 +446,42 @@ impl LayerState {
         *response.status_mut() = code;
         let status = self.status(format_args!("fwd=uri-miss; collapsed; detail={detail}"));
         response.headers_mut().insert(CACHE_STATUS, status);
+        if let Some(after) = retry_after(error) {
+            response.headers_mut().insert(header::RETRY_AFTER, after);
+        }
         response
     }
+
+    /// The layer's own `503` for a call outside any flight that the origin
+    /// gate refused: the `Cache-Status` it would have had, with the reason
+    /// as its detail, and when to try again.
+    pub(crate) fn refusal_answer<B>(
+        &self,
+        error: &Error,
+        status: &HeaderValue,
+    ) -> Response<CacheBody<B>> {
+        let detail = match error {
+            Error::OriginDown { .. } => "origin-down",
+            _ => "origin-busy",
+        };
+        let mut response = self.own_answer(StatusCode::SERVICE_UNAVAILABLE, status, detail);
+        if let Some(after) = retry_after(error) {
+            response.headers_mut().insert(header::RETRY_AFTER, after);
+        }
+        response
+    }
+}
+
+/// `Retry-After` for a refusal of the origin gate: until the breaker's next
+/// probe (whole seconds, at least 1), or 1 s for a full budget.
+pub(super) fn retry_after(error: &Error) -> Option<HeaderValue> {
+    let secs = match error {
+        Error::OriginDown { retry_after } => {
+            let whole = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            whole.max(1)
+        }
+        Error::OriginBusy => 1,
+        _ => return None,
+    };
+    Some(HeaderValue::from(secs))
 }

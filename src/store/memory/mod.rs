@@ -8,7 +8,7 @@
 //! can pause time.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +47,17 @@ pub(crate) struct Stored<V> {
     /// Set by a hard purge: the copy is neither fresh nor usable for anyone
     /// who still holds it (a running flight that published it).
     purged: AtomicBool,
+    /// When the last fill of this copy's key failed, in nanoseconds from
+    /// `loaded_at`; [`NOT_SOFT_PURGED`] (never) until one does. Only the
+    /// fact: no error page is kept.
+    failed_fill: AtomicI64,
+    /// The age of the last hit in the refresh-ahead window, in nanoseconds,
+    /// [`NO_WINDOW_HIT`] before one: the next hit there tells whether the key
+    /// is asked often enough to refresh ahead.
+    window_hit: AtomicU64,
 }
+
+const NO_WINDOW_HIT: u64 = u64::MAX;
 
 const NOT_SOFT_PURGED: i64 = i64::MIN;
 
@@ -85,6 +95,8 @@ impl<V> Stored<V> {
             refresh_claimed: AtomicBool::new(false),
             soft_purged: AtomicI64::new(NOT_SOFT_PURGED),
             purged: AtomicBool::new(false),
+            failed_fill: AtomicI64::new(NOT_SOFT_PURGED),
+            window_hit: AtomicU64::new(NO_WINDOW_HIT),
         }
     }
 
@@ -158,12 +170,41 @@ impl<V> Stored<V> {
     }
 
     /// Whether this hit, at `age`, is the one that starts the refresh ahead
-    /// of expiry: true at most once per copy. A load before the swap keeps
-    /// the hit path from writing a shared cache line on every request.
+    /// of expiry: true at most once per copy, and only for a key that is
+    /// hot. In the last part of the freshness (from `refresh_after` on) each
+    /// hit notes its age; a hit that follows the one before it by less than
+    /// the freshness left predicts another hit before expiry, so the
+    /// refresh is worth its origin call. A key touched once there is left
+    /// to expire. Hits before that part only read: the hit path writes no
+    /// shared cache line on most requests.
     pub(crate) fn claim_refresh(&self, age: Duration) -> bool {
-        age >= self.refresh_after
-            && !self.refresh_claimed.load(Ordering::Relaxed)
-            && !self.refresh_claimed.swap(true, Ordering::AcqRel)
+        if age < self.refresh_after || self.refresh_claimed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = age.as_nanos().min(u128::from(NO_WINDOW_HIT - 1)) as u64;
+        let before = self.window_hit.swap(now, Ordering::AcqRel);
+        if before == NO_WINDOW_HIT || before > now {
+            return false;
+        }
+        let gap = Duration::from_nanos(now - before);
+        let left = self.meta.fresh_for.saturating_sub(age);
+        gap < left && !self.refresh_claimed.swap(true, Ordering::AcqRel)
+    }
+
+    /// A fill of this copy's key failed just now.
+    pub(crate) fn note_failed_fill(&self) {
+        let at = self.loaded_at.elapsed().as_nanos().min(i64::MAX as u128) as i64;
+        self.failed_fill.store(at, Ordering::Release);
+    }
+
+    /// Time since a fill of this copy's key last failed, if one did.
+    pub(crate) fn failed_fill_for(&self) -> Option<Duration> {
+        let at = self.failed_fill.load(Ordering::Acquire);
+        if at == NOT_SOFT_PURGED {
+            return None;
+        }
+        let now = self.loaded_at.elapsed().as_nanos().min(i64::MAX as u128) as i64;
+        Some(Duration::from_nanos(now.saturating_sub(at).max(0) as u64))
     }
 
     /// Mark the refresh as started elsewhere: this copy starts none.

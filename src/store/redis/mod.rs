@@ -51,6 +51,7 @@
 //!
 //! ```text
 //! purge.rs       purge by group (indexes walked in batches), purge notices sent
+//! origin.rs      the origin's cluster-wide budget and shared breaker
 //! store.rs       RedisStore, the facade: lookup-or-lease, fenced write, leases, fill waits
 //! purge_bus.rs   the listener that hears purge notices
 //! eviction.rs    whether the server may evict keys (INFO memory, read now and then)
@@ -73,6 +74,7 @@ mod eviction;
 mod fills;
 mod keys;
 mod options;
+mod origin;
 mod purge;
 mod purge_bus;
 mod scripts;
@@ -82,6 +84,7 @@ mod tls;
 pub(crate) use self::error::{redact_error, StoreError};
 pub(crate) use self::fills::{FillSubscription, Woken};
 pub use self::options::RedisOptions;
+pub(crate) use self::origin::ProbeReply;
 pub(crate) use self::scripts::{RemoteLookup, WriteMode, WriteOutcome};
 pub(crate) use self::store::GroupIndex;
 pub(crate) use self::store::RedisStore;

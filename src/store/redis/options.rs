@@ -104,6 +104,10 @@ pub struct RedisOptions {
     /// The `cache` label of this store's metrics: the layer's name, or none
     /// for a store outside a layer.
     pub(crate) metrics_name: Option<String>,
+    /// The cluster's origin budget (`None`: each instance's own alone).
+    pub(crate) cluster_origin_budget: Option<usize>,
+    /// The origin breaker's probe is elected for every instance on this Redis.
+    pub(crate) share_origin_breaker: bool,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -185,6 +189,8 @@ impl RedisOptions {
             fence_retention: Duration::from_secs(65),
             notice_entry_limit: 64 * 1024,
             metrics_name: None,
+            cluster_origin_budget: None,
+            share_origin_breaker: true,
         }
     }
 
@@ -305,6 +311,41 @@ impl RedisOptions {
     #[must_use]
     pub fn notice_entry_limit(mut self, bytes: usize) -> Self {
         self.notice_entry_limit = bytes;
+        self
+    }
+
+    /// Most origin calls all instances on this Redis (and namespace) make
+    /// at once, on top of each instance's own
+    /// [`origin_budget`](crate::CacheLayerBuilder::origin_budget) (default:
+    /// none). Each call takes a permit in Redis (one round trip) and gives
+    /// it back when it ends; a permit also expires on its own a second
+    /// after the [origin timeout](crate::CacheLayerBuilder::origin_timeout),
+    /// so an instance that dies holding permits frees them. A call somebody
+    /// waits for asks again (every 5 ms, backing off to 100 ms) until
+    /// `max_wait`, then gets `503`; a background refresh asks once and is
+    /// skipped. If Redis does not answer, the instance's own budget stands
+    /// alone. At least 1.
+    ///
+    /// ```
+    /// use herdguard::RedisOptions;
+    /// // Four instances, one database that takes 32 queries at once.
+    /// let opts = RedisOptions::new("redis://127.0.0.1:6379").cluster_origin_budget(32);
+    /// # let _ = opts;
+    /// ```
+    #[must_use]
+    pub fn cluster_origin_budget(mut self, permits: usize) -> Self {
+        self.cluster_origin_budget = Some(permits.max(1));
+        self
+    }
+
+    /// Whether the origin breaker's probe is elected for the whole cluster
+    /// (default on): while the origin is down, one instance on this Redis
+    /// probes it per interval, and an origin found back closes every
+    /// instance's breaker at its next due probe. Off, each instance probes
+    /// on its own.
+    #[must_use]
+    pub fn share_origin_breaker(mut self, on: bool) -> Self {
+        self.share_origin_breaker = on;
         self
     }
 

@@ -1,0 +1,294 @@
+//! The origin as a whole. Every origin call the cache makes passes this
+//! gate: a budget bounds how many run at once, by priority (per instance,
+//! and with Redis optionally per cluster), and a breaker stops calling an
+//! origin that keeps failing, letting one probe at a time find out when it
+//! is back (with Redis, one probe for the whole cluster).
+//!
+//! ```text
+//! call ─► breaker ── open, probe not due ─► refused: down (Retry-After: until the probe)
+//!           │ closed, or the due probe (cluster: one instance wins it)
+//!           ▼
+//!         budget by priority ── none to spare ─► skipped (background) / queued, then busy
+//!           ▼
+//!         cluster budget (Redis, optional) ─► the origin ─► its health ─► breaker
+//! ```
+//! HTTP-agnostic: the caller says whether the call failed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use crate::metrics::Counters;
+
+pub use breaker::OriginBreaker;
+use breaker::{Admit, Circuit, Turned};
+use budget::Budget;
+#[cfg(feature = "redis")]
+pub(crate) use shared::Shared;
+
+mod breaker;
+mod budget;
+#[cfg(feature = "redis")]
+mod shared;
+
+/// What waits on an origin call, highest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Priority {
+    /// A request waits for its answer (a flight's leader, a call outside
+    /// any flight, a revalidation someone waits for).
+    Waited,
+    /// A background refresh of a stale copy that is being served.
+    Revalidate,
+    /// A refresh ahead of a fresh copy's expiry.
+    Ahead,
+}
+
+/// Why a call did not go to the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The budget's queue was full, or its wait ran out.
+    Busy,
+    /// The breaker is open: the next probe is this far off.
+    Down(Duration),
+    /// A background call found no permit to spare.
+    Skipped,
+}
+
+/// A place in the instance's budget taken before a flight was made (a
+/// background refresh), and the probe, if it is one.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    /// Held for the call's whole life; given back when dropped.
+    _permit: OwnedSemaphorePermit,
+    /// `Some(backoff)` when this call is the breaker's probe.
+    probe: Option<Duration>,
+    circuit: Arc<Circuit>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // Dropped unused: the probe is free again for the next call.
+        if self.probe.take().is_some() {
+            self.circuit.probe_abandoned(Instant::now());
+        }
+    }
+}
+
+/// Every origin call's way through: the budget and the breaker.
+#[derive(Debug)]
+pub(crate) struct OriginGate {
+    budget: Budget,
+    circuit: Arc<Circuit>,
+    /// A call somebody waits for queues at most this long.
+    wait: Duration,
+    #[cfg(feature = "redis")]
+    shared: Option<Shared>,
+}
+
+/// An admitted call: its permits, given back when it is dropped.
+#[derive(Debug)]
+pub(crate) struct GatePass<'a> {
+    ticket: Option<Ticket>,
+    gate: &'a OriginGate,
+    counters: &'a Counters,
+    #[cfg(feature = "redis")]
+    _cluster: Option<shared::ClusterPermit>,
+}
+
+impl OriginGate {
+    /// `budget` permits, a call waiting at most `wait` (and at most
+    /// `queue` calls waiting at once).
+    pub(crate) fn new(
+        budget: usize,
+        queue: usize,
+        wait: Duration,
+        breaker: OriginBreaker,
+        counters: &Counters,
+    ) -> Self {
+        let budget = Budget::new(budget, queue);
+        counters.budget_limits(budget.limit(), 0);
+        Self {
+            budget,
+            circuit: Arc::new(Circuit::new(breaker)),
+            wait,
+            #[cfg(feature = "redis")]
+            shared: None,
+        }
+    }
+
+    /// Share the breaker (and a cluster budget, if it has one) through Redis.
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_shared(mut self, shared: Shared, counters: &Counters) -> Self {
+        counters.budget_limits(self.budget.limit(), shared.budget_limit());
+        self.shared = Some(shared);
+        self
+    }
+
+    pub(crate) fn breaker(&self) -> &OriginBreaker {
+        &self.circuit.policy
+    }
+
+    /// How long until the next probe, while the breaker refuses calls.
+    pub(crate) fn down_for(&self) -> Option<Duration> {
+        self.circuit.refuses(Instant::now())
+    }
+
+    /// A place in this instance's budget for a background call, now or
+    /// never (a refresh finds none to spare: it is skipped, the copy it
+    /// would replace is served meanwhile).
+    pub(crate) fn try_ticket(&self, priority: Priority) -> Result<Ticket, Refusal> {
+        let probe = self.circuit_admit()?;
+        let permit = self.budget.try_take(priority)?;
+        Ok(self.ticket(permit, probe))
+    }
+
+    fn circuit_admit(&self) -> Result<Option<Duration>, Refusal> {
+        match self.circuit.admit(Instant::now())? {
+            Admit::Call => Ok(None),
+            Admit::Probe { backoff } => Ok(Some(backoff)),
+        }
+    }
+
+    fn ticket(&self, permit: OwnedSemaphorePermit, probe: Option<Duration>) -> Ticket {
+        Ticket {
+            _permit: permit,
+            probe,
+            circuit: Arc::clone(&self.circuit),
+        }
+    }
+
+    /// Admit a call of `priority` (with the `ticket` it already holds, if
+    /// any): `Err` says why it must not reach the origin. A call somebody
+    /// waits for queues up to the gate's wait for a permit.
+    pub(crate) async fn admit<'a>(
+        &'a self,
+        priority: Priority,
+        ticket: Option<Ticket>,
+        counters: &'a Counters,
+    ) -> Result<GatePass<'a>, Refusal> {
+        let deadline = Instant::now() + self.wait;
+        let result = self.admit_by(priority, ticket, counters, deadline).await;
+        if let Ok(pass) = &result {
+            if pass.ticket.as_ref().is_some_and(|t| t.probe.is_some()) {
+                counters.probe();
+            }
+        }
+        counters.budget_in_use(self.budget.in_use());
+        result
+    }
+
+    async fn admit_by<'a>(
+        &'a self,
+        priority: Priority,
+        ticket: Option<Ticket>,
+        counters: &'a Counters,
+        deadline: Instant,
+    ) -> Result<GatePass<'a>, Refusal> {
+        let mut ticket = match ticket {
+            Some(t) => t,
+            None => {
+                let probe = self.circuit_admit()?;
+                let permit = match priority {
+                    Priority::Waited => self.budget.take(deadline, counters).await,
+                    background => self.budget.try_take(background),
+                };
+                // A refusal drops `probe` unused: `ticket` is not made.
+                let permit = permit.inspect_err(|_| {
+                    if probe.is_some() {
+                        self.circuit.probe_abandoned(Instant::now());
+                    }
+                })?;
+                self.ticket(permit, probe)
+            }
+        };
+        #[cfg(feature = "redis")]
+        let cluster = match &self.shared {
+            Some(shared) => {
+                self.shared_probe(shared, &mut ticket, counters).await?;
+                shared.take(priority, deadline, counters).await?
+            }
+            None => None,
+        };
+        #[cfg(not(feature = "redis"))]
+        let _ = &mut ticket;
+        Ok(GatePass {
+            ticket: Some(ticket),
+            gate: self,
+            counters,
+            #[cfg(feature = "redis")]
+            _cluster: cluster,
+        })
+    }
+
+    /// With a shared breaker, a probe due here goes out only if this
+    /// instance wins it for the cluster; an origin another instance found
+    /// back closes the breaker here without one.
+    #[cfg(feature = "redis")]
+    async fn shared_probe(
+        &self,
+        shared: &Shared,
+        ticket: &mut Ticket,
+        counters: &Counters,
+    ) -> Result<(), Refusal> {
+        let Some(backoff) = ticket.probe else {
+            return Ok(());
+        };
+        match shared.probe(backoff).await {
+            shared::ProbeTurn::Mine => Ok(()),
+            shared::ProbeTurn::Up => {
+                ticket.probe = None;
+                Circuit::report(self.circuit.close(), counters);
+                Ok(())
+            }
+            shared::ProbeTurn::Wait(left) => {
+                ticket.probe = None;
+                self.circuit.probe_abandoned(Instant::now() + left);
+                Err(Refusal::Down(left))
+            }
+        }
+    }
+
+    fn turned(&self, turned: Turned, counters: &Counters) {
+        Circuit::report(turned, counters);
+        #[cfg(feature = "redis")]
+        if let Some(shared) = &self.shared {
+            match turned {
+                Turned::Opened(_) => shared.opened(),
+                Turned::Closed => shared.closed(),
+                Turned::Unchanged => {}
+            }
+        }
+    }
+}
+
+impl GatePass<'_> {
+    /// The call's verdict: `Some(false)` when the origin failed it,
+    /// `None` when it says nothing of the origin (aborted).
+    pub(crate) fn finish(mut self, healthy: Option<bool>) {
+        let Some(mut ticket) = self.ticket.take() else {
+            return;
+        };
+        let probe = ticket.probe.take().is_some();
+        match healthy {
+            Some(healthy) => {
+                let turned = self.gate.circuit.record(healthy, probe, Instant::now());
+                self.gate.turned(turned, self.counters);
+            }
+            None if probe => self.gate.circuit.probe_abandoned(Instant::now()),
+            None => {}
+        }
+        drop(ticket);
+        self.counters.budget_in_use(self.gate.budget.in_use());
+    }
+}
+
+impl Drop for GatePass<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            drop(ticket);
+            self.counters.budget_in_use(self.gate.budget.in_use());
+        }
+    }
+}
