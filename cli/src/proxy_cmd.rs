@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use herdguard::{CacheLayer, RedisOptions};
+use herdguard::{CacheLayer, OriginBreaker, RedisOptions};
 use http::Uri;
 use serde::Deserialize;
 
@@ -159,6 +159,22 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "HERDGUARD_DEFAULT_TTL", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     default_ttl: Option<Duration>,
+    /// Most origin calls at once from this instance (misses, revalidations,
+    /// refreshes); a miss queues up to --max-wait for one, then gets 503.
+    #[arg(long, env = "HERDGUARD_ORIGIN_BUDGET")]
+    origin_budget: Option<usize>,
+    /// Most origin calls at once from all instances on the same Redis
+    /// [default: none].
+    #[arg(long, env = "HERDGUARD_CLUSTER_ORIGIN_BUDGET")]
+    cluster_origin_budget: Option<usize>,
+    /// Longest a request waits for another's origin call, or for a budget
+    /// permit [default: 65s].
+    #[arg(long, env = "HERDGUARD_MAX_WAIT", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    max_wait: Option<Duration>,
+    /// Failed origin calls in a row that open the breaker (0: no breaker).
+    #[arg(long, env = "HERDGUARD_BREAKER_FAILURES")]
+    breaker_failures: Option<u32>,
     /// Largest body stored; larger answers stream past the cache.
     #[arg(long, env = "HERDGUARD_MAX_BODY_BYTES", value_parser = parse_bytes)]
     #[serde(default, deserialize_with = "de_bytes")]
@@ -223,6 +239,8 @@ fn shown_defaults() -> Vec<(&'static str, String)> {
             RedisOptions::DEFAULT_NAMESPACE.to_owned(),
         ),
         ("grace", duration(Duration::ZERO)),
+        ("origin_budget", "64".to_owned()),
+        ("breaker_failures", "5".to_owned()),
         ("max_body_bytes", bytes(DEFAULT_MAX_BODY_BYTES)),
         ("capacity_bytes", bytes(DEFAULT_CAPACITY_BYTES)),
         ("max_connections", server.max_connections.to_string()),
@@ -347,6 +365,15 @@ impl ProxyArgs {
         if let Some(ttl) = self.default_ttl {
             builder = builder.default_ttl(ttl);
         }
+        if let Some(permits) = self.origin_budget {
+            builder = builder.origin_budget(permits);
+        }
+        if let Some(wait) = self.max_wait {
+            builder = builder.max_wait(wait);
+        }
+        if let Some(failures) = self.breaker_failures {
+            builder = builder.origin_breaker(OriginBreaker::default().failures(failures));
+        }
         let body = self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         builder = builder.max_body_bytes(size("max-body-bytes", body)?);
         let capacity = self.capacity_bytes.unwrap_or(DEFAULT_CAPACITY_BYTES);
@@ -357,6 +384,9 @@ impl ProxyArgs {
             (None, true) => None,
         };
         if let Some(mut redis) = redis {
+            if let Some(permits) = self.cluster_origin_budget {
+                redis = redis.cluster_origin_budget(permits);
+            }
             if let Some(namespace) = &self.redis_namespace {
                 redis = redis.namespace(namespace.as_str());
             }
@@ -366,6 +396,12 @@ impl ProxyArgs {
                 redis = redis.tls_root_cert_pem(pem);
             }
             builder = builder.redis(redis);
+        }
+        if self.cluster_origin_budget.is_some()
+            && self.redis.is_none()
+            && self.redis_cluster.is_empty()
+        {
+            return Err("--cluster-origin-budget needs --redis or --redis-cluster".to_owned());
         }
         builder.build().map_err(|e| e.to_string())
     }

@@ -90,6 +90,10 @@ fn config_file_sets_every_option() {
         redis-namespace = "ns"
         grace = "10s"
         default-ttl = "5s"
+        origin-budget = 32
+        cluster-origin-budget = 64
+        max-wait = "70s"
+        breaker-failures = 3
         max-body-bytes = "4MiB"
         capacity-bytes = 1048576
         max-connections = 10

@@ -264,7 +264,7 @@ async fn scraped_metrics_have_documented_names_and_labels() {
     assert!(
         label_keys
             .iter()
-            .all(|k| ["cache", "outcome", "op", "class", "result", "reason"].contains(k)),
+            .all(|k| ["cache", "outcome", "op", "class", "result", "reason", "to"].contains(k)),
         "only documented labels: {label_keys:?}"
     );
 }
