@@ -27,7 +27,8 @@
 //!   origin calls, calls per 1,000 requests, the floor for that row's req/s
 //!   (key i asked λᵢ = rps·pᵢ a second must be fetched λᵢ/(1+λᵢT) a second,
 //!   T the max-age), the ratio to it, origin peak concurrency, client errors
-//!   (non-2xx/3xx and socket errors, wrk `--timeout` 10 s).
+//!   (non-2xx/3xx and socket errors, wrk `--timeout` 10 s). A wrk run
+//!   also stops after `--max-requests` (2,000,000); the row then says so.
 //! - `outage`: the same with `stale-if-error=60`; `--outage-at` (2) s into a
 //!   `--seconds` (8) run the origin answers `503 no-store`, then it heals
 //!   for `--heal-seconds` (4), each phase its own wrk run. Columns: req/s
@@ -207,19 +208,25 @@ fn settle(origin: &MeteredOrigin) {
 
 /// A wrk run of `secs` over `addrs` with the Zipf script for them.
 fn zipf_run(s: &Settings, zipf: &Zipf, addrs: &[SocketAddr], secs: u64) -> Result<WrkRun, String> {
-    let script = s.dir.join(format!("zipf-{}.lua", addrs[0].port()));
-    std::fs::write(&script, zipf.wrk_script(addrs, 43))
-        .map_err(|e| format!("{}: {e}", script.display()))?;
     // One wrk thread per instance at least, so each gets its share.
     let threads = s.wrk_threads.max(addrs.len());
-    wrk::run_script(&ScriptedRun {
+    let per_thread = s.max_requests.div_ceil(threads as u64);
+    let script = s.dir.join(format!("zipf-{}.lua", addrs[0].port()));
+    std::fs::write(&script, zipf.wrk_script(addrs, 43, per_thread))
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    let run = wrk::run_script(&ScriptedRun {
         url: format!("http://{}/", addrs[0]),
         script: &script,
         threads,
         connections: s.connections,
         secs,
         timeout: s.timeout,
-    })
+    })?;
+    // Stopped threads leave wrk's req/s meaningless: no row from it.
+    if run.requests + s.connections as u64 >= s.max_requests {
+        return Err(format!("stopped at --max-requests {}", s.max_requests));
+    }
+    Ok(run)
 }
 
 /// One row of the many-keys table.

@@ -48,8 +48,9 @@ impl Zipf {
     /// A `wrk` script that asks `/k/{i}` with these probabilities (inverse
     /// CDF by binary search over the table written into it), each thread
     /// seeded on its own, threads spread round-robin over `targets` so
-    /// several instances share one run (and its percentiles).
-    pub(crate) fn wrk_script(&self, targets: &[SocketAddr], seed: u64) -> String {
+    /// several instances share one run (and its percentiles). A thread
+    /// stops after `per_thread` requests (wrk still reports its full `-d`).
+    pub(crate) fn wrk_script(&self, targets: &[SocketAddr], seed: u64, per_thread: u64) -> String {
         let mut cdf = String::with_capacity(self.probabilities.len() * 20);
         let mut sum = 0.0;
         for (i, p) in self.probabilities.iter().enumerate() {
@@ -82,7 +83,10 @@ end
 function init(args)
   math.randomseed(seed)
 end
+local sent = 0
 function request()
+  sent = sent + 1
+  if sent > {per_thread} then wrk.thread:stop() end
   local u = math.random()
   local lo, hi = 1, n
   while lo < hi do

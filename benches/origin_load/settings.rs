@@ -11,7 +11,7 @@ pub(crate) const USAGE: &str =
 [--zipf 1.1] [--origin-delay-ms 50] [--max-age 1] [--connections 64] [--wrk-threads 2] \
 [--seconds 8] [--outage-at 2] [--heal-seconds 4] [--cold-keys 5000] [--cold-connections 256] \
 [--cold-knee 32] [--budget 32] [--cold-bound-secs 120] [--instances 4] [--body-bytes 512] \
-[--timeout-secs 10] [--proxy-bin PATH] [--herdguard-args='--flag value …']";
+[--timeout-secs 10] [--max-requests 2000000] [--proxy-bin PATH] [--herdguard-args='--flag value …']";
 
 pub(crate) const FLAGS: &[&str] = &[
     "only",
@@ -32,6 +32,7 @@ pub(crate) const FLAGS: &[&str] = &[
     "instances",
     "body-bytes",
     "timeout-secs",
+    "max-requests",
     "proxy-bin",
     "herdguard-args",
 ];
@@ -56,6 +57,8 @@ pub(crate) struct Settings {
     pub(crate) instances: usize,
     pub(crate) body_bytes: usize,
     pub(crate) timeout: Duration,
+    /// Per wrk run, a bound beside its duration.
+    pub(crate) max_requests: u64,
     pub(crate) bin: Result<PathBuf, String>,
     pub(crate) herdguard_args: Vec<String>,
     /// Where the generated wrk scripts go; removed at the end.
@@ -89,6 +92,7 @@ impl Settings {
             instances: args.get("instances", 4usize).clamp(1, 64),
             body_bytes: args.get("body-bytes", 512usize),
             timeout: Duration::from_secs(args.get("timeout-secs", 10u64).max(1)),
+            max_requests: args.get("max-requests", 2_000_000u64).max(1),
             bin: herdguard_bin(args.value("proxy-bin")),
             herdguard_args: args
                 .value("herdguard-args")
