@@ -7,14 +7,17 @@
 pub(crate) mod args;
 pub(crate) mod bare;
 pub(crate) mod big;
+pub(crate) mod burst;
 pub(crate) mod chart;
 pub(crate) mod hit;
 pub(crate) mod loadgen;
+pub(crate) mod metered;
 pub(crate) mod origin;
 pub(crate) mod peers;
 pub(crate) mod redis;
 pub(crate) mod timing;
 pub(crate) mod wrk;
+pub(crate) mod zipf;
 
 use std::time::Duration;
 

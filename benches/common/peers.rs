@@ -64,7 +64,7 @@ pub(crate) struct PeerProxy {
     dir: PathBuf,
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     StdListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -132,8 +132,14 @@ impl PeerProxy {
         lifetime: Duration,
         extra: &[&str],
     ) -> Result<Self, String> {
-        let dir =
-            std::env::temp_dir().join(format!("herdguard-bench-proxy-{}", std::process::id()));
+        // A dir of its own: several instances run side by side, and each
+        // removes its dir when dropped.
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "herdguard-bench-proxy-{}-{seq}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let mut args = vec![
@@ -205,8 +211,15 @@ impl PeerProxy {
                 text.push_str(&t);
             }
         }
-        let lines: Vec<&str> = text.lines().rev().take(3).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        // clap's `error: …` line comes before its usage lines: keep it.
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let mut tail: Vec<&str> = lines.iter().rev().take(3).rev().copied().collect();
+        if let Some(e) = lines.iter().find(|l| l.starts_with("error:")) {
+            if !tail.contains(e) {
+                tail.insert(0, e);
+            }
+        }
+        tail.join(" | ")
     }
 }
 

@@ -16,6 +16,7 @@ pub(crate) struct WrkRun {
     pub(crate) errors: u64,
     pub(crate) p50: Duration,
     pub(crate) p99: Duration,
+    pub(crate) max: Duration,
 }
 
 /// `wrk`'s version line, or `None` when it is not installed.
@@ -49,6 +50,39 @@ pub(crate) fn run(
     parse(&text).ok_or_else(|| format!("unreadable wrk output: {text}"))
 }
 
+/// A `wrk` run driven by a Lua script (which may pick each thread's
+/// server: see `common/zipf.rs`), with its own per-request timeout.
+#[derive(Debug, Clone)]
+pub(crate) struct ScriptedRun<'a> {
+    pub(crate) url: String,
+    pub(crate) script: &'a std::path::Path,
+    pub(crate) threads: usize,
+    pub(crate) connections: usize,
+    pub(crate) secs: u64,
+    /// A request without an answer this long counts as a socket error.
+    pub(crate) timeout: Duration,
+}
+
+/// `wrk -s script --timeout T --latency …`; ends by itself after `secs`.
+pub(crate) fn run_script(run: &ScriptedRun<'_>) -> Result<WrkRun, String> {
+    let out = Command::new("wrk")
+        .arg(format!("-t{}", run.threads))
+        .arg(format!("-c{}", run.connections.max(run.threads)))
+        .arg(format!("-d{}s", run.secs.max(1)))
+        .arg(format!("--timeout={}s", run.timeout.as_secs().max(1)))
+        .arg("--latency")
+        .arg("-s")
+        .arg(run.script)
+        .arg(&run.url)
+        .output()
+        .map_err(|e| format!("wrk: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse(&text).ok_or_else(|| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        format!("unreadable wrk output: {text} {err}")
+    })
+}
+
 /// Read the numbers out of wrk's report.
 fn parse(text: &str) -> Option<WrkRun> {
     let mut run = WrkRun::default();
@@ -58,6 +92,10 @@ fn parse(text: &str) -> Option<WrkRun> {
         match (words.next(), words.next()) {
             (Some("50%"), Some(v)) => run.p50 = latency(v)?,
             (Some("99%"), Some(v)) => run.p99 = latency(v)?,
+            // `Latency  avg  stdev  max  +/-stdev` (not `Latency Distribution`).
+            (Some("Latency"), Some(avg)) if latency(avg).is_some() => {
+                run.max = words.nth(1).and_then(latency).unwrap_or_default();
+            }
             (Some(n), Some("requests")) => {
                 run.requests = n.parse().ok()?;
                 let secs = words.nth(1)?.trim_end_matches(',');
