@@ -17,7 +17,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Request, Response, StatusCode, Uri};
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{CacheLayer, OriginBreaker, RedisOptions};
+use herdguard::{CacheLayer, RedisOptions};
 use http_body_util::BodyExt;
 use tokio::sync::Notify;
 use tower::ServiceExt;
@@ -725,10 +725,8 @@ async fn waiters_never_get_an_error_page_made_for_another_request() {
 #[tokio::test(start_paused = true)]
 async fn waiters_of_an_unshared_error_stay_under_the_fallback_limit() {
     let origin = Origin::default();
-    // Nine failures in a row would open the breaker: this is about the cap.
     let layer = CacheLayer::builder()
         .fallback_limit(2)
-        .origin_breaker(OriginBreaker::off())
         .build()
         .expect("valid layer");
     let app = origin.app(layer);

@@ -272,3 +272,25 @@ async fn refresh_ahead_only_for_a_key_hit_again_before_expiry() {
         "the gap (3.9 s) is past what is left (0.1 s)"
     );
 }
+
+/// A run of plain 500s (what one client can draw from a buggy URL) leaves
+/// the breaker closed: every request still reaches the origin.
+#[tokio::test(start_paused = true)]
+async fn plain_500s_do_not_open_the_breaker() {
+    let origin = FaultyOrigin::new();
+    let layer = CacheLayer::builder().build().unwrap();
+    let app = origin.app(layer.clone());
+    origin.fail_with(StatusCode::INTERNAL_SERVER_ERROR);
+    for path in ["/b0", "/b1", "/b2", "/b3", "/b4", "/b5", "/b6", "/b7"] {
+        let (code, h, body) = send(&app, get_req(path)).await;
+        assert_eq!(
+            code,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{}",
+            cache_status(&h)
+        );
+        assert!(body.starts_with(b"down call="), "the origin's own page");
+    }
+    assert_eq!(origin.calls(), 8);
+    assert_eq!(layer.stats().origin_refused, 0);
+}

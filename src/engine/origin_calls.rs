@@ -79,9 +79,10 @@ impl<V: Value> Engine<V> {
         }
     }
 
-    /// What a call's result says of the origin: `Some(false)` when it
-    /// failed (timed out, unreachable, panicked, or answered with a 5xx
-    /// the breaker counts), `None` when it says nothing (aborted here).
+    /// What a call's result says of the origin, for the breaker:
+    /// `Some(false)` when it failed (timed out, unreachable, panicked, or
+    /// answered with a 5xx the breaker counts), `None` when it says nothing
+    /// (aborted here).
     pub(super) fn health(&self, result: &Result<Fill<V>, Error>) -> Option<bool> {
         match result {
             Ok(fill) => {
@@ -91,6 +92,16 @@ impl<V: Value> Engine<V> {
             Err(Error::Compute(_) | Error::OriginTimeout | Error::Panicked) => Some(false),
             Err(_) => None,
         }
+    }
+
+    /// Whether the fill failed for its key's backoff: as for the breaker,
+    /// or any 5xx, which `stale-if-error` stands in for (RFC 5861).
+    pub(super) fn fill_failed(healthy: Option<bool>, result: &Result<Fill<V>, Error>) -> bool {
+        let status = match result {
+            Ok(fill) => fill.value().and_then(ValueMeta::origin_status),
+            Err(_) => None,
+        };
+        healthy == Some(false) || status.is_some_and(|s| (500..=599).contains(&s))
     }
 
     /// A fill of `key` failed: the copy stored for it (if any) remembers

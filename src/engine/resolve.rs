@@ -357,7 +357,7 @@ impl<V: Value> Engine<V> {
         };
         let healthy = self.health(&result);
         pass.finish(healthy);
-        if healthy == Some(false) {
+        if Self::fill_failed(healthy, &result) {
             self.note_failed_fill(&key);
         }
         result

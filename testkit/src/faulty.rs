@@ -1,9 +1,10 @@
 //! An origin for the origin-gate tests: the path picks the answer's
-//! freshness, it can fail every call on demand (503, `no-store`), `/slow/…`
+//! freshness, it can fail every call on demand (503 or a status the test
+//! picks, `no-store`), `/slow/…`
 //! paths wait until released, and it counts calls and the most in flight.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -19,7 +20,8 @@ pub struct FaultyOrigin {
     calls: Arc<AtomicUsize>,
     in_flight: Arc<AtomicUsize>,
     peak: Arc<AtomicUsize>,
-    failing: Arc<AtomicBool>,
+    /// The status every call answers with while failing; 0 while healthy.
+    failing: Arc<AtomicU16>,
     /// `/slow/…` calls take a permit each; the test adds them.
     slow: Arc<Semaphore>,
 }
@@ -52,7 +54,13 @@ impl FaultyOrigin {
 
     /// From now on every call answers 503 (`no-store`), or no longer.
     pub fn fail(&self, on: bool) {
-        self.failing.store(on, Ordering::SeqCst);
+        let status = if on { 503 } else { 0 };
+        self.failing.store(status, Ordering::SeqCst);
+    }
+
+    /// From now on every call answers `status` (`no-store`).
+    pub fn fail_with(&self, status: StatusCode) {
+        self.failing.store(status.as_u16(), Ordering::SeqCst);
     }
 
     /// Let `n` waiting (or future) `/slow/…` calls answer.
@@ -104,9 +112,10 @@ async fn answer(State(o): State<FaultyOrigin>, uri: Uri) -> Response<Body> {
         }
     }
     o.in_flight.fetch_sub(1, Ordering::SeqCst);
-    if o.failing.load(Ordering::SeqCst) {
+    let failing = o.failing.load(Ordering::SeqCst);
+    if failing != 0 {
         let mut r = Response::new(Body::from(format!("down call={n}")));
-        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        *r.status_mut() = StatusCode::from_u16(failing).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         r.headers_mut()
             .insert("cache-control", HeaderValue::from_static("no-store"));
         return r;

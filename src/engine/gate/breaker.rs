@@ -24,9 +24,12 @@ use crate::metrics::Counters;
 /// A call fails when it times out, the origin cannot be reached (the inner
 /// service's own error, or a [`Cache`](crate::Cache) computation's error),
 /// it panics, or it answers with a 5xx status the
-/// [`counting`](Self::counting) rule picks (every 5xx by default). A 4xx
-/// never counts: it is the request's fault, not the origin's. Any other
-/// answer is a success and resets the count.
+/// [`counting`](Self::counting) rule picks: by default 502, 503 and 504,
+/// what an origin that is down, overloaded or cut off from its own backend
+/// answers. A plain 500 does not count by default: it is what one request
+/// that trips a bug gets, and a client that may send five such requests in
+/// a row must not switch the origin off for everyone. A 4xx never counts.
+/// Any other answer is a success and resets the count.
 ///
 /// After [`failures`](Self::failures) failed calls in a row (default 5, as
 /// Envoy's outlier detection) the breaker opens: calls are refused without
@@ -72,7 +75,7 @@ impl Default for OriginBreaker {
             threshold: 5,
             first_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
-            counts: |_| true,
+            counts: |status| matches!(status, 502..=504),
         }
     }
 }
@@ -103,8 +106,8 @@ impl OriginBreaker {
         self
     }
 
-    /// Which 5xx statuses count as a failure (default: all). Only ever
-    /// asked about 500–599: a 4xx never counts.
+    /// Which 5xx statuses count as a failure (default: 502, 503 and 504).
+    /// Only ever asked about 500–599: a 4xx never counts.
     #[must_use]
     pub fn counting(mut self, rule: fn(u16) -> bool) -> Self {
         self.counts = rule;
