@@ -177,3 +177,36 @@ async fn the_shared_breaker_sends_one_probe_for_the_cluster() {
     let probes: u64 = layers.iter().map(|l| l.stats().probes).sum();
     assert_eq!(probes, 3, "two failed probes and the answered one");
 }
+
+/// The cluster probes as one instance would: a failed probe doubles the
+/// interval for every instance, so a probe due on another instance before
+/// that interval has run waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_doubles_the_interval_for_the_cluster() {
+    let server = RedisServer::start();
+    let origin = FaultyOrigin::new();
+    let (first, max) = (Duration::from_millis(1000), Duration::from_millis(4000));
+    let layers: Vec<CacheLayer> = (0..2)
+        .map(|_| {
+            CacheLayer::builder()
+                .origin_breaker(OriginBreaker::default().failures(1).backoff(first, max))
+                .redis(RedisOptions::new(server.url()))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let apps: Vec<Router> = layers.iter().map(|l| origin.app(l.clone())).collect();
+    origin.fail(true);
+    one_each(&apps, 0).await;
+    assert_eq!(origin.calls(), 2);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    one_each(&apps, 1).await;
+    assert_eq!(origin.calls(), 3, "the first probe, 1 s in");
+    // 1.2 s later: past the first interval, within the doubled one (2 s).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    one_each(&apps, 2).await;
+    assert_eq!(origin.calls(), 3, "no probe before the doubled interval");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    one_each(&apps, 3).await;
+    assert_eq!(origin.calls(), 4, "the next probe, for the cluster");
+}

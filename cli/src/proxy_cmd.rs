@@ -172,6 +172,10 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "HERDGUARD_MAX_WAIT", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     max_wait: Option<Duration>,
+    /// The last part of an entry's freshness in which a hot key is
+    /// refreshed ahead of expiry (0: never).
+    #[arg(long, env = "HERDGUARD_REFRESH_AHEAD")]
+    refresh_ahead: Option<f64>,
     /// Failed origin calls in a row that open the breaker (0: no breaker).
     #[arg(long, env = "HERDGUARD_BREAKER_FAILURES")]
     breaker_failures: Option<u32>,
@@ -241,6 +245,7 @@ fn shown_defaults() -> Vec<(&'static str, String)> {
         ("grace", duration(Duration::ZERO)),
         ("origin_budget", "64".to_owned()),
         ("breaker_failures", "5".to_owned()),
+        ("refresh_ahead", "0.25".to_owned()),
         ("max_body_bytes", bytes(DEFAULT_MAX_BODY_BYTES)),
         ("capacity_bytes", bytes(DEFAULT_CAPACITY_BYTES)),
         ("max_connections", server.max_connections.to_string()),
@@ -370,6 +375,9 @@ impl ProxyArgs {
         }
         if let Some(wait) = self.max_wait {
             builder = builder.max_wait(wait);
+        }
+        if let Some(fraction) = self.refresh_ahead {
+            builder = builder.refresh_ahead(fraction);
         }
         if let Some(failures) = self.breaker_failures {
             builder = builder.origin_breaker(OriginBreaker::default().failures(failures));

@@ -94,6 +94,7 @@ fn config_file_sets_every_option() {
         cluster-origin-budget = 64
         max-wait = "70s"
         breaker-failures = 3
+        refresh-ahead = 0.1
         max-body-bytes = "4MiB"
         capacity-bytes = 1048576
         max-connections = 10

@@ -254,6 +254,19 @@ impl Circuit {
         }
     }
 
+    /// The probe out stands for the cluster's `interval` (Redis), so a
+    /// failure doubles that one.
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "only a shared breaker has one")
+    )]
+    pub(super) fn probing_for(&self, interval: Duration) {
+        let mut state = self.state();
+        if let State::Probing { backoff } = &mut *state {
+            *backoff = interval.min(self.policy.max_backoff);
+        }
+    }
+
     /// Another instance's probe found the origin back.
     #[cfg_attr(
         not(feature = "redis"),

@@ -232,11 +232,17 @@ impl OriginGate {
         ticket: &mut Ticket,
         counters: &Counters,
     ) -> Result<(), Refusal> {
-        let Some(backoff) = ticket.probe else {
+        if ticket.probe.is_none() {
             return Ok(());
-        };
-        match shared.probe(backoff).await {
-            shared::ProbeTurn::Mine => Ok(()),
+        }
+        match shared.probe(self.circuit.policy.first_backoff).await {
+            shared::ProbeTurn::Mine(None) => Ok(()),
+            shared::ProbeTurn::Mine(Some(interval)) => {
+                // The cluster's cadence: a failure doubles that interval.
+                ticket.probe = Some(interval);
+                self.circuit.probing_for(interval);
+                Ok(())
+            }
             shared::ProbeTurn::Up => {
                 ticket.probe = None;
                 Circuit::report(self.circuit.close(), counters);
@@ -244,18 +250,24 @@ impl OriginGate {
             }
             shared::ProbeTurn::Wait(left) => {
                 ticket.probe = None;
-                self.circuit.probe_abandoned(Instant::now() + left);
+                // Ask again within the first interval, so a probe another
+                // instance gets answered closes this breaker soon after.
+                let again = left.min(self.circuit.policy.first_backoff);
+                self.circuit.probe_abandoned(Instant::now() + again);
                 Err(Refusal::Down(left))
             }
         }
     }
 
-    fn turned(&self, turned: Turned, counters: &Counters) {
+    /// Report a transition (`probe`: the call that made it was the probe).
+    fn turned(&self, turned: Turned, probe: bool, counters: &Counters) {
         Circuit::report(turned, counters);
+        #[cfg(not(feature = "redis"))]
+        let _ = probe;
         #[cfg(feature = "redis")]
         if let Some(shared) = &self.shared {
             match turned {
-                Turned::Opened(_) => shared.opened(),
+                Turned::Opened(interval) => shared.opened(interval, probe),
                 Turned::Closed => shared.closed(),
                 Turned::Unchanged => {}
             }
@@ -274,7 +286,7 @@ impl GatePass<'_> {
         match healthy {
             Some(healthy) => {
                 let turned = self.gate.circuit.record(healthy, probe, Instant::now());
-                self.gate.turned(turned, self.counters);
+                self.gate.turned(turned, probe, self.counters);
             }
             None if probe => self.gate.circuit.probe_abandoned(Instant::now()),
             None => {}

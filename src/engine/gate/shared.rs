@@ -58,7 +58,9 @@ impl Drop for ClusterPermit {
 /// What the cluster says of a probe due here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ProbeTurn {
-    Mine,
+    /// This instance probes, for the cluster's interval (`None`: Redis did
+    /// not answer; it probes for its own).
+    Mine(Option<Duration>),
     Up,
     Wait(Duration),
 }
@@ -128,28 +130,35 @@ impl Shared {
         }
     }
 
-    /// Whether the probe due here (every `interval`) goes out.
-    pub(super) async fn probe(&self, interval: Duration) -> ProbeTurn {
+    /// Whether the probe due here goes out (`first`: the interval when the
+    /// cluster has none yet).
+    pub(super) async fn probe(&self, first: Duration) -> ProbeTurn {
         if !self.breaker {
-            return ProbeTurn::Mine;
+            return ProbeTurn::Mine(None);
         }
-        match self.store.origin_probe(self.token.as_str(), interval).await {
-            Ok(ProbeReply::Mine) | Err(_) => ProbeTurn::Mine,
+        match self.store.origin_probe(self.token.as_str(), first).await {
+            Ok(ProbeReply::Mine(interval)) => ProbeTurn::Mine(Some(interval)),
+            Err(_) => ProbeTurn::Mine(None),
             Ok(ProbeReply::Up) => ProbeTurn::Up,
             Ok(ProbeReply::Taken(left)) => ProbeTurn::Wait(left),
         }
     }
 
-    /// This instance's breaker opened (or a probe failed): hold the origin
-    /// down for the cluster.
-    pub(super) fn opened(&self) {
+    /// This instance's breaker opened (`probed`: its probe failed): hold the
+    /// origin down for the cluster, probed every `interval` from now on.
+    /// An instance that merely opened keeps the interval the cluster's
+    /// probes have reached.
+    pub(super) fn opened(&self, interval: Duration, probed: bool) {
         if !self.breaker {
             return;
         }
         let store = Arc::clone(&self.store);
         let ttl = self.down_ttl;
+        let prober = probed.then(|| self.token.as_str().to_owned());
         spawn_detached("origin-down", async move {
-            let _ = store.mark_origin_down(ttl).await;
+            let _ = store
+                .mark_origin_down(interval, ttl, prober.as_deref())
+                .await;
         });
     }
 

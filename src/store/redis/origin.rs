@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! {ns}:{origin}:budget  ZSET permit id → expiry (ms, server clock); PX = the last expiry
-//! {ns}:{origin}:down    present while some instance's breaker holds the origin down
-//! {ns}:{origin}:probe   the cluster's probe: one token, PX = the probe interval
+//! {ns}:{origin}:down    present while some instance's breaker holds the origin
+//!                       down: the cluster's probe interval in ms (doubled by
+//!                       each failed probe, so the cluster probes as one instance)
+//! {ns}:{origin}:probe   the cluster's probe: one token, PX = that interval
 //! ```
 //! One hash tag for all three, so each script touches one slot on a cluster.
 
@@ -26,8 +28,8 @@ static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("orig
 /// Whether this instance probes the origin for the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProbeReply {
-    /// It does.
-    Mine,
+    /// It does, for this interval.
+    Mine(Duration),
     /// Another instance's probe runs for this much longer.
     Taken(Duration),
     /// No instance holds the origin down any longer.
@@ -66,33 +68,55 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Ask for the cluster's probe for `interval`.
+    /// Ask for the cluster's probe (`first`: the interval if none is set).
     pub(crate) async fn origin_probe(
         &self,
         token: &str,
-        interval: Duration,
+        first: Duration,
     ) -> Result<ProbeReply, StoreError> {
         let mut inv = PROBE.prepare_invoke();
         inv.key(self.origin_key("down"))
             .key(self.origin_key("probe"))
             .arg(token)
-            .arg(millis(interval).max(1));
+            .arg(millis(first).max(1));
         let (turn, left): (i64, i64) = self.invoke("origin_probe", &inv).await?;
         Ok(match turn {
-            1 => ProbeReply::Mine,
+            1 => ProbeReply::Mine(Duration::from_millis(left.max(1) as u64)),
             2 => ProbeReply::Up,
             _ => ProbeReply::Taken(Duration::from_millis(left.max(1) as u64)),
         })
     }
 
-    /// Hold the origin down for the cluster, for at most `ttl` unless marked again.
-    pub(crate) async fn mark_origin_down(&self, ttl: Duration) -> Result<(), StoreError> {
+    /// Hold the origin down for the cluster with probes every `interval`,
+    /// for at most `ttl` unless marked again. `prober`: the token of the
+    /// probe that just failed, whose slot then runs a whole `interval` from
+    /// now (the cluster waits that long for its next probe); without one
+    /// (an instance's breaker merely opened), an interval already set is
+    /// kept rather than the cadence started over.
+    pub(crate) async fn mark_origin_down(
+        &self,
+        interval: Duration,
+        ttl: Duration,
+        prober: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let ms = millis(interval).max(1);
         let mut cmd = redis::cmd("SET");
         cmd.arg(self.origin_key("down"))
-            .arg(1)
+            .arg(ms)
             .arg("PX")
             .arg(millis(ttl).max(1));
-        let _: () = self.query("origin_down", &cmd).await?;
+        if prober.is_none() {
+            cmd.arg("NX");
+        }
+        let _: Option<String> = self.query("origin_down", &cmd).await?;
+        if let Some(token) = prober {
+            let mut slot = redis::cmd("SET");
+            slot.arg(self.origin_key("probe"))
+                .arg(token)
+                .arg("PX")
+                .arg(ms);
+            let _: Option<String> = self.query("origin_down", &slot).await?;
+        }
         Ok(())
     }
 
