@@ -119,7 +119,8 @@
 //!                    origin_calls.rs how the engine's calls meet it
 //!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
 //!   value.rs (Value), envelope.rs (the stored bytes)
-//! store/           memory/ (embedded default and L1; clock.rs its map,
+//! store/           memory/ (embedded default and L1; stored.rs one entry,
+//!                  clock.rs its map,
 //!                  CLOCK eviction by weight), notice.rs (the purge
 //!                  notice's bytes), redis/ (connection
 //!                  and breaker, keys, Lua scripts as .lua files, fills,
