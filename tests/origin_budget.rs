@@ -94,10 +94,13 @@ async fn a_queued_miss_past_max_wait_gets_503() {
         .unwrap();
     let app = origin.app(layer.clone());
     // The permit stays taken past the miss's wait: the first slow call
-    // holds it until its timeout, the second (queued first) from then on.
-    let slow = [spawn_get(&app, "/slow/a"), spawn_get(&app, "/slow/b")];
+    // holds it until its timeout (30 s), the second, queued before the
+    // miss, from then on (its own queue deadline is 30.5 s).
+    let first = spawn_get(&app, "/slow/a");
     until_called(&origin, 1).await;
-    tokio::time::advance(Duration::from_secs(1)).await;
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let slow = [first, spawn_get(&app, "/slow/b")];
+    tokio::time::advance(Duration::from_millis(500)).await;
 
     let (code, h, _) = send(&app, get_req("/c")).await;
     assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);

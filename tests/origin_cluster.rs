@@ -96,7 +96,7 @@ async fn until_marked_up(server: &RedisServer) {
     let wait = async {
         loop {
             let down: i64 = redis::cmd("EXISTS")
-                .arg("herdguard:{origin}:down")
+                .arg("herdguard:{origin:herdguard}:down")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
@@ -152,7 +152,7 @@ async fn the_shared_breaker_sends_one_probe_for_the_cluster() {
     assert_eq!(origin.calls(), 3, "each instance's first failure opens it");
 
     for round in 1..=2 {
-        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tokio::time::sleep(Duration::from_millis(1600)).await;
         one_each(&apps, round).await;
         assert_eq!(
             origin.calls(),
@@ -162,7 +162,7 @@ async fn the_shared_breaker_sends_one_probe_for_the_cluster() {
     }
 
     origin.fail(false);
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     let (code, _, _) = send(&apps[0], get_req("/healed")).await;
     assert_eq!(code, StatusCode::OK, "the probe is answered");
     assert_eq!(origin.calls(), 6);

@@ -29,11 +29,18 @@ pub(super) fn origin_gate(
     counters: &Counters,
 ) -> OriginGate {
     let queue = config.max_leaders.saturating_add(config.fallback_limit);
+    // A waited call queues up to max_wait, twice with a cluster budget,
+    // then runs up to the origin timeout.
+    let probe_limit = config
+        .max_wait()
+        .saturating_mul(2)
+        .saturating_add(config.origin_timeout);
     let gate = OriginGate::new(
         config.origin_budget,
         queue,
         config.max_wait(),
         config.breaker,
+        probe_limit,
         counters,
     );
     #[cfg(feature = "redis")]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::compute::{Compute, Work};
 use super::flight::Role;
 use super::gate::{Priority, Ticket};
-use super::resolve::{spawn_detached, Engine};
+use super::resolve::{spawn_detached, unrun, Engine};
 use super::value::Value;
 use crate::key::CacheKey;
 use crate::metrics::Skipped;
@@ -69,6 +69,8 @@ impl<V: Value> Engine<V> {
         }
         let priority = Priority::Ahead;
         let Some(ticket) = self.background_ticket(current, priority) else {
+            // Skipped, not done: a later hit on this copy may start it.
+            current.release_refresh_claim();
             return;
         };
         let (Role::Leader(handle), _) = self.flights.join_or_lead(key, &self.leaders, false) else {
@@ -94,7 +96,7 @@ impl<V: Value> Engine<V> {
                         }
                         _ => shared.compute_locally(key, fut).await,
                     };
-                    handle.complete(outcome);
+                    handle.complete(unrun(outcome, true));
                 },
                 span,
             ),

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::compute::{Compute, Fill, Work};
 use super::config::{EngineConfig, WAIT_MARGIN};
 use super::flight::{FlightHandle, FlightState, Flights, Joined, Outcome, Role};
-use super::gate::OriginGate;
+use super::gate::{OriginGate, Priority};
 use super::origin_calls::origin_gate;
 use super::purge_log::key_name;
 use super::retained::RetainedStore;
@@ -301,13 +301,14 @@ impl<V: Value> Engine<V> {
     /// outcome to this process's waiters.
     async fn drive(self: Arc<Self>, handle: FlightHandle<V>, fut: Work<V>) {
         let key = handle.key();
+        let background = fut.priority != Priority::Waited;
         let outcome = match &self.remote {
             Some(remote) if remote.available() => {
                 self.drive_remote(remote, &handle, fut, None).await
             }
             _ => self.compute_locally(key, fut).await,
         };
-        handle.complete(outcome);
+        handle.complete(unrun(outcome, background));
     }
 
     /// Memory alone: the embedded default, and the fail-open path when Redis
@@ -436,6 +437,18 @@ impl<V: Value> Engine<V> {
     /// A fallback permit if one is free right now.
     pub(crate) fn try_fallback_permit(&self) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.fallback).try_acquire_owned().ok()
+    }
+}
+
+/// A background refresh the origin gate refused never ran: those who
+/// joined it are not answered with the refusal, which was a background
+/// call's, but released (`Pass(None)`) to make a call they wait for.
+pub(super) fn unrun<V>(outcome: Outcome<V>, background: bool) -> Outcome<V> {
+    match outcome {
+        Outcome::Failed(Error::OriginBusy | Error::OriginDown { .. }) if background => {
+            Outcome::Pass(None)
+        }
+        other => other,
     }
 }
 

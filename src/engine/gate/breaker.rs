@@ -133,9 +133,10 @@ enum State {
         probe_at: Instant,
         backoff: Duration,
     },
-    /// One call is out as the probe.
+    /// One call is out as the probe, since `since`.
     Probing {
         backoff: Duration,
+        since: Instant,
     },
 }
 
@@ -155,6 +156,9 @@ pub(super) enum Admit {
 pub(super) struct Circuit {
     pub(super) policy: OriginBreaker,
     state: Mutex<State>,
+    /// A probe out longer than this gave no verdict and never will (its
+    /// call is bounded by it): the next call probes instead.
+    probe_limit: Duration,
 }
 
 /// A transition the caller reports (metrics, the shared state).
@@ -166,10 +170,11 @@ pub(super) enum Turned {
 }
 
 impl Circuit {
-    pub(super) fn new(policy: OriginBreaker) -> Self {
+    pub(super) fn new(policy: OriginBreaker, probe_limit: Duration) -> Self {
         Self {
             policy,
             state: Mutex::new(State::Closed { failures: 0 }),
+            probe_limit,
         }
     }
 
@@ -187,11 +192,21 @@ impl Circuit {
         match *state {
             State::Closed { .. } => Ok(Admit::Call),
             State::Open { probe_at, backoff } if now >= probe_at => {
-                *state = State::Probing { backoff };
+                *state = State::Probing {
+                    backoff,
+                    since: now,
+                };
+                Ok(Admit::Probe { backoff })
+            }
+            State::Probing { backoff, since } if now >= since + self.probe_limit => {
+                *state = State::Probing {
+                    backoff,
+                    since: now,
+                };
                 Ok(Admit::Probe { backoff })
             }
             State::Open { probe_at, .. } => Err(Refusal::Down(probe_at - now)),
-            State::Probing { backoff } => Err(Refusal::Down(backoff)),
+            State::Probing { backoff, .. } => Err(Refusal::Down(backoff)),
         }
     }
 
@@ -204,7 +219,8 @@ impl Circuit {
             State::Closed { .. } => None,
             State::Open { probe_at, .. } if now >= probe_at => None,
             State::Open { probe_at, .. } => Some(probe_at - now),
-            State::Probing { backoff } => Some(backoff),
+            State::Probing { since, .. } if now >= since + self.probe_limit => None,
+            State::Probing { backoff, .. } => Some(backoff),
         }
     }
 
@@ -230,7 +246,7 @@ impl Circuit {
                     (State::Closed { failures }, Turned::Unchanged)
                 }
             }
-            (State::Probing { backoff }, false) if probe => {
+            (State::Probing { backoff, .. }, false) if probe => {
                 let backoff = backoff.saturating_mul(2).min(self.policy.max_backoff);
                 let open = State::Open {
                     probe_at: now + backoff,
@@ -249,7 +265,7 @@ impl Circuit {
     /// instance probes): the next call that finds it due probes.
     pub(super) fn probe_abandoned(&self, probe_at: Instant) {
         let mut state = self.state();
-        if let State::Probing { backoff } = *state {
+        if let State::Probing { backoff, .. } = *state {
             *state = State::Open { probe_at, backoff };
         }
     }
@@ -262,7 +278,7 @@ impl Circuit {
     )]
     pub(super) fn probing_for(&self, interval: Duration) {
         let mut state = self.state();
-        if let State::Probing { backoff } = &mut *state {
+        if let State::Probing { backoff, .. } = &mut *state {
             *backoff = interval.min(self.policy.max_backoff);
         }
     }
@@ -297,8 +313,10 @@ impl Circuit {
 mod tests {
     use super::*;
 
+    const LIMIT: Duration = Duration::from_secs(100);
+
     fn circuit(threshold: u32) -> Circuit {
-        Circuit::new(OriginBreaker::default().failures(threshold))
+        Circuit::new(OriginBreaker::default().failures(threshold), LIMIT)
     }
 
     /// The breaker opens on the threshold's failure in a row, not before.
@@ -335,6 +353,7 @@ mod tests {
             OriginBreaker::default()
                 .failures(1)
                 .backoff(Duration::from_secs(1), Duration::from_secs(3)),
+            LIMIT,
         );
         let t0 = Instant::now();
         c.record(false, false, t0);
@@ -356,10 +375,23 @@ mod tests {
         assert_eq!(c.admit(t6), Ok(Admit::Call));
     }
 
+    /// A probe that never reports (its call lost) is taken over once the
+    /// longest call could have ended: the breaker cannot stay open for good.
+    #[test]
+    fn a_lost_probe_is_taken_over_after_the_limit() {
+        let c = circuit(1);
+        let t0 = Instant::now();
+        c.record(false, false, t0);
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(matches!(c.admit(t1), Ok(Admit::Probe { .. })));
+        assert!(c.admit(t1 + LIMIT - Duration::from_millis(1)).is_err());
+        assert!(matches!(c.admit(t1 + LIMIT), Ok(Admit::Probe { .. })));
+    }
+
     /// Off, nothing is ever refused.
     #[test]
     fn off_never_refuses() {
-        let c = Circuit::new(OriginBreaker::off());
+        let c = Circuit::new(OriginBreaker::off(), LIMIT);
         let now = Instant::now();
         for _ in 0..10 {
             c.record(false, false, now);

@@ -64,6 +64,9 @@ pub(crate) struct Ticket {
     _permit: OwnedSemaphorePermit,
     /// `Some(backoff)` when this call is the breaker's probe.
     probe: Option<Duration>,
+    /// The probe was elected for the cluster: its slot in Redis is given
+    /// back if it goes unused.
+    shared_probe: bool,
     circuit: Arc<Circuit>,
 }
 
@@ -100,18 +103,21 @@ pub(crate) struct GatePass<'a> {
 impl OriginGate {
     /// `budget` permits, a call waiting at most `wait` (and at most
     /// `queue` calls waiting at once).
+    /// `probe_limit`: the longest a call can take once admitted, after
+    /// which a probe that gave no verdict is taken to be lost.
     pub(crate) fn new(
         budget: usize,
         queue: usize,
         wait: Duration,
         breaker: OriginBreaker,
+        probe_limit: Duration,
         counters: &Counters,
     ) -> Self {
         let budget = Budget::new(budget, queue);
         counters.budget_limits(budget.limit(), 0);
         Self {
             budget,
-            circuit: Arc::new(Circuit::new(breaker)),
+            circuit: Arc::new(Circuit::new(breaker, probe_limit)),
             wait,
             #[cfg(feature = "redis")]
             shared: None,
@@ -139,8 +145,12 @@ impl OriginGate {
     /// never (a refresh finds none to spare: it is skipped, the copy it
     /// would replace is served meanwhile).
     pub(crate) fn try_ticket(&self, priority: Priority) -> Result<Ticket, Refusal> {
-        let probe = self.circuit_admit()?;
+        if let Some(left) = self.down_for() {
+            return Err(Refusal::Down(left));
+        }
         let permit = self.budget.try_take(priority)?;
+        // Last: a probe is taken only by a call that has its permit.
+        let probe = self.circuit_admit()?;
         Ok(self.ticket(permit, probe))
     }
 
@@ -155,6 +165,7 @@ impl OriginGate {
         Ticket {
             _permit: permit,
             probe,
+            shared_probe: false,
             circuit: Arc::clone(&self.circuit),
         }
     }
@@ -189,25 +200,29 @@ impl OriginGate {
         let mut ticket = match ticket {
             Some(t) => t,
             None => {
-                let probe = self.circuit_admit()?;
+                // Refused at once while the origin is down, never queued.
+                if let Some(left) = self.down_for() {
+                    return Err(Refusal::Down(left));
+                }
                 let permit = match priority {
-                    Priority::Waited => self.budget.take(deadline, counters).await,
-                    background => self.budget.try_take(background),
+                    Priority::Waited => self.budget.take(deadline, counters).await?,
+                    background => self.budget.try_take(background)?,
                 };
-                // A refusal drops `probe` unused: `ticket` is not made.
-                let permit = permit.inspect_err(|_| {
-                    if probe.is_some() {
-                        self.circuit.probe_abandoned(Instant::now());
-                    }
-                })?;
+                // Asked again once the permit is held: the breaker may have
+                // opened while this call queued, and a probe is taken only
+                // by a call that will go out at once.
+                let probe = self.circuit_admit()?;
                 self.ticket(permit, probe)
             }
         };
         #[cfg(feature = "redis")]
         let cluster = match &self.shared {
             Some(shared) => {
+                // The cluster permit first, so a probe the cluster elects
+                // goes out at once.
+                let cluster = shared.take(priority, deadline, counters).await?;
                 self.shared_probe(shared, &mut ticket, counters).await?;
-                shared.take(priority, deadline, counters).await?
+                cluster
             }
             None => None,
         };
@@ -240,6 +255,7 @@ impl OriginGate {
             shared::ProbeTurn::Mine(Some(interval)) => {
                 // The cluster's cadence: a failure doubles that interval.
                 ticket.probe = Some(interval);
+                ticket.shared_probe = true;
                 self.circuit.probing_for(interval);
                 Ok(())
             }
@@ -257,6 +273,18 @@ impl OriginGate {
                 Err(Refusal::Down(left))
             }
         }
+    }
+
+    /// A probe went out without a verdict: due again now, here and (its
+    /// slot given back) for the cluster.
+    fn probe_unused(&self, shared_probe: bool) {
+        self.circuit.probe_abandoned(Instant::now());
+        #[cfg(feature = "redis")]
+        if let (true, Some(shared)) = (shared_probe, &self.shared) {
+            shared.probe_unused();
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = shared_probe;
     }
 
     /// Report a transition (`probe`: the call that made it was the probe).
@@ -288,7 +316,7 @@ impl GatePass<'_> {
                 let turned = self.gate.circuit.record(healthy, probe, Instant::now());
                 self.gate.turned(turned, probe, self.counters);
             }
-            None if probe => self.gate.circuit.probe_abandoned(Instant::now()),
+            None if probe => self.gate.probe_unused(ticket.shared_probe),
             None => {}
         }
         drop(ticket);
@@ -298,7 +326,10 @@ impl GatePass<'_> {
 
 impl Drop for GatePass<'_> {
     fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
+        if let Some(mut ticket) = self.ticket.take() {
+            if ticket.probe.take().is_some() {
+                self.gate.probe_unused(ticket.shared_probe);
+            }
             drop(ticket);
             self.counters.budget_in_use(self.gate.budget.in_use());
         }

@@ -162,6 +162,17 @@ impl Shared {
         });
     }
 
+    /// The probe this instance won went out without a verdict: give its
+    /// slot back, so the cluster's next due probe need not wait out the
+    /// interval.
+    pub(super) fn probe_unused(&self) {
+        let store = Arc::clone(&self.store);
+        let token = self.token.as_str().to_owned();
+        spawn_detached("origin-probe", async move {
+            let _ = store.give_origin_probe(&token).await;
+        });
+    }
+
     /// This instance found the origin back: every instance may call it.
     pub(super) fn closed(&self) {
         if !self.breaker {

@@ -359,11 +359,17 @@ pub(super) async fn released<S, ReqB, ResB>(
     state: &LayerState,
     call: Option<OriginCall<S, ReqB, ResB, S::Error>>,
     status: HeaderValue,
-    fallback: impl FnOnce(Option<u16>) -> Option<Response<CacheBody<ResB>>>,
+    fallback: impl Fn(Option<u16>) -> Option<Response<CacheBody<ResB>>>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
+    // The origin is down: a copy stale-if-error allows answers at once.
+    if state.engine.origin_down_for().is_some() {
+        if let Some(r) = fallback(None) {
+            return Ok(r);
+        }
+    }
     let Some(permit) = state.engine.fallback_permit().await else {
         if let Some(r) = fallback(None) {
             return Ok(r);

@@ -217,9 +217,6 @@ impl<'a> Past<'a> {
         ReqB: Default + Send + 'static,
         ResB: OriginBody,
     {
-        if let Some(held) = self.held(stale.as_ref(), &target, &req) {
-            return held;
-        }
         let state = Arc::clone(self.state);
         // Whether it leads or follows is settled as it arrives: a follower's
         // future is a small one of its own, a leader's the whole miss path.
@@ -228,7 +225,12 @@ impl<'a> Past<'a> {
                 let call = (inner, req);
                 self.boxed(follow(state, target, self.head, call, stale, joined))
             }
-            None => self.boxed(miss(state, target, self.head, inner, req, stale, wants)),
+            // One that would lead, while the origin may not be asked, is
+            // answered at once instead.
+            None => match self.held(stale.as_ref(), &target, &req) {
+                Some(held) => held,
+                None => self.boxed(miss(state, target, self.head, inner, req, stale, wants)),
+            },
         }
     }
 
@@ -264,7 +266,8 @@ impl<'a> Past<'a> {
         let retry_after = down?;
         state.counters().record_error();
         let error = engine.refused(Refusal::Down(retry_after), Priority::Waited);
-        Some(ResponseFuture::ready(state.error_response(&error)))
+        let status = state.status_fwd(target.miss, None);
+        Some(ResponseFuture::ready(state.refusal_answer(&error, &status)))
     }
 
     /// Refresh, with the stored response's validators when there is one.

@@ -178,6 +178,12 @@ impl<V> Stored<V> {
         gap < left && !self.refresh_claimed.swap(true, Ordering::AcqRel)
     }
 
+    /// The refresh this copy's hit claimed was skipped (no budget to
+    /// spare, the breaker open): a later hit may claim it again.
+    pub(crate) fn release_refresh_claim(&self) {
+        self.refresh_claimed.store(false, Ordering::Release);
+    }
+
     /// A fill of this copy's key failed just now.
     pub(crate) fn note_failed_fill(&self) {
         let at = self.loaded_at.elapsed().as_nanos().min(i64::MAX as u128) as i64;

@@ -3,11 +3,12 @@
 //! the shared breaker (a marker while the origin is down, one probe slot).
 //!
 //! ```text
-//! {ns}:{origin}:budget  ZSET permit id → expiry (ms, server clock); PX = the last expiry
-//! {ns}:{origin}:down    present while some instance's breaker holds the origin
+//! {ns}:{origin:NAME}:budget  ZSET permit id → expiry (ms, server clock),
+//!                       expiring with the last of them (NAME: the layer's name)
+//! {ns}:{origin:NAME}:down    present while some instance's breaker holds the origin
 //!                       down: the cluster's probe interval in ms (doubled by
 //!                       each failed probe, so the cluster probes as one instance)
-//! {ns}:{origin}:probe   the cluster's probe: one token, PX = that interval
+//! {ns}:{origin:NAME}:probe   the cluster's probe: one token, PX = that interval
 //! ```
 //! One hash tag for all three, so each script touches one slot on a cluster.
 
@@ -17,7 +18,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, Script};
 
 use super::error::StoreError;
-use super::scripts::millis;
+use super::scripts::{millis, RELEASE};
 use super::store::RedisStore;
 
 static TAKE_PERMIT: LazyLock<Script> =
@@ -37,8 +38,21 @@ pub(crate) enum ProbeReply {
 }
 
 impl RedisStore {
+    /// `{ns}:{origin:NAME}:what`: NAME is the layer's name (its
+    /// `cache_name`), so layers in front of different origins keep apart
+    /// budgets and breakers; only its plain characters, so no name can
+    /// leave the hash tag.
     fn origin_key(&self, what: &str) -> String {
-        format!("{}:{{origin}}:{what}", self.options.namespace)
+        let name: String = self
+            .options
+            .metrics_name
+            .as_deref()
+            .unwrap_or("herdguard")
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            .take(64)
+            .collect();
+        format!("{}:{{origin:{name}}}:{what}", self.options.namespace)
     }
 
     /// Take a cluster permit `id` for `ttl` if fewer than `limit - keep`
@@ -117,6 +131,14 @@ impl RedisStore {
                 .arg(ms);
             let _: Option<String> = self.query("origin_down", &slot).await?;
         }
+        Ok(())
+    }
+
+    /// Give the probe slot back if `token` still holds it.
+    pub(crate) async fn give_origin_probe(&self, token: &str) -> Result<(), StoreError> {
+        let mut inv = RELEASE.prepare_invoke();
+        inv.key(self.origin_key("probe")).arg(token);
+        let _: i64 = self.invoke("origin_probe", &inv).await?;
         Ok(())
     }
 

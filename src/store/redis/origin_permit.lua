@@ -12,5 +12,8 @@ if out + tonumber(ARGV[3]) >= tonumber(ARGV[2]) then
 end
 local ttl = tonumber(ARGV[4])
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ttl)
+-- The set lives as long as its last permit (instances may differ in ttl):
+-- an expiry if it has none, else a later one only.
+redis.call('PEXPIRE', KEYS[1], ttl, 'NX')
+redis.call('PEXPIRE', KEYS[1], ttl, 'GT')
 return {1, out + 1}

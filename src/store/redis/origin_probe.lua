@@ -10,7 +10,8 @@ if not interval then
   return {2, 0}
 end
 interval = tonumber(interval) or tonumber(ARGV[2])
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', interval) then
+if redis.call('GET', KEYS[2]) == ARGV[1]
+    or redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', interval) then
   return {1, interval}
 end
 return {0, redis.call('PTTL', KEYS[2])}

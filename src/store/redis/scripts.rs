@@ -121,11 +121,7 @@ pub(super) static SOFT_PURGE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
 pub(super) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));
 
-/// Compare-and-delete of the lease.
-#[allow(
-    dead_code,
-    reason = "the guarded-work API and Redlock release through it"
-)]
+/// Compare-and-delete of a lease (and of the origin's probe slot).
 pub(super) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("release.lua")));
 
