@@ -1,5 +1,5 @@
-//! Test support: real `redis-server` processes on free loopback ports, and a
-//! small counting origin. Servers are stopped when dropped.
+//! Test support: real `redis-server` (and `redis-sentinel`) processes on free
+//! loopback ports, and a small counting origin. Servers are stopped when dropped.
 //!
 //! A crate of its own (unpublished) so the library's tests and
 //! herdguard-cli's share it without `#[path]`. The stream helpers are
@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod echo;
 pub mod origin;
+pub mod sentinel;
 pub mod stream;
 pub mod tls;
 
