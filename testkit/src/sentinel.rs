@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 
-use super::{free_port, RedisServer};
+use super::{free_port, RedisServer, ACL_PASSWORD, ACL_USER};
 
 /// The name the sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "herdguard-primary";
@@ -159,6 +159,12 @@ impl SentinelSet {
             .iter()
             .map(|s| format!("redis://127.0.0.1:{}", s.port))
             .collect()
+    }
+
+    /// How the code under test reaches the data nodes: as the documented
+    /// ACL user (see [`RedisServer::url`]), host and port left to Sentinel.
+    pub fn node_url(&self) -> String {
+        format!("redis://{ACL_USER}:{ACL_PASSWORD}@localhost")
     }
 
     /// The ports of the three sentinels.

@@ -20,13 +20,14 @@ use super::cluster::ClusterLink;
 use super::error::{describe, redact_error, ErrorClass, StoreError};
 use super::fills::FillSource;
 use super::options::{redact, RedisOptions};
+use super::sentinel::SentinelMaster;
 use super::tls;
 use crate::error::BuildError;
 
 /// How commands reach Redis.
 enum Link {
     Standalone {
-        pool: Pool,
+        connector: Connector,
         /// Multiplexed connections kept checked out, used in turn.
         slots: Vec<Arc<Slot>>,
         next: AtomicUsize,
@@ -35,8 +36,35 @@ enum Link {
         /// Connections with a smaller id are not used any more: a call on
         /// one of them timed out (see [`Connection::drop_silent`]).
         fresh_from: AtomicU64,
+        /// Behind Sentinel: the switches of the primary followed so far.
+        switches_seen: AtomicU64,
     },
     Cluster(Box<ClusterLink>),
+}
+
+/// Where a standalone link's connections come from.
+#[derive(Clone)]
+enum Connector {
+    /// One Redis at a fixed address: deadpool builds the connections.
+    Pool(Pool),
+    /// The primary the sentinels name now, asked on every connect.
+    Sentinel(Arc<SentinelMaster>, AsyncConnectionConfig),
+}
+
+impl Connector {
+    /// A new multiplexed connection (the caller bounds the wait).
+    async fn open(&self) -> Result<MultiplexedConnection, Arc<str>> {
+        match self {
+            Connector::Pool(pool) => match pool.get().await {
+                Ok(pooled) => Ok(deadpool_redis::Connection::take(pooled)),
+                Err(deadpool_redis::PoolError::Backend(e)) => Err(Arc::from(describe(&e))),
+                Err(other) => Err(Arc::from(redact_error(&other))),
+            },
+            Connector::Sentinel(master, config) => {
+                master.connect(config, false).await.map(|(_, conn)| conn)
+            }
+        }
+    }
 }
 
 /// A connect that runs in its own task, shared by everyone waiting for it.
@@ -92,7 +120,12 @@ impl Slot {
     }
 
     /// The connect of this slot, started now unless one is under way.
-    fn connect(self: &Arc<Self>, pool: &Pool, bound: Duration, ids: &AtomicU64) -> PendingConnect {
+    fn connect(
+        self: &Arc<Self>,
+        connector: &Connector,
+        bound: Duration,
+        ids: &AtomicU64,
+    ) -> PendingConnect {
         let mut pending = self
             .connecting
             .lock()
@@ -101,17 +134,15 @@ impl Slot {
             return p.clone();
         }
         let id = ids.fetch_add(1, Ordering::SeqCst);
-        let (slot, pool) = (Arc::clone(self), pool.clone());
+        let (slot, connector) = (Arc::clone(self), connector.clone());
         let task = tokio::spawn(async move {
-            let result = match tokio::time::timeout(bound, pool.get()).await {
-                Ok(Ok(pooled)) => {
-                    let conn = deadpool_redis::Connection::take(pooled);
+            let result = match tokio::time::timeout(bound, connector.open()).await {
+                Ok(Ok(conn)) => {
                     *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some((id, conn.clone()));
                     Ok((id, conn))
                 }
-                Ok(Err(deadpool_redis::PoolError::Backend(e))) => Err(Arc::from(describe(&e))),
-                Ok(Err(other)) => Err(Arc::from(redact_error(&other))),
+                Ok(Err(why)) => Err(why),
                 Err(_) => Err(Arc::from("connect timed out")),
             };
             *slot
@@ -199,7 +230,9 @@ impl Connection {
     /// The connection of a store with `options` (nothing is opened yet), and
     /// where its fill subscriber connects.
     pub(super) fn new(options: &RedisOptions) -> Result<(Self, FillSource), BuildError> {
-        let (link, fill_source) = if options.cluster {
+        let (link, fill_source) = if let Some(name) = &options.sentinel_master {
+            Self::sentinel(options, name)?
+        } else if options.cluster {
             (
                 Link::Cluster(Box::new(ClusterLink::new(options)?)),
                 FillSource::Cluster(Box::new(options.clone())),
@@ -276,15 +309,73 @@ impl Connection {
             .set_protocol(redis::ProtocolVersion::RESP3);
         let subscriber = redis::Client::open(info.set_redis_settings(resp3)).map_err(invalid)?;
         Ok((
-            Link::Standalone {
-                pool,
-                slots: (0..n).map(|_| Arc::default()).collect(),
-                next: AtomicUsize::new(0),
-                ids: Arc::default(),
-                fresh_from: AtomicU64::new(0),
-            },
+            Self::kept(Connector::Pool(pool), n),
             FillSource::Standalone(Box::new(subscriber)),
         ))
+    }
+
+    /// Behind Sentinel: no pool, each connect asks the sentinels first.
+    fn sentinel(options: &RedisOptions, name: &str) -> Result<(Link, FillSource), BuildError> {
+        let master = Arc::new(SentinelMaster::new(options, name)?);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        Ok((
+            Self::kept(
+                Connector::Sentinel(Arc::clone(&master), config),
+                options.connections.max(1),
+            ),
+            FillSource::Sentinel(master),
+        ))
+    }
+
+    fn kept(connector: Connector, n: usize) -> Link {
+        Link::Standalone {
+            connector,
+            slots: (0..n).map(|_| Arc::default()).collect(),
+            next: AtomicUsize::new(0),
+            ids: Arc::default(),
+            fresh_from: AtomicU64::new(0),
+            switches_seen: AtomicU64::new(0),
+        }
+    }
+
+    /// The sentinels' view of the primary, for a store behind Sentinel.
+    pub(super) fn sentinel_master(&self) -> Option<Arc<SentinelMaster>> {
+        match &self.link {
+            Link::Standalone {
+                connector: Connector::Sentinel(master, _),
+                ..
+            } => Some(Arc::clone(master)),
+            _ => None,
+        }
+    }
+
+    /// Behind Sentinel, after the sentinels announced a new primary: replace
+    /// every kept connection on its next use, and let the next call probe at
+    /// once rather than wait out the breaker's back-off.
+    fn follow_switch(&self) {
+        let Link::Standalone {
+            connector: Connector::Sentinel(master, _),
+            slots,
+            ids,
+            fresh_from,
+            switches_seen,
+            ..
+        } = &self.link
+        else {
+            return;
+        };
+        let now = master.switches();
+        if switches_seen.load(Ordering::Acquire) == now
+            || switches_seen.swap(now, Ordering::AcqRel) == now
+        {
+            return;
+        }
+        let from = ids.load(Ordering::SeqCst);
+        fresh_from.fetch_max(from, Ordering::SeqCst);
+        slots.iter().for_each(|s| s.clear_older(from));
+        self.breaker.probe_now();
     }
 
     /// A script call under the store's timeouts and breaker.
@@ -293,6 +384,7 @@ impl Connection {
         op: &'static str,
         inv: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
+        self.follow_switch();
         if !self.breaker.allow() {
             return Err(StoreError::Unavailable);
         }
@@ -307,6 +399,7 @@ impl Connection {
         op: &'static str,
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
+        self.follow_switch();
         if !self.breaker.allow() {
             return Err(StoreError::Unavailable);
         }
@@ -408,11 +501,12 @@ impl Connection {
         let connect_bound = self.connect_bound;
         match &self.link {
             Link::Standalone {
-                pool,
+                connector,
                 slots,
                 next,
                 ids,
                 fresh_from,
+                ..
             } => {
                 let fresh_from = fresh_from.load(Ordering::SeqCst);
                 let kept = |slot: usize, (id, conn): Kept| {
@@ -422,7 +516,7 @@ impl Connection {
                 if let Some(k) = slots[i].current(fresh_from) {
                     return Ok(kept(i, k));
                 }
-                let pending = slots[i].connect(pool, connect_bound, ids);
+                let pending = slots[i].connect(connector, connect_bound, ids);
                 // Another kept connection serves meanwhile: nobody waits for
                 // a reconnect while one connection is up.
                 if let Some((j, k)) = slots

@@ -59,6 +59,7 @@
 //! connection.rs  kept connections, reconnects, the breaker and error handling
 //! fills.rs       fill notifications: waiter registry and its subscriber
 //! cluster.rs     the Redis Cluster connection
+//! sentinel.rs    the primary as the sentinels name it, and their +switch-master
 //! breaker.rs     the circuit breaker
 //! error.rs       StoreError, ErrorClass, redacted error text
 //! options.rs     RedisOptions: plain data, checked when a store is built
@@ -76,6 +77,7 @@ mod options;
 mod purge;
 mod purge_bus;
 mod scripts;
+mod sentinel;
 mod store;
 mod tls;
 

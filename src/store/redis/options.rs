@@ -41,6 +41,43 @@ use crate::error::BuildError;
 /// # let _ = opts;
 /// ```
 ///
+/// # Redis Sentinel
+///
+/// [`RedisOptions::sentinel`] takes the name the sentinels monitor the
+/// primary under and the URLs of some sentinels. The primary is asked of the
+/// sentinels on every connect and checked (`INFO replication` must say
+/// `role:master`) on the connection that will carry the commands, so a
+/// sentinel that has not heard of a failover yet cannot send writes to the
+/// old primary. The store also subscribes to `+switch-master` on every
+/// sentinel: when they promote a replica, every connection (the fill and
+/// purge subscribers' too) moves to it without a restart, and a `READONLY`
+/// or broken connection seen first does the same. While no primary is known
+/// the layer fails open, as when Redis is down.
+///
+/// The sentinel URLs carry the sentinels' own credentials and TLS
+/// (`rediss://`); the data nodes are reached as
+/// [`node_url`](Self::node_url) says (scheme, credentials, database).
+///
+/// ```
+/// use herdguard::RedisOptions;
+/// let opts = RedisOptions::sentinel(
+///     "mymaster",
+///     [
+///         "redis://10.0.0.1:26379",
+///         "redis://10.0.0.2:26379",
+///         "redis://10.0.0.3:26379",
+///     ],
+/// )
+/// .node_url("redis://herdguard:secret@primary/0");
+/// assert!(opts.is_sentinel());
+/// ```
+///
+/// A failover is where a single primary's lease is weakest: replication is
+/// asynchronous, so a promoted replica may not have seen a lease that was
+/// just taken, and a second leader may start. The fence still orders their
+/// writes (an older fill never replaces a newer one); see the failure table
+/// in the crate docs for what a failover costs.
+///
 /// # Failures
 ///
 /// Every call is bounded by the response timeout, and Redis trouble is never
@@ -75,9 +112,13 @@ use crate::error::BuildError;
 /// as an authentication failure and the layer serves from memory meanwhile.
 #[derive(Clone)]
 pub struct RedisOptions {
-    /// Standalone: one URL. Cluster: the seed nodes.
+    /// Standalone: one URL. Cluster: the seed nodes. Sentinel: the sentinels.
     pub(crate) urls: Vec<String>,
     pub(crate) cluster: bool,
+    /// The master name the sentinels monitor, for a store behind Sentinel.
+    pub(crate) sentinel_master: Option<String>,
+    /// Behind Sentinel: how to reach the data nodes (host and port replaced).
+    pub(crate) node_url: String,
     #[cfg(feature = "tls")]
     pub(crate) tls_root_cert: Option<Arc<[u8]>>,
     pub(crate) namespace: String,
@@ -112,6 +153,8 @@ impl std::fmt::Debug for RedisOptions {
         let mut d = f.debug_struct("RedisOptions");
         d.field("urls", &urls)
             .field("cluster", &self.cluster)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("node_url", &redact(&self.node_url))
             .field("namespace", &self.namespace)
             .field("lease_ttl", &self.lease_ttl)
             .field("l1_ttl", &self.l1_ttl);
@@ -163,10 +206,39 @@ impl RedisOptions {
         Self::with_urls(urls.into_iter().map(Into::into).collect(), true)
     }
 
+    /// Options for the primary the sentinels at `sentinel_urls` monitor as
+    /// `master_name` (see [Redis Sentinel](Self#redis-sentinel)). Same
+    /// defaults as [`RedisOptions::new`]; the data nodes are reached over
+    /// `redis://` without credentials unless [`node_url`](Self::node_url)
+    /// says otherwise. Give every sentinel: any one that answers names the
+    /// primary, and each one is watched for `+switch-master`.
+    pub fn sentinel<I, U>(master_name: impl Into<String>, sentinel_urls: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        let mut opts = Self::with_urls(sentinel_urls.into_iter().map(Into::into).collect(), false);
+        opts.sentinel_master = Some(master_name.into());
+        opts
+    }
+
+    /// Behind Sentinel, how to reach the data nodes: a `redis://` or
+    /// `rediss://` URL whose scheme, credentials and database are used, and
+    /// whose host and port are replaced by the primary's (default
+    /// `redis://localhost`: no TLS, no credentials, database 0). The
+    /// sentinels' own credentials go in their URLs. Ignored elsewhere.
+    #[must_use]
+    pub fn node_url(mut self, url: impl Into<String>) -> Self {
+        self.node_url = url.into();
+        self
+    }
+
     fn with_urls(urls: Vec<String>, cluster: bool) -> Self {
         Self {
             urls,
             cluster,
+            sentinel_master: None,
+            node_url: "redis://localhost".to_owned(),
             #[cfg(feature = "tls")]
             tls_root_cert: None,
             namespace: Self::DEFAULT_NAMESPACE.to_owned(),
@@ -199,6 +271,7 @@ impl RedisOptions {
     pub(crate) fn for_node(mut self, url: &str) -> Self {
         self.urls = vec![url.to_owned()];
         self.cluster = false;
+        self.sentinel_master = None;
         self
     }
 
@@ -340,6 +413,11 @@ impl RedisOptions {
         self.cluster
     }
 
+    /// Whether these options reach the primary through Redis Sentinel.
+    pub fn is_sentinel(&self) -> bool {
+        self.sentinel_master.is_some()
+    }
+
     pub(super) fn validate(&self) -> Result<(), BuildError> {
         if self.urls.is_empty() || self.urls.iter().any(|u| u.trim().is_empty()) {
             return Err(BuildError::invalid(
@@ -347,13 +425,22 @@ impl RedisOptions {
                 "redis needs at least one non-empty url",
             ));
         }
-        if !self.cluster && self.urls.len() > 1 {
+        if self.sentinel_master.as_ref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(BuildError::invalid(
+                "RedisOptions::sentinel",
+                "the sentinel master name must not be empty",
+            ));
+        }
+        if !self.cluster && !self.is_sentinel() && self.urls.len() > 1 {
             return Err(BuildError::invalid(
                 "RedisOptions::cluster",
                 "several redis urls need RedisOptions::cluster",
             ));
         }
         tls::check_available(&self.urls)?;
+        if self.is_sentinel() {
+            tls::check_available(std::slice::from_ref(&self.node_url))?;
+        }
         let ns = &self.namespace;
         let ok = !ns.is_empty()
             && ns.len() <= 64

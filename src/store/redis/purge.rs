@@ -430,7 +430,8 @@ impl RedisStore {
             return;
         }
         if !self.purge_bus.started.swap(true, Ordering::SeqCst) {
-            let clients = match self.pubsub_clients() {
+            self.watch_sentinels();
+            let source = match self.pubsub_source() {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "no purge listener: other instances' purges reach this one only through L1 expiry");
@@ -438,7 +439,7 @@ impl RedisStore {
                 }
             };
             let listener = Listener {
-                clients,
+                source,
                 channel: self.purge_channel(),
                 connect_timeout: self.options.connect_timeout,
                 response_timeout: self.options.response_timeout,

@@ -17,7 +17,8 @@ use super::eviction::EvictionWatch;
 use super::fills::{run_subscriber, FillSource, FillSubscription, Fills};
 use super::keys::EntryKeys;
 use super::options::RedisOptions;
-use super::purge_bus::PurgeBus;
+use super::purge_bus::{PurgeBus, Subscribe};
+use super::sentinel::watch_switches;
 use super::scripts::{
     millis, parse_lookup, RemoteLookup, WriteMode, WriteOutcome, EXTEND, FENCED_WRITE_AND_RELEASE,
     LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE, SOFT_PURGE_ENTRY,
@@ -380,6 +381,27 @@ impl RedisStore {
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
         self.connection.query(op, cmd).await
+    }
+
+    /// Where classic pub/sub (purge notices) subscribes: the primary the
+    /// sentinels name, or [`pubsub_clients`](Self::pubsub_clients).
+    pub(super) fn pubsub_source(&self) -> Result<Subscribe, StoreError> {
+        match self.connection.sentinel_master() {
+            Some(master) => Ok(Subscribe::Primary(master)),
+            None => self.pubsub_clients().map(Subscribe::To),
+        }
+    }
+
+    /// Behind Sentinel, start watching the sentinels for `+switch-master`
+    /// (once, inside a runtime).
+    pub(super) fn watch_sentinels(&self) {
+        if let Some(master) = self.connection.sentinel_master() {
+            watch_switches(
+                &master,
+                &self.connection.renew_signal(),
+                &self.shutdown_signal(),
+            );
+        }
     }
 
     /// Clients for classic pub/sub (purge notices): on the URL of a
