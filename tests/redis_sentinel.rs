@@ -215,11 +215,15 @@ async fn primary_killed_under_load_recovers_coalescing_and_purges() {
         .sum();
     eprintln!(
         "primary {old} -> {new}: promoted {:?} after the kill; {} answers, {errors} errors; \
-         one call per key again {} ms after the promotion; origin calls from the kill until then: {during} \
+         one call per key again {} after the promotion; origin calls from the kill until then: {during} \
          over {} keys; longest answer {:?} (after recovery {:?})",
         promoted - killed,
         answers.len(),
-        (back.saturating_sub(promoted_w)) * WINDOW_MS,
+        match back.checked_sub(promoted_w) {
+            _ if back == u128::MAX => "never".to_owned(),
+            Some(w) => format!("{} ms", w * WINDOW_MS),
+            None => "before the promotion".to_owned(),
+        },
         windows.iter().filter(|&&w| w >= killed_w && w < back).count(),
         longest_after(0),
         longest_after(back),
@@ -246,3 +250,4 @@ async fn primary_killed_under_load_recovers_coalescing_and_purges() {
     assert_eq!(origin.calls("/p"), 2, "the purge reached every instance");
     drop(set);
 }
+

@@ -145,10 +145,17 @@ impl SentinelSet {
             if self.servers[1..].iter().all(linked) && self.sentinels.iter().all(knows_all) {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "the sentinel topology was not ready within {bound:?}"
-            );
+            if Instant::now() >= deadline {
+                let seen: Vec<Option<Vec<String>>> = self
+                    .sentinels
+                    .iter()
+                    .map(|p| query(p.port, redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME)))
+                    .collect();
+                let links: Vec<bool> = self.servers[1..].iter().map(linked).collect();
+                panic!(
+                    "the sentinel topology was not ready within {bound:?}: replicas linked {links:?}, sentinels {seen:?}"
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
