@@ -76,9 +76,9 @@ async fn burst(apps: &[Router], uri: &str, per_app: usize) -> Vec<StatusCode> {
     for app in apps {
         for _ in 0..per_app {
             let (app, uri) = (app.clone(), uri.to_owned());
-            tasks.push(tokio::spawn(async move {
-                send(&app, get_req(&uri)).await.0
-            }));
+            tasks.push(tokio::spawn(
+                async move { send(&app, get_req(&uri)).await.0 },
+            ));
         }
     }
     let mut out = Vec::new();
@@ -102,12 +102,14 @@ async fn cold_burst_across_three_instances_calls_origin_once() {
         .await
         .unwrap();
     let origin = Counting::new(Duration::from_millis(300));
-    let apps: Vec<Router> = (0..3)
-        .map(|_| origin.app(layer(&set, |o| o)))
-        .collect();
+    let apps: Vec<Router> = (0..3).map(|_| origin.app(layer(&set, |o| o))).collect();
     let codes = burst(&apps, "/cold", 10).await;
     assert!(codes.iter().all(|c| *c == StatusCode::OK), "{codes:?}");
-    assert_eq!(origin.calls("/cold"), 1, "one origin call across 3 instances");
+    assert_eq!(
+        origin.calls("/cold"),
+        1,
+        "one origin call across 3 instances"
+    );
     let primary = set.server(set.primary_port());
     let mut c = primary.connection().await;
     let stored: bool = deadpool_redis::redis::cmd("EXISTS")
@@ -161,7 +163,10 @@ async fn primary_killed_under_load_recovers_coalescing_and_purges() {
     };
     let layers: Vec<CacheLayer> = (0..3).map(|_| layer(&set, opts)).collect();
     let apps: Vec<Router> = layers.iter().map(|l| origin.app(l.clone())).collect();
-    assert!(burst(&apps, "/warm", 4).await.iter().all(|c| c.is_success()));
+    assert!(burst(&apps, "/warm", 4)
+        .await
+        .iter()
+        .all(|c| c.is_success()));
     assert_eq!(origin.calls("/warm"), 1);
 
     let start = Instant::now();
@@ -199,7 +204,9 @@ async fn primary_killed_under_load_recovers_coalescing_and_purges() {
     let back = windows
         .iter()
         .rposition(|&w| calls(w) != 1)
-        .map_or(windows[0], |i| windows.get(i + 1).copied().unwrap_or(u128::MAX));
+        .map_or(windows[0], |i| {
+            windows.get(i + 1).copied().unwrap_or(u128::MAX)
+        });
     let longest_after = |from: u128| {
         answers
             .iter()
@@ -243,11 +250,14 @@ async fn primary_killed_under_load_recovers_coalescing_and_purges() {
     assert!(burst(&apps, "/p", 1).await.iter().all(|c| c.is_success()));
     assert_eq!(origin.calls("/p"), 1);
     let purged = layers[0].purge_url("http://example.test/p").await;
-    assert_eq!(purged.unwrap(), Purged::Redis, "every listener acknowledged");
+    assert_eq!(
+        purged.unwrap(),
+        Purged::Redis,
+        "every listener acknowledged"
+    );
     for app in &apps[1..] {
         assert!(send(app, get_req("/p")).await.0.is_success());
     }
     assert_eq!(origin.calls("/p"), 2, "the purge reached every instance");
     drop(set);
 }
-

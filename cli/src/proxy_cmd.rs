@@ -139,12 +139,30 @@ pub(crate) struct ProxyArgs {
     trusted_proxies: Vec<String>,
     /// Redis for entries and the cluster-wide single flight
     /// (`redis://`, or `rediss://` for TLS) [default: memory only].
-    #[arg(long, env = "HERDGUARD_REDIS", conflicts_with = "redis_cluster")]
+    #[arg(long, env = "HERDGUARD_REDIS", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
     redis: Option<String>,
     /// Redis Cluster seed URLs, comma-separated [default: none].
-    #[arg(long, env = "HERDGUARD_REDIS_CLUSTER", value_delimiter = ',')]
+    #[arg(long, env = "HERDGUARD_REDIS_CLUSTER", value_delimiter = ',', conflicts_with = "redis_sentinel")]
     #[serde(default)]
     redis_cluster: Vec<String>,
+    /// Redis Sentinel URLs, comma-separated: the primary is asked of them
+    /// and followed through failovers (with --redis-master-name) [default: none].
+    #[arg(
+        long,
+        env = "HERDGUARD_REDIS_SENTINEL",
+        value_delimiter = ',',
+        requires = "redis_master_name"
+    )]
+    #[serde(default)]
+    redis_sentinel: Vec<String>,
+    /// The master name the sentinels of --redis-sentinel monitor.
+    #[arg(long, env = "HERDGUARD_REDIS_MASTER_NAME")]
+    redis_master_name: Option<String>,
+    /// Behind Sentinel, the data nodes' scheme, credentials and database as
+    /// a URL whose host is replaced by the primary's
+    /// (`rediss://user:pass@primary/0`) [default: redis://, no credentials].
+    #[arg(long, env = "HERDGUARD_REDIS_NODE_URL", hide_env_values = true)]
+    redis_node_url: Option<String>,
     /// PEM CA for a `rediss://` Redis with a private CA [default: system roots].
     #[arg(long, env = "HERDGUARD_REDIS_CA")]
     redis_ca: Option<PathBuf>,
@@ -351,12 +369,7 @@ impl ProxyArgs {
         builder = builder.max_body_bytes(size("max-body-bytes", body)?);
         let capacity = self.capacity_bytes.unwrap_or(DEFAULT_CAPACITY_BYTES);
         builder = builder.capacity_bytes(size("capacity-bytes", capacity)?);
-        let redis = match (&self.redis, self.redis_cluster.is_empty()) {
-            (Some(url), _) => Some(RedisOptions::new(url.clone())),
-            (None, false) => Some(RedisOptions::cluster(self.redis_cluster.clone())),
-            (None, true) => None,
-        };
-        if let Some(mut redis) = redis {
+        if let Some(mut redis) = self.redis_options()? {
             if let Some(namespace) = &self.redis_namespace {
                 redis = redis.namespace(namespace.as_str());
             }
@@ -368,6 +381,36 @@ impl ProxyArgs {
             builder = builder.redis(redis);
         }
         builder.build().map_err(|e| e.to_string())
+    }
+
+    /// Which Redis, if any: one URL, a cluster, or the sentinels of a primary.
+    fn redis_options(&self) -> Result<Option<RedisOptions>, String> {
+        let topologies = [
+            self.redis.is_some(),
+            !self.redis_cluster.is_empty(),
+            !self.redis_sentinel.is_empty(),
+        ];
+        if topologies.iter().filter(|set| **set).count() > 1 {
+            return Err("give one of redis, redis-cluster and redis-sentinel".to_owned());
+        }
+        if let Some(url) = &self.redis {
+            return Ok(Some(RedisOptions::new(url.clone())));
+        }
+        if !self.redis_cluster.is_empty() {
+            return Ok(Some(RedisOptions::cluster(self.redis_cluster.clone())));
+        }
+        if self.redis_sentinel.is_empty() {
+            return Ok(None);
+        }
+        let name = self
+            .redis_master_name
+            .as_deref()
+            .ok_or("--redis-sentinel needs --redis-master-name")?;
+        let mut redis = RedisOptions::sentinel(name, self.redis_sentinel.clone());
+        if let Some(node) = &self.redis_node_url {
+            redis = redis.node_url(node.clone());
+        }
+        Ok(Some(redis))
     }
 
     fn proxy_config(&self, access_log: Option<AccessLog>) -> Result<ProxyConfig, String> {

@@ -44,10 +44,8 @@ fn sentinel_binary() -> &'static str {
 impl SentinelProcess {
     fn start(primary: u16) -> Self {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!(
-            "herdguard-sentinel-{port}-{}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("herdguard-sentinel-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create sentinel dir");
         let conf = dir.join("sentinel.conf");
         let down = DOWN_AFTER.as_millis();
@@ -131,8 +129,10 @@ impl SentinelSet {
             info.is_some_and(|i| i.contains("master_link_status:up"))
         };
         let knows_all = |p: &SentinelProcess| {
-            let fields: Option<Vec<String>> =
-                query(p.port, redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME));
+            let fields: Option<Vec<String>> = query(
+                p.port,
+                redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
+            );
             let field = |name: &str| {
                 fields.as_ref().and_then(|f| {
                     let i = f.iter().position(|x| x == name)?;
@@ -149,7 +149,12 @@ impl SentinelSet {
                 let seen: Vec<Option<Vec<String>>> = self
                     .sentinels
                     .iter()
-                    .map(|p| query(p.port, redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME)))
+                    .map(|p| {
+                        query(
+                            p.port,
+                            redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
+                        )
+                    })
                     .collect();
                 let links: Vec<bool> = self.servers[1..].iter().map(linked).collect();
                 panic!(

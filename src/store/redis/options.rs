@@ -425,7 +425,11 @@ impl RedisOptions {
                 "redis needs at least one non-empty url",
             ));
         }
-        if self.sentinel_master.as_ref().is_some_and(|m| m.trim().is_empty()) {
+        if self
+            .sentinel_master
+            .as_ref()
+            .is_some_and(|m| m.trim().is_empty())
+        {
             return Err(BuildError::invalid(
                 "RedisOptions::sentinel",
                 "the sentinel master name must not be empty",

@@ -188,7 +188,9 @@ impl SentinelMaster {
                     continue;
                 }
             };
-            let client = self.node_client(&host, port, resp3).map_err(|e| describe(&e))?;
+            let client = self
+                .node_client(&host, port, resp3)
+                .map_err(|e| describe(&e))?;
             let made = tokio::time::timeout(
                 self.connect_timeout,
                 client.get_multiplexed_async_connection_with_config(config),
@@ -197,7 +199,10 @@ impl SentinelMaster {
             let mut conn = match made {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
-                    why = format!("primary {host}:{port} named by sentinel {i}: {}", describe(&e));
+                    why = format!(
+                        "primary {host}:{port} named by sentinel {i}: {}",
+                        describe(&e)
+                    );
                     continue;
                 }
                 Err(_) => {

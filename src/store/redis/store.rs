@@ -18,11 +18,11 @@ use super::fills::{run_subscriber, FillSource, FillSubscription, Fills};
 use super::keys::EntryKeys;
 use super::options::RedisOptions;
 use super::purge_bus::{PurgeBus, Subscribe};
-use super::sentinel::watch_switches;
 use super::scripts::{
     millis, parse_lookup, RemoteLookup, WriteMode, WriteOutcome, EXTEND, FENCED_WRITE_AND_RELEASE,
     LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE, SOFT_PURGE_ENTRY,
 };
+use super::sentinel::watch_switches;
 use super::tls;
 use crate::engine::envelope::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::error::BuildError;
