@@ -8,7 +8,7 @@
 use herdguard_testkit as support;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use axum::Router;
 use herdguard::{CacheLayer, Purged, RedisOptions};
 use support::origin::{get_req, send};
 use support::sentinel::SentinelSet;
+use support::Vip;
 
 /// An origin that counts its calls per path, answering after `delay`.
 #[derive(Clone)]
@@ -260,4 +261,120 @@ async fn primary_killed_under_load_recovers_coalescing_and_purges() {
     }
     assert_eq!(origin.calls("/p"), 2, "the purge reached every instance");
     drop(set);
+}
+
+/// An origin answering `tag`, counting calls to `/split` in `calls`; with a
+/// `gate`, `/split` answers only once the gate has a permit (at most 30 s).
+fn tagged(
+    layer: CacheLayer,
+    tag: &'static str,
+    calls: Arc<AtomicUsize>,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+) -> Router {
+    Router::new()
+        .fallback(axum::routing::get(move |uri: Uri| {
+            let (calls, gate) = (calls.clone(), gate.clone());
+            async move {
+                if uri.path() == "/split" {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    if let Some(g) = gate {
+                        let _ = tokio::time::timeout(Duration::from_secs(30), g.acquire()).await;
+                    }
+                }
+                ([("cache-control", "max-age=60")], tag)
+            }
+        }))
+        .layer(layer)
+}
+
+/// Requests on `app` (new keys) until `layer` has had two Redis calls in a
+/// row succeed: it is on the new primary (bounded: 15 s).
+async fn until_on_redis(app: &Router, layer: &CacheLayer, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut good = 0;
+    for i in 0.. {
+        assert!(send(app, get_req(&format!("/probe/{name}/{i}"))).await.0.is_success());
+        good = if layer.redis_connected() == Some(true) { good + 1 } else { 0 };
+        if good == 2 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} never got back to redis");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A lease the dead primary never replicated: the promoted replica leases the key again, two leaders run (exactly 2 origin calls), and the fence keeps the newer fill: the older leader's write, landing last on the new primary, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_lease_across_a_failover_keeps_the_newer_fill() {
+    let handle = tokio::runtime::Handle::current();
+    let (set, vip) = tokio::task::spawn_blocking(move || {
+        let mut vip = None;
+        let set = SentinelSet::start_through(
+            1,
+            |primary| {
+                let v = handle.block_on(Vip::start(primary));
+                let port = v.port();
+                vip = Some(v);
+                port
+            },
+            Duration::from_secs(60),
+        );
+        (set, vip.expect("the replication link"))
+    })
+    .await
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (la, lb, lc) = (
+        layer(&set, |o| o),
+        layer(&set, |o| o),
+        layer(&set, |o| o),
+    );
+    let a = tagged(la.clone(), "A", calls.clone(), Some(gate.clone()));
+    let b = tagged(lb.clone(), "B", calls.clone(), None);
+    let c = tagged(lc.clone(), "C", calls.clone(), None);
+    for (app, l, name) in [(&a, &la, "a"), (&b, &lb, "b"), (&c, &lc, "c")] {
+        until_on_redis(app, l, name).await;
+    }
+
+    // Replication stops (the link goes silent), then A leases on the primary.
+    vip.blackhole();
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { send(&a, get_req("/split")).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "A never called its origin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (set, _old, (_new, _)) = tokio::task::spawn_blocking(move || {
+        let mut set = set;
+        let old = set.kill_primary();
+        let promoted = set.wait_for_promotion(old, Duration::from_secs(30));
+        (set, old, promoted)
+    })
+    .await
+    .unwrap();
+    until_on_redis(&a, &la, "a").await;
+    until_on_redis(&b, &lb, "b").await;
+
+    // The new primary never saw A's lease: B leads a second fill.
+    let (code, _, body) = send(&b, get_req("/split")).await;
+    assert_eq!((code, &body[..]), (StatusCode::OK, &b"B"[..]));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "two leaders, one each");
+
+    // A's fill, older, lands last: the fence refuses it.
+    gate.add_permits(1);
+    let (code, _, body) = first.await.unwrap();
+    assert_eq!((code, &body[..]), (StatusCode::OK, &b"A"[..]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while la.stats().fenced_rejections == 0 {
+        assert!(Instant::now() < deadline, "A's write was never refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, _, body) = send(&c, get_req("/split")).await;
+    assert_eq!(&body[..], b"B", "the newer fill is kept");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    drop((set, vip));
 }

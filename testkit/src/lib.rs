@@ -485,6 +485,10 @@ impl Vip {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Send new connections to `port` from now on.
     pub fn point_to(&self, port: u16) {
         self.target.store(port, std::sync::atomic::Ordering::SeqCst);

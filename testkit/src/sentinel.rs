@@ -42,19 +42,20 @@ fn sentinel_binary() -> &'static str {
 }
 
 impl SentinelProcess {
-    fn start(primary: u16) -> Self {
+    fn start(primary: u16, failover_timeout: Duration) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("herdguard-sentinel-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create sentinel dir");
         let conf = dir.join("sentinel.conf");
         let down = DOWN_AFTER.as_millis();
+        let failover = failover_timeout.as_millis();
         let text = format!(
             "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\n\
              loglevel warning\ndir {dir}\n\
              sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
              sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
-             sentinel failover-timeout {MASTER_NAME} 5000\n\
+             sentinel failover-timeout {MASTER_NAME} {failover}\n\
              sentinel parallel-syncs {MASTER_NAME} 2\n",
             dir = dir.display(),
         );
@@ -102,8 +103,22 @@ impl SentinelSet {
     /// knows the other two and every replica, so a failover can start as soon
     /// as the primary dies (bounded: panics after 30 s).
     pub fn start(replicas: usize) -> Self {
+        Self::start_through(replicas, |primary| primary, Duration::from_secs(5))
+    }
+
+    /// Like [`start`](Self::start), but the replicas replicate from the port
+    /// `link` returns for the primary's port (a forwarder a test can cut,
+    /// such as [`crate::Vip`]). The sentinels fix a replica that replicates
+    /// from another address than the primary's once `failover_timeout` has
+    /// passed (`+fix-slave-config`), so give a long one (and the sentinels
+    /// still fail over within seconds).
+    pub fn start_through(
+        replicas: usize,
+        link: impl FnOnce(u16) -> u16,
+        failover_timeout: Duration,
+    ) -> Self {
         let primary = RedisServer::start();
-        let port = primary.port().to_string();
+        let port = link(primary.port()).to_string();
         let mut servers = vec![primary];
         for _ in 0..replicas {
             servers.push(RedisServer::start_with(&[
@@ -114,7 +129,7 @@ impl SentinelSet {
         }
         let set = Self {
             sentinels: (0..3)
-                .map(|_| SentinelProcess::start(servers[0].port()))
+                .map(|_| SentinelProcess::start(servers[0].port(), failover_timeout))
                 .collect(),
             servers,
         };
