@@ -293,8 +293,15 @@ async fn until_on_redis(app: &Router, layer: &CacheLayer, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut good = 0;
     for i in 0.. {
-        assert!(send(app, get_req(&format!("/probe/{name}/{i}"))).await.0.is_success());
-        good = if layer.redis_connected() == Some(true) { good + 1 } else { 0 };
+        assert!(send(app, get_req(&format!("/probe/{name}/{i}")))
+            .await
+            .0
+            .is_success());
+        good = if layer.redis_connected() == Some(true) {
+            good + 1
+        } else {
+            0
+        };
         if good == 2 {
             return;
         }
@@ -325,11 +332,7 @@ async fn split_lease_across_a_failover_keeps_the_newer_fill() {
     .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let (la, lb, lc) = (
-        layer(&set, |o| o),
-        layer(&set, |o| o),
-        layer(&set, |o| o),
-    );
+    let (la, lb, lc) = (layer(&set, |o| o), layer(&set, |o| o), layer(&set, |o| o));
     let a = tagged(la.clone(), "A", calls.clone(), Some(gate.clone()));
     let b = tagged(lb.clone(), "B", calls.clone(), None);
     let c = tagged(lc.clone(), "C", calls.clone(), None);

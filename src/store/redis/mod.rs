@@ -56,7 +56,8 @@
 //! eviction.rs    whether the server may evict keys (INFO memory, read now and then)
 //! scripts.rs     the *.lua scripts, the write modes and the lookup reply
 //! keys.rs        the key names of one entry
-//! connection.rs  kept connections, reconnects, the breaker and error handling
+//! connection.rs  the breaker and error handling every command goes through
+//! slots.rs       kept connections of one Redis or of the Sentinel primary, their connects
 //! fills.rs       fill notifications: waiter registry and its subscriber
 //! cluster.rs     the Redis Cluster connection
 //! sentinel.rs    the primary as the sentinels name it, and their +switch-master
@@ -78,6 +79,7 @@ mod purge;
 mod purge_bus;
 mod scripts;
 mod sentinel;
+mod slots;
 mod store;
 mod tls;
 
