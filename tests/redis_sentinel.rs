@@ -310,14 +310,29 @@ async fn until_on_redis(app: &Router, layer: &CacheLayer, name: &str) {
     }
 }
 
-/// A lease the dead primary never replicated: the promoted replica leases the key again, two leaders run (exactly 2 origin calls), and the fence keeps the newer fill: the older leader's write, landing last on the new primary, is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn split_lease_across_a_failover_keeps_the_newer_fill() {
+/// What [`split_across_failover`] saw.
+struct Split {
+    /// Whether the old primary held A's lease while A's origin call ran.
+    lease_on_old_primary: bool,
+    /// Origin calls for the key, in all.
+    calls: usize,
+    /// A's writes the fence refused.
+    refused: u64,
+    /// What an instance that holds no copy reads afterwards.
+    kept: bytes::Bytes,
+}
+
+/// The seed's failover case, with two replicas: replication stops (their
+/// link goes silent), A
+/// leases the key on the primary and calls its origin (held open), the
+/// primary is SIGKILLed and the replica promoted, B asks for the key on the
+/// new primary, then A's origin answers. `opts` applies to every instance.
+async fn split_across_failover(opts: fn(RedisOptions) -> RedisOptions) -> Split {
     let handle = tokio::runtime::Handle::current();
     let (set, vip) = tokio::task::spawn_blocking(move || {
         let mut vip = None;
         let set = SentinelSet::start_through(
-            1,
+            2,
             |primary| {
                 let v = handle.block_on(Vip::start(primary));
                 let port = v.port();
@@ -332,7 +347,7 @@ async fn split_lease_across_a_failover_keeps_the_newer_fill() {
     .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let (la, lb, lc) = (layer(&set, |o| o), layer(&set, |o| o), layer(&set, |o| o));
+    let (la, lb, lc) = (layer(&set, opts), layer(&set, opts), layer(&set, opts));
     let a = tagged(la.clone(), "A", calls.clone(), Some(gate.clone()));
     let b = tagged(lb.clone(), "B", calls.clone(), None);
     let c = tagged(lc.clone(), "C", calls.clone(), None);
@@ -340,7 +355,6 @@ async fn split_lease_across_a_failover_keeps_the_newer_fill() {
         until_on_redis(app, l, name).await;
     }
 
-    // Replication stops (the link goes silent), then A leases on the primary.
     vip.blackhole();
     let first = tokio::spawn({
         let a = a.clone();
@@ -351,33 +365,71 @@ async fn split_lease_across_a_failover_keeps_the_newer_fill() {
         assert!(Instant::now() < deadline, "A never called its origin");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (set, _old, (_new, _)) = tokio::task::spawn_blocking(move || {
+    let lease = entry_key("/split").replace(":v", ":lock");
+    let mut old = set.server(set.primary_port()).connection().await;
+    let lease_on_old_primary: bool = deadpool_redis::redis::cmd("EXISTS")
+        .arg(&lease)
+        .query_async(&mut old)
+        .await
+        .unwrap();
+    let set = tokio::task::spawn_blocking(move || {
         let mut set = set;
         let old = set.kill_primary();
-        let promoted = set.wait_for_promotion(old, Duration::from_secs(30));
-        (set, old, promoted)
+        let (new, _) = set.wait_for_promotion(old, Duration::from_secs(30));
+        // The other replica replicates from the new primary (directly: the
+        // sentinels reconfigure it), so the new primary has one again.
+        for port in set.servers().iter().map(|s| s.port()) {
+            if port != old && port != new {
+                set.wait_for_replica(port, Duration::from_secs(30));
+            }
+        }
+        set
     })
     .await
     .unwrap();
     until_on_redis(&a, &la, "a").await;
     until_on_redis(&b, &lb, "b").await;
 
-    // The new primary never saw A's lease: B leads a second fill.
+    // The new primary never saw A's lease: B leads a fill of its own.
     let (code, _, body) = send(&b, get_req("/split")).await;
     assert_eq!((code, &body[..]), (StatusCode::OK, &b"B"[..]));
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "two leaders, one each");
-
-    // A's fill, older, lands last: the fence refuses it.
     gate.add_permits(1);
     let (code, _, body) = first.await.unwrap();
     assert_eq!((code, &body[..]), (StatusCode::OK, &b"A"[..]));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while la.stats().fenced_rejections == 0 {
-        assert!(Instant::now() < deadline, "A's write was never refused");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if lease_on_old_primary {
+        // A's fill, older, lands last: wait until the fence refused it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while la.stats().fenced_rejections == 0 {
+            assert!(Instant::now() < deadline, "A's write was never refused");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
-    let (_, _, body) = send(&c, get_req("/split")).await;
-    assert_eq!(&body[..], b"B", "the newer fill is kept");
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let (_, _, kept) = send(&c, get_req("/split")).await;
     drop((set, vip));
+    Split {
+        lease_on_old_primary,
+        calls: calls.load(Ordering::SeqCst),
+        refused: la.stats().fenced_rejections,
+        kept,
+    }
+}
+
+/// A lease the dead primary never replicated splits: the promoted replica leases the key again, two leaders run (exactly 2 origin calls), and the fence keeps the newer fill: the older leader's write, landing last on the new primary, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_lease_across_a_failover_keeps_the_newer_fill() {
+    let split = split_across_failover(|o| o).await;
+    assert!(split.lease_on_old_primary, "A led under a lease no replica had");
+    assert_eq!(split.calls, 2, "two leaders, one origin call each");
+    assert_eq!(split.refused, 1, "A's older write is refused");
+    assert_eq!(&split.kept[..], b"B", "the newer fill is kept");
+}
+
+/// With `lease_replicas`, the same case cannot split: A's lease, which no replica acknowledged, is given back before A calls its origin (as when Redis is down), so there is never a lease only the dead primary knew and no leader write to refuse; B's fill is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_replicas_never_leads_on_an_unreplicated_lease() {
+    let split = split_across_failover(|o| o.lease_replicas(1, Duration::from_millis(300))).await;
+    assert!(!split.lease_on_old_primary, "no lease only the old primary had");
+    assert_eq!(split.calls, 2, "A computed on its own, B led");
+    assert_eq!(split.refused, 0, "no leader's write to refuse");
+    assert_eq!(&split.kept[..], b"B");
 }

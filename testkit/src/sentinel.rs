@@ -280,13 +280,17 @@ impl SentinelSet {
     }
 
     /// Wait (at most `bound`) until the node on `port` is a replica linked to
-    /// the current primary (an old primary the sentinels reconfigured).
+    /// the current primary (one the sentinels reconfigured after a failover).
     pub fn wait_for_replica(&self, port: u16, bound: Duration) {
         let deadline = Instant::now() + bound;
         loop {
+            let primary = format!("master_port:{}", self.primary_port());
             let info: Option<String> = query(port, redis::cmd("INFO").arg("replication"));
-            if info.is_some_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
-            {
+            if info.is_some_and(|i| {
+                i.contains("role:slave")
+                    && i.contains("master_link_status:up")
+                    && i.lines().any(|l| l.trim() == primary)
+            }) {
                 return;
             }
             assert!(

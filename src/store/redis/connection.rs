@@ -38,6 +38,9 @@ enum Link {
         fresh_from: AtomicU64,
         /// Behind Sentinel: the switches of the primary followed so far.
         switches_seen: AtomicU64,
+        /// A connection for commands that block the connection they run on
+        /// (`WAIT`), so they hold up nobody else's commands.
+        apart: Arc<Slot>,
     },
     Cluster(Box<ClusterLink>),
 }
@@ -224,6 +227,39 @@ impl Connection {
             ids: Arc::default(),
             fresh_from: AtomicU64::new(0),
             switches_seen: AtomicU64::new(0),
+            apart: Arc::default(),
+        }
+    }
+
+    /// The connection kept apart for commands that block their connection
+    /// (`WAIT`), connected if need be within the connect bound; none on a
+    /// cluster. What fails on it leaves the breaker alone: the command
+    /// waited, the server may be fine.
+    pub(super) async fn apart(&self) -> Option<Kept> {
+        let Link::Standalone {
+            connector,
+            apart,
+            ids,
+            fresh_from,
+            ..
+        } = &self.link
+        else {
+            return None;
+        };
+        if let Some(kept) = apart.current(fresh_from.load(Ordering::SeqCst)) {
+            return Some(kept);
+        }
+        let pending = apart.connect(connector, self.connect_bound, ids);
+        tokio::time::timeout(self.connect_bound, pending)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Forget connection `id` of [`apart`](Self::apart) after it failed.
+    pub(super) fn drop_apart(&self, id: u64) {
+        if let Link::Standalone { apart, .. } = &self.link {
+            apart.clear(id);
         }
     }
 

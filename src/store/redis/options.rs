@@ -140,6 +140,8 @@ pub struct RedisOptions {
     /// timeout; a lost mark restarts from the server clock, above every
     /// token issued before.
     pub(crate) fence_retention: Duration,
+    /// After taking a lease: `WAIT` for this many replicas, at most this long.
+    pub(crate) lease_replicas: Option<(usize, Duration)>,
     /// Entries up to this many encoded bytes ride in their fill notice.
     pub(crate) notice_entry_limit: usize,
     /// The `cache` label of this store's metrics: the layer's name, or none
@@ -256,6 +258,7 @@ impl RedisOptions {
             // The engine's default origin timeout plus the default lease.
             fence_retention: Duration::from_secs(65),
             notice_entry_limit: 64 * 1024,
+            lease_replicas: None,
             metrics_name: None,
         }
     }
@@ -381,6 +384,41 @@ impl RedisOptions {
         self
     }
 
+    /// After taking a lease, wait until `replicas` replicas have it, at most
+    /// `timeout` (`WAIT`; default: do not wait), so a failover cannot lose
+    /// a lease its leader started work under.
+    ///
+    /// Replication is asynchronous: a primary that dies right after a lease
+    /// may not have passed it on, and the replica promoted in its place then
+    /// hands the same key's lease to a second leader (the fence still orders
+    /// their writes, so this costs an origin call, not a wrong answer). With
+    /// this set, a leader calls the origin only once `replicas` replicas
+    /// acknowledged its lease. When fewer do within `timeout` (replicas
+    /// down or lagging), the lease is given back and the instance computes
+    /// the answer on its own, as when Redis is down: no second leader is
+    /// possible, but instances stop coalescing with each other until the
+    /// replicas catch up. The wait runs on a connection of its own, so it
+    /// holds up no other command.
+    ///
+    /// It costs every leader fill two round trips on that connection (a
+    /// token-checked `PEXPIRE` of the lease, then `WAIT`) plus the
+    /// replicas' acknowledgement. Use it where a second origin call after a
+    /// failover is expensive (a slow or metered origin); not on Redis
+    /// Cluster (refused when the layer is built).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use herdguard::RedisOptions;
+    /// let opts = RedisOptions::sentinel("mymaster", ["redis://10.0.0.1:26379"])
+    ///     .lease_replicas(1, Duration::from_millis(50));
+    /// # let _ = opts;
+    /// ```
+    #[must_use]
+    pub fn lease_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.lease_replicas = Some((replicas, timeout));
+        self
+    }
+
     /// Whether to extend the lease while the origin works (default on).
     #[must_use]
     pub fn watchdog(mut self, on: bool) -> Self {
@@ -458,6 +496,14 @@ impl RedisOptions {
                     "redis namespace {ns:?} must be 1-64 characters of letters, digits, '_', '-', '.', ':'"
                 ),
             ));
+        }
+        if let Some((replicas, timeout)) = self.lease_replicas {
+            if self.cluster || replicas == 0 || timeout.is_zero() {
+                return Err(BuildError::invalid(
+                    "RedisOptions::lease_replicas",
+                    "lease_replicas needs one primary (not a cluster), at least one replica and a timeout above zero",
+                ));
+            }
         }
         if self.lease_ttl < Duration::from_millis(30) {
             return Err(BuildError::invalid(
