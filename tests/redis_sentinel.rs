@@ -418,7 +418,10 @@ async fn split_across_failover(opts: fn(RedisOptions) -> RedisOptions) -> Split 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_lease_across_a_failover_keeps_the_newer_fill() {
     let split = split_across_failover(|o| o).await;
-    assert!(split.lease_on_old_primary, "A led under a lease no replica had");
+    assert!(
+        split.lease_on_old_primary,
+        "A led under a lease no replica had"
+    );
     assert_eq!(split.calls, 2, "two leaders, one origin call each");
     assert_eq!(split.refused, 1, "A's older write is refused");
     assert_eq!(&split.kept[..], b"B", "the newer fill is kept");
@@ -428,7 +431,10 @@ async fn split_lease_across_a_failover_keeps_the_newer_fill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_replicas_never_leads_on_an_unreplicated_lease() {
     let split = split_across_failover(|o| o.lease_replicas(1, Duration::from_millis(300))).await;
-    assert!(!split.lease_on_old_primary, "no lease only the old primary had");
+    assert!(
+        !split.lease_on_old_primary,
+        "no lease only the old primary had"
+    );
     assert_eq!(split.calls, 2, "A computed on its own, B led");
     assert_eq!(split.refused, 0, "no leader's write to refuse");
     assert_eq!(&split.kept[..], b"B");
