@@ -246,6 +246,14 @@ impl SentinelSet {
         port
     }
 
+    /// SIGSTOP the current primary: its port still accepts connections but
+    /// nothing answers (a hung host, a partition); its port.
+    pub fn freeze_primary(&self) -> u16 {
+        let port = self.primary_port();
+        self.server(port).freeze();
+        port
+    }
+
     /// Start the data node on `port` again (after `kill_primary`): it comes
     /// back as a primary of nothing, until the sentinels make it a replica.
     pub fn restart(&mut self, port: u16) {
