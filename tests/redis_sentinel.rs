@@ -149,13 +149,13 @@ async fn load(app: Router, start: Instant, stop: Arc<AtomicBool>) -> Vec<Answer>
     seen
 }
 
-/// SIGKILL of the primary under load from 3 instances: no client errors, one origin call per key per cluster (fills heard by notice, polls off) within 5 s of the promotion, and purges acknowledged by every instance on the new primary.
+/// SIGKILL of the primary under load from 3 instances: no client errors, one origin call per key per cluster (fills heard by notice, polls off) within 5 s of the promotion, the purge listeners on the new primary within 1.5 s of it, and purges acknowledged by every instance there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_killed_under_load_recovers_coalescing_and_purges() {
     primary_lost_under_load(false).await;
 }
 
-/// The same with the primary frozen (SIGSTOP: connections to it hang, none breaks): the sentinels' +switch-master moves the fill subscriber at once, so fills are heard by notice again right after the promotion, not after its 5 s PING.
+/// The same with the primary frozen (SIGSTOP: connections to it hang, none breaks): the sentinels' +switch-master moves the purge listeners within 1.5 s of the promotion, not at their next PING (5 s apart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_frozen_under_load_is_left_on_switch_master() {
     primary_lost_under_load(true).await;
@@ -175,6 +175,8 @@ async fn primary_lost_under_load(freeze: bool) {
             .l1_ttl(Duration::from_secs(30))
     };
     let layers: Vec<CacheLayer> = (0..3).map(|_| layer(&set, opts)).collect();
+    // The purge listeners start now and PING every 5 s from here.
+    let built = Instant::now();
     let apps: Vec<Router> = layers.iter().map(|l| origin.app(l.clone())).collect();
     assert!(burst(&apps, "/warm", 4)
         .await
@@ -189,7 +191,10 @@ async fn primary_lost_under_load(freeze: bool) {
         .flat_map(|app| (0..4).map(move |_| app.clone()))
         .map(|app| tokio::spawn(load(app, start, stop.clone())))
         .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Just past a PING of the purge listeners: one that heard nothing of
+    // the switch would find a frozen primary only some 3 s after the
+    // promotion, at its next PING.
+    tokio::time::sleep_until((built + Duration::from_millis(5500)).into()).await;
     let killed = Instant::now();
     let (set, old, (new, promoted)) = tokio::task::spawn_blocking(move || {
         let mut set = set;
@@ -203,6 +208,7 @@ async fn primary_lost_under_load(freeze: bool) {
     })
     .await
     .unwrap();
+    let listening = until_subscribed(set.server(new), "t:purge", 3).await;
     tokio::time::sleep_until((promoted + Duration::from_secs(8)).into()).await;
     stop.store(true, Ordering::SeqCst);
     let mut answers = Vec::new();
@@ -240,7 +246,7 @@ async fn primary_lost_under_load(freeze: bool) {
     eprintln!(
         "{} primary {old} -> {new}: promoted {:?} after the kill; {} answers, {errors} errors; \
          one call per key again {} after the promotion; origin calls from the kill until then: {during} \
-         over {} keys; longest answer {:?} (after recovery {:?})",
+         over {} keys; longest answer {:?} (after recovery {:?}); purge listeners back {:?} after it",
         if freeze { "frozen" } else { "killed" },
         promoted - killed,
         answers.len(),
@@ -252,8 +258,13 @@ async fn primary_lost_under_load(freeze: bool) {
         windows.iter().filter(|&&w| w >= killed_w && w < back).count(),
         longest_after(0),
         longest_after(back),
+        listening.saturating_duration_since(promoted),
     );
     assert_eq!(errors, 0, "no client sees an error");
+    assert!(
+        listening < promoted + Duration::from_millis(1500),
+        "the purge listeners move with the promotion, not at their next PING"
+    );
     assert!(
         back <= promoted_w + 5_000 / WINDOW_MS,
         "one call per key per cluster within 5 s of the promotion (window {back}, promoted in {promoted_w})"
@@ -265,6 +276,25 @@ async fn primary_lost_under_load(freeze: bool) {
 
     purge_heard_everywhere(&layers, &apps, &origin).await;
     drop(set);
+}
+
+/// When `n` clients listen on `channel` of `server` (polled; at most 15 s).
+async fn until_subscribed(server: &support::RedisServer, channel: &str, n: i64) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut c = server.connection().await;
+    loop {
+        let counts: Vec<(String, i64)> = deadpool_redis::redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if counts.first().is_some_and(|(_, k)| *k >= n) {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "{n} never listened on {channel}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Every instance holds "/p"; a purge on one is acknowledged by all three
