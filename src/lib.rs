@@ -126,7 +126,7 @@
 //!                  CLOCK eviction by weight), notice.rs (the purge
 //!                  notice's bytes), redis/ (connection
 //!                  and breaker, keys, Lua scripts as .lua files, fills,
-//!                  purge bus, cluster, TLS)
+//!                  purge bus, cluster, Sentinel, TLS)
 //! lock/            Redlock and the lease watchdog
 //! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
 //! docs/            the sections of these crate docs below this map

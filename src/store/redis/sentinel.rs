@@ -180,14 +180,18 @@ impl SentinelMaster {
         let n = self.sentinels.len();
         let first = self.preferred.load(Ordering::Relaxed);
         let mut why = String::from("no sentinel configured");
+        // Sentinels that agree name one node: it is tried once.
+        let mut tried: Vec<(String, u16)> = Vec::new();
         for i in (0..n).map(|k| (first + k) % n) {
             let (host, port) = match self.ask(i).await {
-                Ok(addr) => addr,
+                Ok(addr) if !tried.contains(&addr) => addr,
+                Ok(_) => continue,
                 Err(e) => {
                     why = e;
                     continue;
                 }
             };
+            tried.push((host.clone(), port));
             let client = self
                 .node_client(&host, port, resp3)
                 .map_err(|e| describe(&e))?;
