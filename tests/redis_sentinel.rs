@@ -490,3 +490,38 @@ async fn lease_replicas_never_leads_on_an_unreplicated_lease() {
     assert_eq!(split.refused, 0, "no leader's write to refuse");
     assert_eq!(&split.kept[..], b"B");
 }
+
+/// A purge the replicas do not have yet (their link cut) is answered `Purged::Unconfirmed` with `lease_replicas` (a failover now would lose it), and `Purged::Redis` without; both `Redis` while replication flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_unreplicated_is_unconfirmed_with_lease_replicas() {
+    let handle = tokio::runtime::Handle::current();
+    let (set, vip) = tokio::task::spawn_blocking(move || {
+        let mut vip = None;
+        let set = SentinelSet::start_through(
+            1,
+            |primary| {
+                let v = handle.block_on(Vip::start(primary));
+                let port = v.port();
+                vip = Some(v);
+                port
+            },
+            Duration::from_secs(60),
+        );
+        (set, vip.expect("the replication link"))
+    })
+    .await
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let waiting = layer(&set, |o| o.lease_replicas(1, Duration::from_millis(200)));
+    let plain = layer(&set, |o| o);
+    for (l, name) in [(&waiting, "waiting"), (&plain, "plain")] {
+        until_on_redis(&tagged(l.clone(), "x", calls.clone(), None), l, name).await;
+    }
+    let purge = |l: &CacheLayer| l.purge_url("http://example.test/q");
+    assert_eq!(purge(&waiting).await.unwrap(), Purged::Redis);
+    assert_eq!(purge(&plain).await.unwrap(), Purged::Redis);
+    vip.blackhole();
+    assert_eq!(purge(&waiting).await.unwrap(), Purged::Unconfirmed);
+    assert_eq!(purge(&plain).await.unwrap(), Purged::Redis);
+    drop((set, vip));
+}

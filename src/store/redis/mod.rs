@@ -51,6 +51,7 @@
 //!
 //! ```text
 //! purge.rs       purge by group (indexes walked in batches), purge notices sent
+//! replicas.rs    lease_replicas: WAIT on a connection kept apart
 //! store.rs       RedisStore, the facade: lookup-or-lease, fenced write, leases, fill waits
 //! purge_bus.rs   the listener that hears purge notices
 //! eviction.rs    whether the server may evict keys (INFO memory, read now and then)
@@ -77,6 +78,7 @@ mod keys;
 mod options;
 mod purge;
 mod purge_bus;
+mod replicas;
 mod scripts;
 mod sentinel;
 mod slots;

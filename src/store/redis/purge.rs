@@ -400,7 +400,10 @@ impl RedisStore {
         cmd.arg(self.purge_channel()).arg(frame(id, payload));
         let receivers: Result<i64, _> = self.query("publish_purge", &cmd).await;
         let confirmed = match receivers {
-            Ok(n) => Ok(acks.wait(n.max(0) as usize, self.ack_wait()).await),
+            // With lease_replicas, done also means the replicas have it: a
+            // failover now would not lose it.
+            Ok(n) => Ok(acks.wait(n.max(0) as usize, self.ack_wait()).await
+                && self.writes_replicated().await),
             Err(e) => Err(e),
         };
         self.purge_bus.forget(id);

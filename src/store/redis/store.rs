@@ -161,44 +161,6 @@ impl RedisStore {
         Ok(found)
     }
 
-    /// With [`RedisOptions::lease_replicas`]: whether the lease `token`
-    /// holds on `key` reached that many replicas in time. On the connection
-    /// kept apart (`WAIT` blocks the connection it runs on): a token-checked
-    /// `PEXPIRE` of the lease, then `WAIT`. Replication is one ordered stream,
-    /// so replicas that have the later write have the lease too.
-    async fn lease_replicated(&self, key: &CacheKey, token: &LeaseToken) -> bool {
-        let Some((replicas, timeout)) = self.options.lease_replicas else {
-            return true;
-        };
-        let Some((id, mut conn)) = self.connection.apart().await else {
-            return false;
-        };
-        let k = self.keys(key);
-        let mut inv = EXTEND.prepare_invoke();
-        inv.key(k.lock())
-            .arg(token.as_str())
-            .arg(millis(self.options.lease_ttl));
-        let reply = self.options.response_timeout;
-        let ours = tokio::time::timeout(reply, inv.invoke_async::<i64>(&mut conn)).await;
-        match ours {
-            Ok(Ok(1)) => {}
-            Ok(Ok(_)) => return false,
-            _ => {
-                self.connection.drop_apart(id);
-                return false;
-            }
-        }
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(replicas).arg(millis(timeout).max(1));
-        match tokio::time::timeout(timeout + reply, wait.query_async::<i64>(&mut conn)).await {
-            Ok(Ok(acked)) => acked >= replicas as i64,
-            _ => {
-                self.connection.drop_apart(id);
-                false
-            }
-        }
-    }
-
     /// Store (or mark pass, or nothing) only if `fence` is newer than the
     /// newest accepted write; release the lease if it is still ours; wake waiters.
     pub(crate) async fn write_and_release(
