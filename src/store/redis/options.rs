@@ -398,7 +398,10 @@ impl RedisOptions {
     /// the answer on its own, as when Redis is down: no second leader is
     /// possible, but instances stop coalescing with each other until the
     /// replicas catch up. The wait runs on a connection of its own, so it
-    /// holds up no other command.
+    /// holds up no other command. A purge, too, is answered
+    /// `Purged::Redis` only once `replicas` replicas have it, else
+    /// `Purged::Unconfirmed` (done on the primary, but a failover now would
+    /// lose it).
     ///
     /// It costs every leader fill two round trips on that connection (a
     /// token-checked `PEXPIRE` of the lease, then `WAIT`) plus the

@@ -1,5 +1,5 @@
-//! [`RedisOptions::lease_replicas`](crate::RedisOptions::lease_replicas): a lease, or a purge, counts only once
-//! that many replicas have it. `WAIT` blocks the connection it runs on, so
+//! [`lease_replicas`](crate::RedisOptions::lease_replicas): a lease, or a
+//! purge, counts only once that many replicas have it. `WAIT` blocks the connection it runs on, so
 //! it runs on the connection kept apart for it (see
 //! `Connection::apart`), after a write there: replication is one ordered
 //! stream, so a replica that has that write has every earlier one, made on
@@ -15,7 +15,7 @@ use crate::key::CacheKey;
 use crate::lock::LeaseToken;
 
 impl RedisStore {
-    /// With [`RedisOptions::lease_replicas`](crate::RedisOptions::lease_replicas): whether the lease `token`
+    /// With [`lease_replicas`](crate::RedisOptions::lease_replicas): whether the lease `token`
     /// holds on `key` reached that many replicas in time. On the connection
     /// kept apart (`WAIT` blocks the connection it runs on): a token-checked
     /// `PEXPIRE` of the lease, then `WAIT`. Replication is one ordered stream,
@@ -45,7 +45,7 @@ impl RedisStore {
         self.wait_replicas((id, &mut conn), replicas, timeout).await
     }
 
-    /// With [`RedisOptions::lease_replicas`](crate::RedisOptions::lease_replicas): whether every write this
+    /// With [`lease_replicas`](crate::RedisOptions::lease_replicas): whether every write this
     /// store made so far reached that many replicas in time (a mark written
     /// on the connection kept apart, then `WAIT`): a purge that does not is
     /// answered as unconfirmed.
