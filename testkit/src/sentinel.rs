@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 
-use super::{free_port, RedisServer, ACL_PASSWORD, ACL_USER};
+use super::{answers_on, free_port, RedisServer, ACL_PASSWORD, ACL_USER};
 
 /// The name the sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "herdguard-primary";
@@ -42,8 +42,15 @@ fn sentinel_binary() -> &'static str {
 }
 
 impl SentinelProcess {
+    /// A sentinel on a free port, once it answers there itself (the port
+    /// may be taken meanwhile by another process: then a new one is tried).
     fn start(primary: u16, failover_timeout: Duration) -> Self {
-        let port = free_port();
+        (0..5)
+            .find_map(|_| Self::start_on(free_port(), primary, failover_timeout))
+            .expect("redis-sentinel did not start on any of 5 free ports within 10 s each")
+    }
+
+    fn start_on(port: u16, primary: u16, failover_timeout: Duration) -> Option<Self> {
         let dir =
             std::env::temp_dir().join(format!("herdguard-sentinel-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create sentinel dir");
@@ -60,13 +67,15 @@ impl SentinelProcess {
             dir = dir.display(),
         );
         std::fs::write(&conf, text).expect("write sentinel.conf");
-        let child = Command::new(sentinel_binary())
+        let mut child = Command::new(sentinel_binary())
             .arg(&conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-sentinel");
-        Self { port, child, dir }
+        let ours = answers_on(&mut child, port);
+        let started = Self { port, child, dir };
+        ours.then_some(started)
     }
 }
 
