@@ -281,8 +281,18 @@ impl RedisServer {
     }
 
     /// Wait (at most 5 s) until every write so far reached `replicas` replicas.
+    /// `WAIT` waits for the writes of its own connection only (on a new one
+    /// it returns at once), so a mark is written on it first: replication is
+    /// one ordered stream, and replicas that have the mark have every write
+    /// before it, from any connection.
     pub async fn wait_replicated(&self, replicas: i64) {
         let mut c = self.connection().await;
+        let _: () = redis::cmd("SET")
+            .arg("herdguard-testkit:replicated")
+            .arg(1)
+            .query_async(&mut c)
+            .await
+            .expect("SET the mark");
         let acked: i64 = redis::cmd("WAIT")
             .arg(replicas)
             .arg(5000)
