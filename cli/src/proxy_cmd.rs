@@ -36,6 +36,9 @@ const DEFAULT_LISTEN: SocketAddr =
 const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
 /// The proxy's memory for entries without `--capacity-bytes`.
 const DEFAULT_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
+/// How long `--redis-lease-replicas` waits without
+/// `--redis-lease-replicas-timeout`: a few replication round trips.
+const DEFAULT_LEASE_REPLICAS_TIMEOUT: Duration = Duration::from_millis(100);
 /// The access log's destination without `--access-log`.
 const DEFAULT_ACCESS_LOG: &str = "stderr";
 
@@ -163,6 +166,15 @@ pub(crate) struct ProxyArgs {
     /// (`rediss://user:pass@primary/0`) [default: redis://, no credentials].
     #[arg(long, env = "HERDGUARD_REDIS_NODE_URL", hide_env_values = true)]
     redis_node_url: Option<String>,
+    /// After taking a lease, and before a purge counts as done, wait until
+    /// this many replicas have it (`WAIT`), so a failover cannot elect a
+    /// second leader or lose an acknowledged purge [default: off].
+    #[arg(long, env = "HERDGUARD_REDIS_LEASE_REPLICAS")]
+    redis_lease_replicas: Option<usize>,
+    /// How long --redis-lease-replicas waits for the replicas.
+    #[arg(long, env = "HERDGUARD_REDIS_LEASE_REPLICAS_TIMEOUT", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    redis_lease_replicas_timeout: Option<Duration>,
     /// PEM CA for a `rediss://` Redis with a private CA [default: system roots].
     #[arg(long, env = "HERDGUARD_REDIS_CA")]
     redis_ca: Option<PathBuf>,
@@ -239,6 +251,10 @@ fn shown_defaults() -> Vec<(&'static str, String)> {
         (
             "redis_namespace",
             RedisOptions::DEFAULT_NAMESPACE.to_owned(),
+        ),
+        (
+            "redis_lease_replicas_timeout",
+            duration(DEFAULT_LEASE_REPLICAS_TIMEOUT),
         ),
         ("grace", duration(Duration::ZERO)),
         ("max_body_bytes", bytes(DEFAULT_MAX_BODY_BYTES)),
@@ -372,6 +388,12 @@ impl ProxyArgs {
         if let Some(mut redis) = self.redis_options()? {
             if let Some(namespace) = &self.redis_namespace {
                 redis = redis.namespace(namespace.as_str());
+            }
+            if let Some(n) = self.redis_lease_replicas {
+                let wait = self
+                    .redis_lease_replicas_timeout
+                    .unwrap_or(DEFAULT_LEASE_REPLICAS_TIMEOUT);
+                redis = redis.lease_replicas(n, wait);
             }
             if let Some(ca) = &self.redis_ca {
                 let pem =

@@ -89,6 +89,8 @@ fn config_file_sets_every_option() {
         redis-sentinel = ["redis://127.0.0.1:26379"]
         redis-master-name = "mymaster"
         redis-node-url = "redis://u:p@primary/0"
+        redis-lease-replicas = 1
+        redis-lease-replicas-timeout = "50ms"
         redis-ca = "/redis-ca.pem"
         redis-namespace = "ns"
         grace = "10s"
