@@ -196,7 +196,84 @@ async fn primary_lost_under_load(freeze: bool) {
     // promotion, at its next PING.
     tokio::time::sleep_until((built + Duration::from_millis(5500)).into()).await;
     let killed = Instant::now();
-    let (set, old, (new, promoted)) = tokio::task::spawn_blocking(move || {
+    let (set, old, (new, promoted)) = lose_primary(set, freeze).await;
+    let listening = until_subscribed(set.server(new), "t:purge", 3).await;
+    tokio::time::sleep_until((promoted + Duration::from_secs(8)).into()).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.extend(t.await.expect("load task"));
+    }
+
+    let sum = summarize(&answers, &origin, start, (killed, promoted));
+    let what = if freeze { "frozen" } else { "killed" };
+    sum.print(
+        format!("{what} primary {old} -> {new}"),
+        promoted - killed,
+        listening.saturating_duration_since(promoted),
+    );
+    assert_eq!(sum.errors, 0, "no client sees an error");
+    assert!(
+        listening < promoted + Duration::from_millis(1500),
+        "the purge listeners move with the promotion, not at their next PING"
+    );
+    assert!(
+        sum.back <= sum.promoted_w + 5_000 / WINDOW_MS,
+        "one call per key per cluster within 5 s of the promotion (window {}, promoted in {})",
+        sum.back,
+        sum.promoted_w
+    );
+    assert!(
+        sum.longest_after_back < Duration::from_millis(2500),
+        "fills are heard by notice on the new primary (polls are 10 s)"
+    );
+
+    purge_heard_everywhere(&layers, &apps, &origin).await;
+    drop(set);
+}
+
+/// What the load saw around a failover, by window.
+struct Summary {
+    answers: usize,
+    errors: usize,
+    /// The window the promotion was seen in.
+    promoted_w: u128,
+    /// The first window from which every window asked for cost one origin
+    /// call (`u128::MAX`: none).
+    back: u128,
+    /// Origin calls, and keys, from the loss of the primary until `back`.
+    during: usize,
+    keys: usize,
+    longest: Duration,
+    longest_after_back: Duration,
+}
+
+impl Summary {
+    fn print(&self, what: String, promotion: Duration, listeners: Duration) {
+        eprintln!(
+            "{what}: promoted {promotion:?} after the kill; {} answers, {} errors; \
+             one call per key again {} after the promotion; origin calls from the kill until then: {} \
+             over {} keys; longest answer {:?} (after recovery {:?}); purge listeners back {listeners:?} after it",
+            self.answers,
+            self.errors,
+            match self.back.checked_sub(self.promoted_w) {
+                _ if self.back == u128::MAX => "never".to_owned(),
+                Some(w) => format!("{} ms", w * WINDOW_MS),
+                None => "before the promotion".to_owned(),
+            },
+            self.during,
+            self.keys,
+            self.longest,
+            self.longest_after_back,
+        );
+    }
+}
+
+/// Lose the primary of `set` (SIGSTOP when `freeze`, else SIGKILL) and wait
+/// for the promotion: the set, the old primary's port, and the new one's
+/// with when it was seen.
+async fn lose_primary(set: SentinelSet, freeze: bool) -> (SentinelSet, u16, (u16, Instant)) {
+    tokio::task::spawn_blocking(move || {
         let mut set = set;
         let old = if freeze {
             set.freeze_primary()
@@ -207,23 +284,21 @@ async fn primary_lost_under_load(freeze: bool) {
         (set, old, promoted)
     })
     .await
-    .unwrap();
-    let listening = until_subscribed(set.server(new), "t:purge", 3).await;
-    tokio::time::sleep_until((promoted + Duration::from_secs(8)).into()).await;
-    stop.store(true, Ordering::SeqCst);
-    let mut answers = Vec::new();
-    for t in tasks {
-        answers.extend(t.await.expect("load task"));
-    }
+    .unwrap()
+}
 
-    let errors = answers.iter().filter(|a| a.code != StatusCode::OK).count();
+fn summarize(
+    answers: &[Answer],
+    origin: &Counting,
+    start: Instant,
+    (killed, promoted): (Instant, Instant),
+) -> Summary {
     let window_of = |t: Instant| (t - start).as_millis() / WINDOW_MS;
     let (killed_w, promoted_w) = (window_of(killed), window_of(promoted));
     let mut windows: Vec<u128> = answers.iter().map(|a| a.window).collect();
     windows.sort_unstable();
     windows.dedup();
     let calls = |w: u128| origin.calls(&format!("/load/{w}"));
-    // The first window from which every window asked for cost one call.
     let back = windows
         .iter()
         .rposition(|&w| calls(w) != 1)
@@ -238,44 +313,17 @@ async fn primary_lost_under_load(freeze: bool) {
             .max()
             .unwrap_or_default()
     };
-    let during: usize = windows
-        .iter()
-        .filter(|&&w| w >= killed_w && w < back)
-        .map(|&w| calls(w))
-        .sum();
-    eprintln!(
-        "{} primary {old} -> {new}: promoted {:?} after the kill; {} answers, {errors} errors; \
-         one call per key again {} after the promotion; origin calls from the kill until then: {during} \
-         over {} keys; longest answer {:?} (after recovery {:?}); purge listeners back {:?} after it",
-        if freeze { "frozen" } else { "killed" },
-        promoted - killed,
-        answers.len(),
-        match back.checked_sub(promoted_w) {
-            _ if back == u128::MAX => "never".to_owned(),
-            Some(w) => format!("{} ms", w * WINDOW_MS),
-            None => "before the promotion".to_owned(),
-        },
-        windows.iter().filter(|&&w| w >= killed_w && w < back).count(),
-        longest_after(0),
-        longest_after(back),
-        listening.saturating_duration_since(promoted),
-    );
-    assert_eq!(errors, 0, "no client sees an error");
-    assert!(
-        listening < promoted + Duration::from_millis(1500),
-        "the purge listeners move with the promotion, not at their next PING"
-    );
-    assert!(
-        back <= promoted_w + 5_000 / WINDOW_MS,
-        "one call per key per cluster within 5 s of the promotion (window {back}, promoted in {promoted_w})"
-    );
-    assert!(
-        longest_after(back) < Duration::from_millis(2500),
-        "fills are heard by notice on the new primary (polls are 10 s)"
-    );
-
-    purge_heard_everywhere(&layers, &apps, &origin).await;
-    drop(set);
+    let failing = || windows.iter().filter(|&&w| w >= killed_w && w < back);
+    Summary {
+        answers: answers.len(),
+        errors: answers.iter().filter(|a| a.code != StatusCode::OK).count(),
+        promoted_w,
+        back,
+        during: failing().map(|&w| calls(w)).sum(),
+        keys: failing().count(),
+        longest: longest_after(0),
+        longest_after_back: longest_after(back),
+    }
 }
 
 /// When `n` clients listen on `channel` of `server` (polled; at most 15 s).
@@ -361,6 +409,29 @@ async fn until_on_redis(app: &Router, layer: &CacheLayer, name: &str) {
     }
 }
 
+/// A Sentinel topology whose `replicas` replicate through a [`Vip`] the test
+/// can cut (`blackhole`), with a long `failover-timeout` so the sentinels
+/// leave that link as it is.
+async fn start_cuttable(replicas: usize) -> (SentinelSet, Vip) {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut vip = None;
+        let set = SentinelSet::start_through(
+            replicas,
+            |primary| {
+                let v = handle.block_on(Vip::start(primary));
+                let port = v.port();
+                vip = Some(v);
+                port
+            },
+            Duration::from_secs(60),
+        );
+        (set, vip.expect("the replication link"))
+    })
+    .await
+    .unwrap()
+}
+
 /// What [`split_across_failover`] saw.
 struct Split {
     /// Whether the old primary held A's lease while A's origin call ran.
@@ -379,23 +450,7 @@ struct Split {
 /// primary is SIGKILLed and the replica promoted, B asks for the key on the
 /// new primary, then A's origin answers. `opts` applies to every instance.
 async fn split_across_failover(opts: fn(RedisOptions) -> RedisOptions) -> Split {
-    let handle = tokio::runtime::Handle::current();
-    let (set, vip) = tokio::task::spawn_blocking(move || {
-        let mut vip = None;
-        let set = SentinelSet::start_through(
-            2,
-            |primary| {
-                let v = handle.block_on(Vip::start(primary));
-                let port = v.port();
-                vip = Some(v);
-                port
-            },
-            Duration::from_secs(60),
-        );
-        (set, vip.expect("the replication link"))
-    })
-    .await
-    .unwrap();
+    let (set, vip) = start_cuttable(2).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let (la, lb, lc) = (layer(&set, opts), layer(&set, opts), layer(&set, opts));
@@ -494,23 +549,7 @@ async fn lease_replicas_never_leads_on_an_unreplicated_lease() {
 /// A purge the replicas do not have yet (their link cut) is answered `Purged::Unconfirmed` with `lease_replicas` (a failover now would lose it), and `Purged::Redis` without; both `Redis` while replication flows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_unreplicated_is_unconfirmed_with_lease_replicas() {
-    let handle = tokio::runtime::Handle::current();
-    let (set, vip) = tokio::task::spawn_blocking(move || {
-        let mut vip = None;
-        let set = SentinelSet::start_through(
-            1,
-            |primary| {
-                let v = handle.block_on(Vip::start(primary));
-                let port = v.port();
-                vip = Some(v);
-                port
-            },
-            Duration::from_secs(60),
-        );
-        (set, vip.expect("the replication link"))
-    })
-    .await
-    .unwrap();
+    let (set, vip) = start_cuttable(1).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let waiting = layer(&set, |o| o.lease_replicas(1, Duration::from_millis(200)));
     let plain = layer(&set, |o| o);

@@ -236,14 +236,7 @@ pub(super) async fn listen(
     let mut previous: Option<Subscribed> = None;
     loop {
         let mut renewed = false;
-        let client = tokio::time::timeout(connect_timeout * 2, source.client(seed)).await;
-        let client = client.ok().flatten();
-        let subscribed = match client {
-            Some(c) => subscribe(&c, [&channel, &acks], connect_timeout)
-                .await
-                .map(|s| (c, s)),
-            None => None,
-        };
+        let subscribed = subscribe_via(&source, seed, [&channel, &acks], connect_timeout).await;
         if let Some((_, old)) = previous.take() {
             if subscribed.is_none() {
                 deaf = true;
@@ -397,6 +390,21 @@ fn drain(mut old: redis::aio::PubSubStream, bus: &Weak<PurgeBus>, ack_channel: &
     while let Some(Some(m)) = old.next().now_or_never() {
         handle(&b, &m, ack_channel);
     }
+}
+
+/// The client of attempt `seed` (the primary's, behind Sentinel) and a
+/// connection through it subscribed to `channels`, every step bounded.
+async fn subscribe_via(
+    source: &Subscribe,
+    seed: usize,
+    channels: [&str; 2],
+    connect_timeout: Duration,
+) -> Option<(redis::Client, Subscribed)> {
+    let client = tokio::time::timeout(connect_timeout * 2, source.client(seed))
+        .await
+        .ok()??;
+    let subscribed = subscribe(&client, channels, connect_timeout).await?;
+    Some((client, subscribed))
 }
 
 /// A connection subscribed to `channels`, both steps bounded.
