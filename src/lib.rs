@@ -76,6 +76,12 @@
 //! `tls`) and ACL credentials in the URL are supported; credentials never
 //! reach logs, errors or `Debug` output. See [`RedisOptions`].
 //!
+//! Redis Sentinel ([`RedisOptions::sentinel`]): the primary is asked of the
+//! sentinels on every connect and checked to be a master before it is used,
+//! and a `+switch-master` (or a `READONLY` or broken connection, whichever
+//! comes first) moves every connection, the fill and purge subscribers' too,
+//! to the new primary without a restart.
+//!
 //! ## Layout
 //!
 //! The modules follow the request flow, top to bottom; nothing below
@@ -125,7 +131,7 @@
 //!                  notice's bytes), redis/ (connection
 //!                  and breaker, keys, Lua scripts as .lua files, fills,
 //!                  purge bus, the origin's cluster budget and shared
-//!                  breaker, cluster, TLS)
+//!                  breaker, cluster, Sentinel, TLS)
 //! lock/            Redlock and the lease watchdog
 //! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
 //! docs/            the sections of these crate docs below this map

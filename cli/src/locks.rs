@@ -107,12 +107,15 @@ pub(crate) async fn probe_locks(url: &str, keys: &[&str], timeout: Duration) -> 
     }
 }
 
+/// `replicated`: the nodes are one primary and its replicas (from
+/// `--sentinel`), where a lease has one holder, so two tokens are a split
+/// whatever their counts (after a failover that lost a lease).
 pub(crate) async fn locks(
     arg: &str,
     raw: bool,
     nodes: &[String],
     namespace: &str,
-    timeout: Duration,
+    (timeout, replicated): (Duration, bool),
 ) -> Result<Report, Failure> {
     check_namespace(namespace)?;
     check_nodes(nodes)?;
@@ -120,7 +123,24 @@ pub(crate) async fn locks(
     let tally = Tally::of(&states);
     let n = nodes.len();
     let quorum = n / 2 + 1;
-    let (state, mut verdict, summary) = tally.verdict(n);
+    let (state, mut verdict, summary) = if replicated && tally.counts.len() > 1 {
+        let holders: Vec<String> = tally
+            .counts
+            .iter()
+            .map(|(token, c)| format!("{token} on {c}"))
+            .collect();
+        (
+            "split",
+            Verdict::Problem,
+            format!(
+                "SPLIT: {} holders across the primary and its replicas ({})",
+                tally.counts.len(),
+                holders.join(", ")
+            ),
+        )
+    } else {
+        tally.verdict(n)
+    };
     let mut problems = Vec::new();
     if tally.no_expiry > 0 {
         problems.push(format!(

@@ -35,6 +35,7 @@ use herdguard_cli::proxy;
 mod proxy_cmd;
 mod purge;
 mod report;
+mod sentinel_nodes;
 
 use clap::error::ErrorKind;
 use clap::{ArgGroup, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -117,8 +118,25 @@ enum Command {
         #[arg(long)]
         raw: bool,
         /// Every Redlock node, comma-separated.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            required_unless_present = "sentinel",
+            conflicts_with = "sentinel"
+        )]
         nodes: Vec<String>,
+        /// Instead of --nodes: sentinels (comma-separated) that name the
+        /// nodes, every primary they name and every replica they know (with
+        /// --master-name): a lease held twice after a failover shows.
+        #[arg(long, value_delimiter = ',', requires = "master_name")]
+        sentinel: Vec<String>,
+        /// The master name the sentinels monitor.
+        #[arg(long)]
+        master_name: Option<String>,
+        /// With --sentinel, the data nodes' scheme, credentials and database
+        /// as a URL whose host is replaced by each node's [default: redis://].
+        #[arg(long)]
+        node_url: Option<String>,
         /// The lock's namespace.
         #[arg(long, default_value = herdguard::RedisOptions::DEFAULT_NAMESPACE)]
         namespace: String,
@@ -233,10 +251,25 @@ async fn run(command: Command, timeout: Duration) -> Result<Report, Failure> {
         Command::Locks {
             lock,
             raw,
-            nodes,
+            mut nodes,
+            sentinel,
+            master_name,
+            node_url,
             namespace,
             ..
-        } => locks::locks(&lock, raw, &nodes, &namespace, timeout).await,
+        } => {
+            let replicated = !sentinel.is_empty();
+            if let Some(master) = master_name.filter(|_| replicated) {
+                nodes = sentinel_nodes::sentinel_nodes(
+                    &sentinel,
+                    &master,
+                    node_url.as_deref(),
+                    timeout,
+                )
+                .await?;
+            }
+            locks::locks(&lock, raw, &nodes, &namespace, (timeout, replicated)).await
+        }
         Command::ClockSkew {
             nodes,
             samples,

@@ -36,6 +36,9 @@ const DEFAULT_LISTEN: SocketAddr =
 const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
 /// The proxy's memory for entries without `--capacity-bytes`.
 const DEFAULT_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
+/// How long `--redis-lease-replicas` waits without
+/// `--redis-lease-replicas-timeout`: a few replication round trips.
+const DEFAULT_LEASE_REPLICAS_TIMEOUT: Duration = Duration::from_millis(100);
 /// The access log's destination without `--access-log`.
 const DEFAULT_ACCESS_LOG: &str = "stderr";
 
@@ -139,12 +142,39 @@ pub(crate) struct ProxyArgs {
     trusted_proxies: Vec<String>,
     /// Redis for entries and the cluster-wide single flight
     /// (`redis://`, or `rediss://` for TLS) [default: memory only].
-    #[arg(long, env = "HERDGUARD_REDIS", conflicts_with = "redis_cluster")]
+    #[arg(long, env = "HERDGUARD_REDIS", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
     redis: Option<String>,
     /// Redis Cluster seed URLs, comma-separated [default: none].
-    #[arg(long, env = "HERDGUARD_REDIS_CLUSTER", value_delimiter = ',')]
+    #[arg(long, env = "HERDGUARD_REDIS_CLUSTER", value_delimiter = ',', conflicts_with = "redis_sentinel")]
     #[serde(default)]
     redis_cluster: Vec<String>,
+    /// Redis Sentinel URLs, comma-separated: the primary is asked of them
+    /// and followed through failovers (with --redis-master-name) [default: none].
+    #[arg(
+        long,
+        env = "HERDGUARD_REDIS_SENTINEL",
+        value_delimiter = ',',
+        requires = "redis_master_name"
+    )]
+    #[serde(default)]
+    redis_sentinel: Vec<String>,
+    /// The master name the sentinels of --redis-sentinel monitor.
+    #[arg(long, env = "HERDGUARD_REDIS_MASTER_NAME")]
+    redis_master_name: Option<String>,
+    /// Behind Sentinel, the data nodes' scheme, credentials and database as
+    /// a URL whose host is replaced by the primary's
+    /// (`rediss://user:pass@primary/0`) [default: redis://, no credentials].
+    #[arg(long, env = "HERDGUARD_REDIS_NODE_URL", hide_env_values = true)]
+    redis_node_url: Option<String>,
+    /// After taking a lease, and before a purge counts as done, wait until
+    /// this many replicas have it (`WAIT`), so a failover cannot elect a
+    /// second leader or lose an acknowledged purge [default: off].
+    #[arg(long, env = "HERDGUARD_REDIS_LEASE_REPLICAS")]
+    redis_lease_replicas: Option<usize>,
+    /// How long --redis-lease-replicas waits for the replicas.
+    #[arg(long, env = "HERDGUARD_REDIS_LEASE_REPLICAS_TIMEOUT", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    redis_lease_replicas_timeout: Option<Duration>,
     /// PEM CA for a `rediss://` Redis with a private CA [default: system roots].
     #[arg(long, env = "HERDGUARD_REDIS_CA")]
     redis_ca: Option<PathBuf>,
@@ -241,6 +271,10 @@ fn shown_defaults() -> Vec<(&'static str, String)> {
         (
             "redis_namespace",
             RedisOptions::DEFAULT_NAMESPACE.to_owned(),
+        ),
+        (
+            "redis_lease_replicas_timeout",
+            duration(DEFAULT_LEASE_REPLICAS_TIMEOUT),
         ),
         ("grace", duration(Duration::ZERO)),
         ("origin_budget", "64".to_owned()),
@@ -386,17 +420,25 @@ impl ProxyArgs {
         builder = builder.max_body_bytes(size("max-body-bytes", body)?);
         let capacity = self.capacity_bytes.unwrap_or(DEFAULT_CAPACITY_BYTES);
         builder = builder.capacity_bytes(size("capacity-bytes", capacity)?);
-        let redis = match (&self.redis, self.redis_cluster.is_empty()) {
-            (Some(url), _) => Some(RedisOptions::new(url.clone())),
-            (None, false) => Some(RedisOptions::cluster(self.redis_cluster.clone())),
-            (None, true) => None,
-        };
+        let redis = self.redis_options()?;
+        if self.cluster_origin_budget.is_some() && redis.is_none() {
+            return Err(
+                "--cluster-origin-budget needs --redis, --redis-cluster or --redis-sentinel"
+                    .to_owned(),
+            );
+        }
         if let Some(mut redis) = redis {
             if let Some(permits) = self.cluster_origin_budget {
                 redis = redis.cluster_origin_budget(permits);
             }
             if let Some(namespace) = &self.redis_namespace {
                 redis = redis.namespace(namespace.as_str());
+            }
+            if let Some(n) = self.redis_lease_replicas {
+                let wait = self
+                    .redis_lease_replicas_timeout
+                    .unwrap_or(DEFAULT_LEASE_REPLICAS_TIMEOUT);
+                redis = redis.lease_replicas(n, wait);
             }
             if let Some(ca) = &self.redis_ca {
                 let pem =
@@ -405,13 +447,37 @@ impl ProxyArgs {
             }
             builder = builder.redis(redis);
         }
-        if self.cluster_origin_budget.is_some()
-            && self.redis.is_none()
-            && self.redis_cluster.is_empty()
-        {
-            return Err("--cluster-origin-budget needs --redis or --redis-cluster".to_owned());
-        }
         builder.build().map_err(|e| e.to_string())
+    }
+
+    /// Which Redis, if any: one URL, a cluster, or the sentinels of a primary.
+    fn redis_options(&self) -> Result<Option<RedisOptions>, String> {
+        let topologies = [
+            self.redis.is_some(),
+            !self.redis_cluster.is_empty(),
+            !self.redis_sentinel.is_empty(),
+        ];
+        if topologies.iter().filter(|set| **set).count() > 1 {
+            return Err("give one of redis, redis-cluster and redis-sentinel".to_owned());
+        }
+        if let Some(url) = &self.redis {
+            return Ok(Some(RedisOptions::new(url.clone())));
+        }
+        if !self.redis_cluster.is_empty() {
+            return Ok(Some(RedisOptions::cluster(self.redis_cluster.clone())));
+        }
+        if self.redis_sentinel.is_empty() {
+            return Ok(None);
+        }
+        let name = self
+            .redis_master_name
+            .as_deref()
+            .ok_or("--redis-sentinel needs --redis-master-name")?;
+        let mut redis = RedisOptions::sentinel(name, self.redis_sentinel.clone());
+        if let Some(node) = &self.redis_node_url {
+            redis = redis.node_url(node.clone());
+        }
+        Ok(Some(redis))
     }
 
     fn proxy_config(&self, access_log: Option<AccessLog>) -> Result<ProxyConfig, String> {

@@ -86,6 +86,11 @@ fn config_file_sets_every_option() {
         trusted-proxies = ["10.0.0.0/8"]
         redis = "redis://127.0.0.1"
         redis-cluster = ["redis://127.0.0.1:7000"]
+        redis-sentinel = ["redis://127.0.0.1:26379"]
+        redis-master-name = "mymaster"
+        redis-node-url = "redis://u:p@primary/0"
+        redis-lease-replicas = 1
+        redis-lease-replicas-timeout = "50ms"
         redis-ca = "/redis-ca.pem"
         redis-namespace = "ns"
         grace = "10s"
@@ -134,4 +139,23 @@ fn flags_win_over_the_file() {
     args.or_file(file);
     assert_eq!(args.grace, Some(Duration::from_secs(1)));
     assert_eq!(args.trusted_proxies, ["127.0.0.1"]);
+}
+
+/// Sentinel URLs from the config file build a layer on Sentinel; two
+/// topologies at once, or sentinels without a master name, are refused.
+#[test]
+fn config_file_chooses_one_redis_topology() {
+    let sentinel = "redis-sentinel = [\"redis://127.0.0.1:1\", \"redis://127.0.0.1:2\"]";
+    let args: ProxyArgs =
+        toml::from_str(&format!("{sentinel}\nredis-master-name = \"m\"")).unwrap();
+    let redis = args.redis_options().unwrap().unwrap();
+    assert!(redis.is_sentinel() && !redis.is_cluster());
+    let nameless: ProxyArgs = toml::from_str(sentinel).unwrap();
+    assert!(nameless
+        .redis_options()
+        .unwrap_err()
+        .contains("master-name"));
+    let both: ProxyArgs =
+        toml::from_str(&format!("{sentinel}\nredis = \"redis://127.0.0.1:3\"")).unwrap();
+    assert!(both.redis_options().unwrap_err().contains("one of"));
 }

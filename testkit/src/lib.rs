@@ -1,5 +1,5 @@
-//! Test support: real `redis-server` processes on free loopback ports, and a
-//! small counting origin. Servers are stopped when dropped.
+//! Test support: real `redis-server` (and `redis-sentinel`) processes on free
+//! loopback ports, and a small counting origin. Servers are stopped when dropped.
 //!
 //! A crate of its own (unpublished) so the library's tests and
 //! herdguard-cli's share it without `#[path]`. The stream helpers are
@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod echo;
 pub mod faulty;
 pub mod origin;
+pub mod sentinel;
 pub mod stream;
 pub mod tls;
 
@@ -60,9 +61,65 @@ fn documented_user(cluster: bool) -> Vec<String> {
     rules
 }
 
+/// A loopback port nothing listens on now, and never handed out before by
+/// this process (a port just released may come back from the kernel, and two
+/// servers given one port would look like one).
 fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-    l.local_addr().expect("local addr").port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+        let port = l.local_addr().expect("local addr").port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// The `process_id` of whatever Redis (or sentinel) answers on `port`, so a
+/// test knows the server it started answers there and not another
+/// process's that took the port first.
+fn pid_on(port: u16) -> Option<u32> {
+    let mut s =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+            .ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.write_all(b"INFO server\r\n").ok()?;
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
+    while buf.len() < 64 * 1024 {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf);
+        if let Some((line, _)) = text
+            .split_once("process_id:")
+            .and_then(|(_, rest)| rest.split_once("\r\n"))
+        {
+            return line.trim().parse().ok();
+        }
+    }
+    None
+}
+
+/// Wait (at most 10 s) until `child`, started on `port`, answers there
+/// itself; false when it exited or another process answers.
+fn answers_on(child: &mut Child, port: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return false;
+        }
+        if let Some(pid) = pid_on(port) {
+            return pid == child.id();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 fn redis_server_binary() -> &'static str {
@@ -83,21 +140,29 @@ impl RedisServer {
 
     /// Start with extra `redis-server` arguments (e.g. `["--replicaof", ...]`).
     pub fn start_with(extra: &[&str]) -> Self {
-        let port = free_port();
+        for _ in 0..5 {
+            let mut s = Self::on_port(free_port(), extra);
+            if s.spawn() {
+                return s;
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports within 10 s each");
+    }
+
+    fn on_port(port: u16, extra: &[&str]) -> Self {
         let dir =
             std::env::temp_dir().join(format!("herdguard-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create redis dir");
-        let mut s = Self {
+        Self {
             port,
             child: None,
             dir,
             extra: extra.iter().map(|a| a.to_string()).collect(),
-        };
-        s.spawn();
-        s
+        }
     }
 
-    fn spawn(&mut self) {
+    /// Start the process on our port; whether it is the one answering there.
+    fn spawn(&mut self) -> bool {
         let bin = redis_server_binary();
         let port = self.port.to_string();
         let mut cmd = Command::new(bin);
@@ -131,19 +196,13 @@ impl RedisServer {
         .args(&self.extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        let child = cmd.spawn().expect("spawn redis-server");
+        let mut child = cmd.spawn().expect("spawn redis-server");
+        let ours = answers_on(&mut child, self.port);
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if ping(self.port) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if !ours {
+            self.stop();
         }
-        panic!(
-            "redis-server on port {} did not answer PING within 10 s",
-            self.port
-        );
+        ours
     }
 
     pub fn port(&self) -> u16 {
@@ -180,7 +239,11 @@ impl RedisServer {
     /// Start again on the same port (after `stop`).
     pub fn restart(&mut self) {
         self.stop();
-        self.spawn();
+        assert!(
+            self.spawn(),
+            "redis-server did not start again on port {} within 10 s",
+            self.port
+        );
     }
 
     /// Freeze the process with SIGSTOP: the port accepts nothing it answers.
@@ -219,8 +282,18 @@ impl RedisServer {
     }
 
     /// Wait (at most 5 s) until every write so far reached `replicas` replicas.
+    /// `WAIT` waits for the writes of its own connection only (on a new one
+    /// it returns at once), so a mark is written on it first: replication is
+    /// one ordered stream, and replicas that have the mark have every write
+    /// before it, from any connection.
     pub async fn wait_replicated(&self, replicas: i64) {
         let mut c = self.connection().await;
+        let _: () = redis::cmd("SET")
+            .arg("herdguard-testkit:replicated")
+            .arg(1)
+            .query_async(&mut c)
+            .await
+            .expect("SET the mark");
         let acked: i64 = redis::cmd("WAIT")
             .arg(replicas)
             .arg(5000)
@@ -298,20 +371,6 @@ impl Drop for RedisServer {
 
 fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill").arg(sig).arg(pid.to_string()).status();
-}
-
-fn ping(port: u16) -> bool {
-    let Ok(mut s) =
-        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
-    else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 64];
-    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
 }
 
 /// The commands clients send to a server, seen through `MONITOR` (commands
@@ -483,6 +542,10 @@ impl Vip {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Send new connections to `port` from now on.

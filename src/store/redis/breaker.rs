@@ -84,6 +84,16 @@ impl Breaker {
         tracing::info!("redis answers again; using it");
     }
 
+    /// Let the next call probe now, whatever the back-off (Redis moved:
+    /// the failures so far say nothing about the new server).
+    pub(super) fn probe_now(&self) {
+        if self.is_closed() {
+            return;
+        }
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.open_until = Instant::now();
+    }
+
     /// Returns true when this failure opened a closed breaker.
     pub(super) fn failure(&self) -> bool {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);

@@ -11,7 +11,6 @@ use deadpool_redis::redis::{
     IntoConnectionInfo, Value as RedisValue,
 };
 use deadpool_redis::{Manager, Pool, Runtime};
-use futures_util::future::{BoxFuture, FutureExt, Shared};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -20,13 +19,15 @@ use super::cluster::ClusterLink;
 use super::error::{describe, redact_error, ErrorClass, StoreError};
 use super::fills::FillSource;
 use super::options::{redact, RedisOptions};
+use super::sentinel::SentinelMaster;
+use super::slots::{Connector, Kept, Slot};
 use super::tls;
 use crate::error::BuildError;
 
 /// How commands reach Redis.
 enum Link {
     Standalone {
-        pool: Pool,
+        connector: Connector,
         /// Multiplexed connections kept checked out, used in turn.
         slots: Vec<Arc<Slot>>,
         next: AtomicUsize,
@@ -35,100 +36,20 @@ enum Link {
         /// Connections with a smaller id are not used any more: a call on
         /// one of them timed out (see [`Connection::drop_silent`]).
         fresh_from: AtomicU64,
+        /// Behind Sentinel: the switches of the primary followed so far.
+        switches_seen: AtomicU64,
+        /// A connection for commands that block the connection they run on
+        /// (`WAIT`), so they hold up nobody else's commands.
+        apart: Arc<Slot>,
     },
     Cluster(Box<ClusterLink>),
 }
-
-/// A connect that runs in its own task, shared by everyone waiting for it.
-type PendingConnect = Shared<BoxFuture<'static, Result<Kept, Arc<str>>>>;
-
-/// A kept connection and its id, so a failure replaces the connection it
-/// happened on and not a newer one made meanwhile.
-type Kept = (u64, MultiplexedConnection);
 
 /// The connection a call went out on.
 #[derive(Debug, Clone, Copy)]
 struct Used {
     slot: usize,
     id: u64,
-}
-
-/// One kept connection and its (re)connect.
-#[derive(Default)]
-struct Slot {
-    /// A std `Mutex`: only held to clone or replace a handle, never across `.await`.
-    conn: Mutex<Option<Kept>>,
-    /// The connect under way. Its own task drives it, so a caller that stops
-    /// waiting (its bound ran out) does not cancel it: a later call finds the
-    /// connection ready instead of starting over against a slow server.
-    connecting: Mutex<Option<PendingConnect>>,
-}
-
-impl Slot {
-    /// The kept connection, unless there is none or it is older than `fresh_from`.
-    fn current(&self, fresh_from: u64) -> Option<Kept> {
-        self.conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .filter(|(id, _)| *id >= fresh_from)
-            .cloned()
-    }
-
-    /// Forget the connections older than `fresh_from` (all: `u64::MAX`).
-    fn clear_older(&self, fresh_from: u64) {
-        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        if conn.as_ref().is_some_and(|(id, _)| *id < fresh_from) {
-            *conn = None;
-        }
-    }
-
-    /// Forget connection `id`, if this slot still keeps it.
-    fn clear(&self, id: u64) {
-        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        if conn.as_ref().is_some_and(|(kept, _)| *kept == id) {
-            *conn = None;
-        }
-    }
-
-    /// The connect of this slot, started now unless one is under way.
-    fn connect(self: &Arc<Self>, pool: &Pool, bound: Duration, ids: &AtomicU64) -> PendingConnect {
-        let mut pending = self
-            .connecting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(p) = pending.as_ref() {
-            return p.clone();
-        }
-        let id = ids.fetch_add(1, Ordering::SeqCst);
-        let (slot, pool) = (Arc::clone(self), pool.clone());
-        let task = tokio::spawn(async move {
-            let result = match tokio::time::timeout(bound, pool.get()).await {
-                Ok(Ok(pooled)) => {
-                    let conn = deadpool_redis::Connection::take(pooled);
-                    *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) =
-                        Some((id, conn.clone()));
-                    Ok((id, conn))
-                }
-                Ok(Err(deadpool_redis::PoolError::Backend(e))) => Err(Arc::from(describe(&e))),
-                Ok(Err(other)) => Err(Arc::from(redact_error(&other))),
-                Err(_) => Err(Arc::from("connect timed out")),
-            };
-            *slot
-                .connecting
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = None;
-            result
-        });
-        let shared = async move {
-            task.await
-                .unwrap_or_else(|_| Err(Arc::from("connect task ended early")))
-        }
-        .boxed()
-        .shared();
-        *pending = Some(shared.clone());
-        shared
-    }
 }
 
 /// Per-key reply errors are logged at most this often, so one bad key or a
@@ -199,7 +120,9 @@ impl Connection {
     /// The connection of a store with `options` (nothing is opened yet), and
     /// where its fill subscriber connects.
     pub(super) fn new(options: &RedisOptions) -> Result<(Self, FillSource), BuildError> {
-        let (link, fill_source) = if options.cluster {
+        let (link, fill_source) = if let Some(name) = &options.sentinel_master {
+            Self::sentinel(options, name)?
+        } else if options.cluster {
             (
                 Link::Cluster(Box::new(ClusterLink::new(options)?)),
                 FillSource::Cluster(Box::new(options.clone())),
@@ -276,15 +199,106 @@ impl Connection {
             .set_protocol(redis::ProtocolVersion::RESP3);
         let subscriber = redis::Client::open(info.set_redis_settings(resp3)).map_err(invalid)?;
         Ok((
-            Link::Standalone {
-                pool,
-                slots: (0..n).map(|_| Arc::default()).collect(),
-                next: AtomicUsize::new(0),
-                ids: Arc::default(),
-                fresh_from: AtomicU64::new(0),
-            },
+            Self::kept(Connector::Pool(pool), n),
             FillSource::Standalone(Box::new(subscriber)),
         ))
+    }
+
+    /// Behind Sentinel: no pool, each connect asks the sentinels first.
+    fn sentinel(options: &RedisOptions, name: &str) -> Result<(Link, FillSource), BuildError> {
+        let master = Arc::new(SentinelMaster::new(options, name)?);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        Ok((
+            Self::kept(
+                Connector::Sentinel(Arc::clone(&master), config),
+                options.connections.max(1),
+            ),
+            FillSource::Sentinel(master),
+        ))
+    }
+
+    fn kept(connector: Connector, n: usize) -> Link {
+        Link::Standalone {
+            connector,
+            slots: (0..n).map(|_| Arc::default()).collect(),
+            next: AtomicUsize::new(0),
+            ids: Arc::default(),
+            fresh_from: AtomicU64::new(0),
+            switches_seen: AtomicU64::new(0),
+            apart: Arc::default(),
+        }
+    }
+
+    /// The connection kept apart for commands that block their connection
+    /// (`WAIT`), connected if need be within the connect bound; none on a
+    /// cluster. What fails on it leaves the breaker alone: the command
+    /// waited, the server may be fine.
+    pub(super) async fn apart(&self) -> Option<Kept> {
+        let Link::Standalone {
+            connector,
+            apart,
+            ids,
+            fresh_from,
+            ..
+        } = &self.link
+        else {
+            return None;
+        };
+        if let Some(kept) = apart.current(fresh_from.load(Ordering::SeqCst)) {
+            return Some(kept);
+        }
+        let pending = apart.connect(connector, self.connect_bound, ids);
+        tokio::time::timeout(self.connect_bound, pending)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Forget connection `id` of [`apart`](Self::apart) after it failed.
+    pub(super) fn drop_apart(&self, id: u64) {
+        if let Link::Standalone { apart, .. } = &self.link {
+            apart.clear(id);
+        }
+    }
+
+    /// The sentinels' view of the primary, for a store behind Sentinel.
+    pub(super) fn sentinel_master(&self) -> Option<Arc<SentinelMaster>> {
+        match &self.link {
+            Link::Standalone {
+                connector: Connector::Sentinel(master, _),
+                ..
+            } => Some(Arc::clone(master)),
+            _ => None,
+        }
+    }
+
+    /// Behind Sentinel, after the sentinels announced a new primary: replace
+    /// every kept connection on its next use, and let the next call probe at
+    /// once rather than wait out the breaker's back-off.
+    fn follow_switch(&self) {
+        let Link::Standalone {
+            connector: Connector::Sentinel(master, _),
+            slots,
+            ids,
+            fresh_from,
+            switches_seen,
+            ..
+        } = &self.link
+        else {
+            return;
+        };
+        let now = master.switches();
+        if switches_seen.load(Ordering::Acquire) == now
+            || switches_seen.swap(now, Ordering::AcqRel) == now
+        {
+            return;
+        }
+        let from = ids.load(Ordering::SeqCst);
+        fresh_from.fetch_max(from, Ordering::SeqCst);
+        slots.iter().for_each(|s| s.clear_older(from));
+        self.breaker.probe_now();
     }
 
     /// A script call under the store's timeouts and breaker.
@@ -293,6 +307,7 @@ impl Connection {
         op: &'static str,
         inv: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
+        self.follow_switch();
         if !self.breaker.allow() {
             return Err(StoreError::Unavailable);
         }
@@ -307,6 +322,7 @@ impl Connection {
         op: &'static str,
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
+        self.follow_switch();
         if !self.breaker.allow() {
             return Err(StoreError::Unavailable);
         }
@@ -408,11 +424,12 @@ impl Connection {
         let connect_bound = self.connect_bound;
         match &self.link {
             Link::Standalone {
-                pool,
+                connector,
                 slots,
                 next,
                 ids,
                 fresh_from,
+                ..
             } => {
                 let fresh_from = fresh_from.load(Ordering::SeqCst);
                 let kept = |slot: usize, (id, conn): Kept| {
@@ -422,7 +439,7 @@ impl Connection {
                 if let Some(k) = slots[i].current(fresh_from) {
                     return Ok(kept(i, k));
                 }
-                let pending = slots[i].connect(pool, connect_bound, ids);
+                let pending = slots[i].connect(connector, connect_bound, ids);
                 // Another kept connection serves meanwhile: nobody waits for
                 // a reconnect while one connection is up.
                 if let Some((j, k)) = slots

@@ -35,6 +35,7 @@ use futures_util::future::join_all;
 use tokio::sync::{mpsc, watch};
 
 use super::options::RedisOptions;
+use super::sentinel::SentinelMaster;
 use crate::key::CacheKey;
 
 /// What a waiter sees of its key.
@@ -243,6 +244,8 @@ pub(crate) enum FillSource {
     Standalone(Box<redis::Client>),
     /// A cluster; a RESP3 client is built per connect, with its push channel.
     Cluster(Box<RedisOptions>),
+    /// The primary the sentinels name at each connect, over RESP3.
+    Sentinel(Arc<SentinelMaster>),
 }
 
 #[derive(Clone)]
@@ -258,15 +261,25 @@ impl Subscriber {
         response_timeout: Duration,
         push: mpsc::UnboundedSender<PushInfo>,
     ) -> redis::RedisResult<Self> {
+        let config = || {
+            AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(response_timeout))
+        };
         match source {
             FillSource::Standalone(client) => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(Some(response_timeout))
-                    .set_push_sender(push);
+                let config = config().set_push_sender(push);
                 let conn = client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
+                Ok(Self::Standalone(conn))
+            }
+            FillSource::Sentinel(master) => {
+                let config = config().set_push_sender(push);
+                let (_, conn) = master
+                    .connect(&config, true)
+                    .await
+                    .map_err(|why| std::io::Error::other(why.to_string()))?;
                 Ok(Self::Standalone(conn))
             }
             FillSource::Cluster(options) => {
@@ -367,6 +380,8 @@ pub(crate) async fn run_subscriber(
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
+            // Redis moved (a new primary): try it now.
+            _ = listener.renew.notified() => {}
             _ = listener.shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -52,14 +52,17 @@
 //! ```text
 //! purge.rs       purge by group (indexes walked in batches), purge notices sent
 //! origin.rs      the origin's cluster-wide budget and shared breaker
+//! replicas.rs    lease_replicas: WAIT on a connection kept apart
 //! store.rs       RedisStore, the facade: lookup-or-lease, fenced write, leases, fill waits
 //! purge_bus.rs   the listener that hears purge notices
 //! eviction.rs    whether the server may evict keys (INFO memory, read now and then)
 //! scripts.rs     the *.lua scripts, the write modes and the lookup reply
 //! keys.rs        the key names of one entry
-//! connection.rs  kept connections, reconnects, the breaker and error handling
+//! connection.rs  the breaker and error handling every command goes through
+//! slots.rs       kept connections of one Redis or of the Sentinel primary, their connects
 //! fills.rs       fill notifications: waiter registry and its subscriber
 //! cluster.rs     the Redis Cluster connection
+//! sentinel.rs    the primary as the sentinels name it, and their +switch-master
 //! breaker.rs     the circuit breaker
 //! error.rs       StoreError, ErrorClass, redacted error text
 //! options.rs     RedisOptions: plain data, checked when a store is built
@@ -77,7 +80,10 @@ mod options;
 mod origin;
 mod purge;
 mod purge_bus;
+mod replicas;
 mod scripts;
+mod sentinel;
+mod slots;
 mod store;
 mod tls;
 

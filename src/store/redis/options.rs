@@ -41,6 +41,43 @@ use crate::error::BuildError;
 /// # let _ = opts;
 /// ```
 ///
+/// # Redis Sentinel
+///
+/// [`RedisOptions::sentinel`] takes the name the sentinels monitor the
+/// primary under and the URLs of some sentinels. The primary is asked of the
+/// sentinels on every connect and checked (`INFO replication` must say
+/// `role:master`) on the connection that will carry the commands, so a
+/// sentinel that has not heard of a failover yet cannot send writes to the
+/// old primary. The store also subscribes to `+switch-master` on every
+/// sentinel: when they promote a replica, every connection (the fill and
+/// purge subscribers' too) moves to it without a restart, and a `READONLY`
+/// or broken connection seen first does the same. While no primary is known
+/// the layer fails open, as when Redis is down.
+///
+/// The sentinel URLs carry the sentinels' own credentials and TLS
+/// (`rediss://`); the data nodes are reached as
+/// [`node_url`](Self::node_url) says (scheme, credentials, database).
+///
+/// ```
+/// use herdguard::RedisOptions;
+/// let opts = RedisOptions::sentinel(
+///     "mymaster",
+///     [
+///         "redis://10.0.0.1:26379",
+///         "redis://10.0.0.2:26379",
+///         "redis://10.0.0.3:26379",
+///     ],
+/// )
+/// .node_url("redis://herdguard:secret@primary/0");
+/// assert!(opts.is_sentinel());
+/// ```
+///
+/// A failover is where a single primary's lease is weakest: replication is
+/// asynchronous, so a promoted replica may not have seen a lease that was
+/// just taken, and a second leader may start. The fence still orders their
+/// writes (an older fill never replaces a newer one); see the failure table
+/// in the crate docs for what a failover costs.
+///
 /// # Failures
 ///
 /// Every call is bounded by the response timeout, and Redis trouble is never
@@ -75,9 +112,13 @@ use crate::error::BuildError;
 /// as an authentication failure and the layer serves from memory meanwhile.
 #[derive(Clone)]
 pub struct RedisOptions {
-    /// Standalone: one URL. Cluster: the seed nodes.
+    /// Standalone: one URL. Cluster: the seed nodes. Sentinel: the sentinels.
     pub(crate) urls: Vec<String>,
     pub(crate) cluster: bool,
+    /// The master name the sentinels monitor, for a store behind Sentinel.
+    pub(crate) sentinel_master: Option<String>,
+    /// Behind Sentinel: how to reach the data nodes (host and port replaced).
+    pub(crate) node_url: String,
     #[cfg(feature = "tls")]
     pub(crate) tls_root_cert: Option<Arc<[u8]>>,
     pub(crate) namespace: String,
@@ -99,6 +140,8 @@ pub struct RedisOptions {
     /// timeout; a lost mark restarts from the server clock, above every
     /// token issued before.
     pub(crate) fence_retention: Duration,
+    /// After taking a lease: `WAIT` for this many replicas, at most this long.
+    pub(crate) lease_replicas: Option<(usize, Duration)>,
     /// Entries up to this many encoded bytes ride in their fill notice.
     pub(crate) notice_entry_limit: usize,
     /// The `cache` label of this store's metrics: the layer's name, or none
@@ -116,6 +159,8 @@ impl std::fmt::Debug for RedisOptions {
         let mut d = f.debug_struct("RedisOptions");
         d.field("urls", &urls)
             .field("cluster", &self.cluster)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("node_url", &redact(&self.node_url))
             .field("namespace", &self.namespace)
             .field("lease_ttl", &self.lease_ttl)
             .field("l1_ttl", &self.l1_ttl);
@@ -167,10 +212,39 @@ impl RedisOptions {
         Self::with_urls(urls.into_iter().map(Into::into).collect(), true)
     }
 
+    /// Options for the primary the sentinels at `sentinel_urls` monitor as
+    /// `master_name` (see [Redis Sentinel](Self#redis-sentinel)). Same
+    /// defaults as [`RedisOptions::new`]; the data nodes are reached over
+    /// `redis://` without credentials unless [`node_url`](Self::node_url)
+    /// says otherwise. Give every sentinel: any one that answers names the
+    /// primary, and each one is watched for `+switch-master`.
+    pub fn sentinel<I, U>(master_name: impl Into<String>, sentinel_urls: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        let mut opts = Self::with_urls(sentinel_urls.into_iter().map(Into::into).collect(), false);
+        opts.sentinel_master = Some(master_name.into());
+        opts
+    }
+
+    /// Behind Sentinel, how to reach the data nodes: a `redis://` or
+    /// `rediss://` URL whose scheme, credentials and database are used, and
+    /// whose host and port are replaced by the primary's (default
+    /// `redis://localhost`: no TLS, no credentials, database 0). The
+    /// sentinels' own credentials go in their URLs. Ignored elsewhere.
+    #[must_use]
+    pub fn node_url(mut self, url: impl Into<String>) -> Self {
+        self.node_url = url.into();
+        self
+    }
+
     fn with_urls(urls: Vec<String>, cluster: bool) -> Self {
         Self {
             urls,
             cluster,
+            sentinel_master: None,
+            node_url: "redis://localhost".to_owned(),
             #[cfg(feature = "tls")]
             tls_root_cert: None,
             namespace: Self::DEFAULT_NAMESPACE.to_owned(),
@@ -188,6 +262,7 @@ impl RedisOptions {
             // The engine's default origin timeout plus the default lease.
             fence_retention: Duration::from_secs(65),
             notice_entry_limit: 64 * 1024,
+            lease_replicas: None,
             metrics_name: None,
             cluster_origin_budget: None,
             share_origin_breaker: true,
@@ -205,6 +280,7 @@ impl RedisOptions {
     pub(crate) fn for_node(mut self, url: &str) -> Self {
         self.urls = vec![url.to_owned()];
         self.cluster = false;
+        self.sentinel_master = None;
         self
     }
 
@@ -349,6 +425,44 @@ impl RedisOptions {
         self
     }
 
+    /// After taking a lease, wait until `replicas` replicas have it, at most
+    /// `timeout` (`WAIT`; default: do not wait), so a failover cannot lose
+    /// a lease its leader started work under.
+    ///
+    /// Replication is asynchronous: a primary that dies right after a lease
+    /// may not have passed it on, and the replica promoted in its place then
+    /// hands the same key's lease to a second leader (the fence still orders
+    /// their writes, so this costs an origin call, not a wrong answer). With
+    /// this set, a leader calls the origin only once `replicas` replicas
+    /// acknowledged its lease. When fewer do within `timeout` (replicas
+    /// down or lagging), the lease is given back and the instance computes
+    /// the answer on its own, as when Redis is down: no second leader is
+    /// possible, but instances stop coalescing with each other until the
+    /// replicas catch up. The wait runs on a connection of its own, so it
+    /// holds up no other command. A purge, too, is answered
+    /// `Purged::Redis` only once `replicas` replicas have it, else
+    /// `Purged::Unconfirmed` (done on the primary, but a failover now would
+    /// lose it).
+    ///
+    /// It costs every leader fill two round trips on that connection (a
+    /// token-checked `PEXPIRE` of the lease, then `WAIT`) plus the
+    /// replicas' acknowledgement. Use it where a second origin call after a
+    /// failover is expensive (a slow or metered origin); not on Redis
+    /// Cluster (refused when the layer is built).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use herdguard::RedisOptions;
+    /// let opts = RedisOptions::sentinel("mymaster", ["redis://10.0.0.1:26379"])
+    ///     .lease_replicas(1, Duration::from_millis(50));
+    /// # let _ = opts;
+    /// ```
+    #[must_use]
+    pub fn lease_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.lease_replicas = Some((replicas, timeout));
+        self
+    }
+
     /// Whether to extend the lease while the origin works (default on).
     #[must_use]
     pub fn watchdog(mut self, on: bool) -> Self {
@@ -381,6 +495,11 @@ impl RedisOptions {
         self.cluster
     }
 
+    /// Whether these options reach the primary through Redis Sentinel.
+    pub fn is_sentinel(&self) -> bool {
+        self.sentinel_master.is_some()
+    }
+
     pub(super) fn validate(&self) -> Result<(), BuildError> {
         if self.urls.is_empty() || self.urls.iter().any(|u| u.trim().is_empty()) {
             return Err(BuildError::invalid(
@@ -388,13 +507,26 @@ impl RedisOptions {
                 "redis needs at least one non-empty url",
             ));
         }
-        if !self.cluster && self.urls.len() > 1 {
+        if self
+            .sentinel_master
+            .as_ref()
+            .is_some_and(|m| m.trim().is_empty())
+        {
+            return Err(BuildError::invalid(
+                "RedisOptions::sentinel",
+                "the sentinel master name must not be empty",
+            ));
+        }
+        if !self.cluster && !self.is_sentinel() && self.urls.len() > 1 {
             return Err(BuildError::invalid(
                 "RedisOptions::cluster",
                 "several redis urls need RedisOptions::cluster",
             ));
         }
         tls::check_available(&self.urls)?;
+        if self.is_sentinel() {
+            tls::check_available(std::slice::from_ref(&self.node_url))?;
+        }
         let ns = &self.namespace;
         let ok = !ns.is_empty()
             && ns.len() <= 64
@@ -408,6 +540,14 @@ impl RedisOptions {
                     "redis namespace {ns:?} must be 1-64 characters of letters, digits, '_', '-', '.', ':'"
                 ),
             ));
+        }
+        if let Some((replicas, timeout)) = self.lease_replicas {
+            if self.cluster || replicas == 0 || timeout.is_zero() {
+                return Err(BuildError::invalid(
+                    "RedisOptions::lease_replicas",
+                    "lease_replicas needs one primary (not a cluster), at least one replica and a timeout above zero",
+                ));
+            }
         }
         if self.lease_ttl < Duration::from_millis(30) {
             return Err(BuildError::invalid(

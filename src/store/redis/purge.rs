@@ -400,7 +400,10 @@ impl RedisStore {
         cmd.arg(self.purge_channel()).arg(frame(id, payload));
         let receivers: Result<i64, _> = self.query("publish_purge", &cmd).await;
         let confirmed = match receivers {
-            Ok(n) => Ok(acks.wait(n.max(0) as usize, self.ack_wait()).await),
+            // With lease_replicas, done also means the replicas have it: a
+            // failover now would not lose it.
+            Ok(n) => Ok(acks.wait(n.max(0) as usize, self.ack_wait()).await
+                && self.writes_replicated().await),
             Err(e) => Err(e),
         };
         self.purge_bus.forget(id);
@@ -430,7 +433,8 @@ impl RedisStore {
             return;
         }
         if !self.purge_bus.started.swap(true, Ordering::SeqCst) {
-            let clients = match self.pubsub_clients() {
+            self.watch_sentinels();
+            let source = match self.pubsub_source() {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "no purge listener: other instances' purges reach this one only through L1 expiry");
@@ -438,7 +442,7 @@ impl RedisStore {
                 }
             };
             let listener = Listener {
-                clients,
+                source,
                 channel: self.purge_channel(),
                 connect_timeout: self.options.connect_timeout,
                 response_timeout: self.options.response_timeout,

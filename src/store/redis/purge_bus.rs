@@ -37,6 +37,8 @@ use deadpool_redis::redis;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{watch, Notify};
 
+use super::sentinel::SentinelMaster;
+
 /// Applies a purge notice (raw payload) to this process.
 pub(crate) type PurgeHandler = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
@@ -173,10 +175,34 @@ impl PurgeBus {
     }
 }
 
+/// Where the purge listener subscribes.
+pub(super) enum Subscribe {
+    /// One client per seed URL (one for a standalone Redis), tried in turn.
+    To(Vec<redis::Client>),
+    /// The primary the sentinels name at each (re)subscribe.
+    Primary(Arc<SentinelMaster>),
+}
+
+impl Subscribe {
+    /// The client of attempt `seed`; `None` when no primary is known.
+    async fn client(&self, seed: usize) -> Option<redis::Client> {
+        match self {
+            Subscribe::To(clients) => clients.get(seed % clients.len().max(1)).cloned(),
+            Subscribe::Primary(master) => master.client().await.ok(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Subscribe::To(clients) => clients.len(),
+            Subscribe::Primary(_) => 1,
+        }
+    }
+}
+
 /// Where and how the purge listener subscribes.
 pub(super) struct Listener {
-    /// One client per seed URL (one for a standalone Redis), tried in turn.
-    pub(super) clients: Vec<redis::Client>,
+    pub(super) source: Subscribe,
     pub(super) channel: String,
     pub(super) connect_timeout: Duration,
     /// Bound on the reply to a liveness PING.
@@ -192,12 +218,12 @@ pub(super) async fn listen(
     renew: Arc<tokio::sync::Notify>,
 ) {
     let Listener {
-        clients,
+        source,
         channel,
         connect_timeout,
         response_timeout,
     } = listener;
-    if clients.is_empty() {
+    if source.len() == 0 {
         return;
     }
     let acks = ack_channel(&channel);
@@ -210,8 +236,7 @@ pub(super) async fn listen(
     let mut previous: Option<Subscribed> = None;
     loop {
         let mut renewed = false;
-        let client = &clients[seed];
-        let subscribed = subscribe(client, [&channel, &acks], connect_timeout).await;
+        let subscribed = subscribe_via(&source, seed, [&channel, &acks], connect_timeout).await;
         if let Some((_, old)) = previous.take() {
             if subscribed.is_none() {
                 deaf = true;
@@ -220,7 +245,7 @@ pub(super) async fn listen(
             drain(old, &bus, &acks);
         }
         match subscribed {
-            Some((mut sink, mut messages)) => {
+            Some((client, (mut sink, mut messages))) => {
                 backoff = Duration::from_millis(100);
                 if std::mem::take(&mut deaf) {
                     match bus.upgrade() {
@@ -228,7 +253,7 @@ pub(super) async fn listen(
                         None => return,
                     }
                 }
-                let link = (client, acks.as_str(), (connect_timeout, response_timeout));
+                let link = (&client, acks.as_str(), (connect_timeout, response_timeout));
                 match serve(&bus, &mut sink, &mut messages, link, &renew, &mut shutdown).await {
                     Served::Ended => return,
                     Served::Lost => {}
@@ -247,7 +272,7 @@ pub(super) async fn listen(
             }
         }
         // Any node of a cluster carries the notices: the next one may be up.
-        seed = (seed + 1) % clients.len();
+        seed = (seed + 1) % source.len();
         if bus.strong_count() == 0 {
             return;
         }
@@ -257,6 +282,8 @@ pub(super) async fn listen(
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
+            // Redis moved (a new primary): try it now.
+            _ = renew.notified() => {}
             _ = shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -363,6 +390,21 @@ fn drain(mut old: redis::aio::PubSubStream, bus: &Weak<PurgeBus>, ack_channel: &
     while let Some(Some(m)) = old.next().now_or_never() {
         handle(&b, &m, ack_channel);
     }
+}
+
+/// The client of attempt `seed` (the primary's, behind Sentinel) and a
+/// connection through it subscribed to `channels`, every step bounded.
+async fn subscribe_via(
+    source: &Subscribe,
+    seed: usize,
+    channels: [&str; 2],
+    connect_timeout: Duration,
+) -> Option<(redis::Client, Subscribed)> {
+    let client = tokio::time::timeout(connect_timeout * 2, source.client(seed))
+        .await
+        .ok()??;
+    let subscribed = subscribe(&client, channels, connect_timeout).await?;
+    Some((client, subscribed))
 }
 
 /// A connection subscribed to `channels`, both steps bounded.

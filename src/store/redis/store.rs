@@ -17,11 +17,12 @@ use super::eviction::EvictionWatch;
 use super::fills::{run_subscriber, FillSource, FillSubscription, Fills};
 use super::keys::EntryKeys;
 use super::options::RedisOptions;
-use super::purge_bus::PurgeBus;
+use super::purge_bus::{PurgeBus, Subscribe};
 use super::scripts::{
     millis, parse_lookup, RemoteLookup, WriteMode, WriteOutcome, EXTEND, FENCED_WRITE_AND_RELEASE,
     LOOKUP_OR_LEASE, NEXT_FENCE, PURGE_ENTRY, RELEASE, SOFT_PURGE_ENTRY,
 };
+use super::sentinel::watch_switches;
 use super::tls;
 use crate::engine::envelope::{FENCE_OFFSET, MAGIC, VERSION};
 use crate::error::BuildError;
@@ -143,7 +144,21 @@ impl RedisStore {
             .arg(millis(ahead))
             .arg(FENCE_OFFSET);
         let reply: RedisValue = self.invoke("lookup_or_lease", &inv).await?;
-        parse_lookup(reply).ok_or(StoreError::Protocol)
+        let found = parse_lookup(reply).ok_or(StoreError::Protocol)?;
+        let leased = matches!(
+            found,
+            RemoteLookup::Leased { .. } | RemoteLookup::Stale { fence: Some(_), .. }
+        );
+        if leased
+            && self.options.lease_replicas.is_some()
+            && !self.lease_replicated(key, token).await
+        {
+            // A lease a failover could lose: give it back, and compute here
+            // as when Redis is down, so no second leader can follow.
+            let _ = self.release(key, token).await;
+            return Err(StoreError::Unavailable);
+        }
+        Ok(found)
     }
 
     /// Store (or mark pass, or nothing) only if `fence` is newer than the
@@ -380,6 +395,27 @@ impl RedisStore {
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
         self.connection.query(op, cmd).await
+    }
+
+    /// Where classic pub/sub (purge notices) subscribes: the primary the
+    /// sentinels name, or [`pubsub_clients`](Self::pubsub_clients).
+    pub(super) fn pubsub_source(&self) -> Result<Subscribe, StoreError> {
+        match self.connection.sentinel_master() {
+            Some(master) => Ok(Subscribe::Primary(master)),
+            None => self.pubsub_clients().map(Subscribe::To),
+        }
+    }
+
+    /// Behind Sentinel, start watching the sentinels for `+switch-master`
+    /// (once, inside a runtime).
+    pub(super) fn watch_sentinels(&self) {
+        if let Some(master) = self.connection.sentinel_master() {
+            watch_switches(
+                &master,
+                &self.connection.renew_signal(),
+                &self.shutdown_signal(),
+            );
+        }
     }
 
     /// Clients for classic pub/sub (purge notices): on the URL of a

@@ -1,0 +1,320 @@
+//! A real Sentinel topology on loopback: one primary, its replicas and three
+//! `redis-sentinel` processes watching it, with a short
+//! `down-after-milliseconds` and `failover-timeout` so a failover completes
+//! in a few seconds. Every process is stopped by its PID when dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+
+use super::{answers_on, free_port, RedisServer, ACL_PASSWORD, ACL_USER};
+
+/// The name the sentinels monitor the primary under.
+pub const MASTER_NAME: &str = "herdguard-primary";
+
+/// How long the sentinels wait before calling an unanswering primary down.
+pub const DOWN_AFTER: Duration = Duration::from_millis(500);
+
+/// A primary, its replicas and three sentinels.
+pub struct SentinelSet {
+    /// Every data node; the first is the primary the sentinels start with.
+    servers: Vec<RedisServer>,
+    sentinels: Vec<SentinelProcess>,
+}
+
+/// One `redis-sentinel` process and its directory (it rewrites its config).
+struct SentinelProcess {
+    port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+fn sentinel_binary() -> &'static str {
+    match Command::new("redis-sentinel").arg("--version").output() {
+        Ok(o) if o.status.success() => "redis-sentinel",
+        _ => panic!(
+            "redis-sentinel is not installed: run `apt-get install -y redis-sentinel` \
+             (`bash .ci/run` installs it)"
+        ),
+    }
+}
+
+impl SentinelProcess {
+    /// A sentinel on a free port, once it answers there itself (the port
+    /// may be taken meanwhile by another process: then a new one is tried).
+    fn start(primary: u16, failover_timeout: Duration) -> Self {
+        (0..5)
+            .find_map(|_| Self::start_on(free_port(), primary, failover_timeout))
+            .expect("redis-sentinel did not start on any of 5 free ports within 10 s each")
+    }
+
+    fn start_on(port: u16, primary: u16, failover_timeout: Duration) -> Option<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("herdguard-sentinel-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create sentinel dir");
+        let conf = dir.join("sentinel.conf");
+        let down = DOWN_AFTER.as_millis();
+        let failover = failover_timeout.as_millis();
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\n\
+             loglevel warning\ndir {dir}\n\
+             sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
+             sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
+             sentinel failover-timeout {MASTER_NAME} {failover}\n\
+             sentinel parallel-syncs {MASTER_NAME} 2\n",
+            dir = dir.display(),
+        );
+        std::fs::write(&conf, text).expect("write sentinel.conf");
+        let mut child = Command::new(sentinel_binary())
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-sentinel");
+        let ours = answers_on(&mut child, port);
+        let started = Self { port, child, dir };
+        ours.then_some(started)
+    }
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One command on 127.0.0.1:`port`, every step bounded by 1 s; `None` when
+/// the node does not answer.
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
+    let bound = Duration::from_secs(1);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut conn = client.get_connection_with_timeout(bound).ok()?;
+    conn.set_read_timeout(Some(bound)).ok()?;
+    conn.set_write_timeout(Some(bound)).ok()?;
+    cmd.query(&mut conn).ok()
+}
+
+/// The `role:` of a data node (`master`, `slave`), if it answers.
+fn role(port: u16) -> Option<String> {
+    let info: String = query(port, redis::cmd("INFO").arg("replication"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("role:"))
+        .map(|r| r.trim().to_owned())
+}
+
+impl SentinelSet {
+    /// A primary with `replicas` replicas (1 or 2) and three sentinels (quorum
+    /// 2). Blocking: returns once every replica is linked and every sentinel
+    /// knows the other two and every replica, so a failover can start as soon
+    /// as the primary dies (bounded: panics after 30 s).
+    pub fn start(replicas: usize) -> Self {
+        Self::start_through(replicas, |primary| primary, Duration::from_secs(5))
+    }
+
+    /// Like [`start`](Self::start), but the replicas replicate from the port
+    /// `link` returns for the primary's port (a forwarder a test can cut,
+    /// such as [`crate::Vip`]). The sentinels fix a replica that replicates
+    /// from another address than the primary's once `failover_timeout` has
+    /// passed (`+fix-slave-config`), so give a long one (and the sentinels
+    /// still fail over within seconds).
+    pub fn start_through(
+        replicas: usize,
+        link: impl FnOnce(u16) -> u16,
+        failover_timeout: Duration,
+    ) -> Self {
+        let primary = RedisServer::start();
+        let port = link(primary.port()).to_string();
+        let mut servers = vec![primary];
+        for _ in 0..replicas {
+            servers.push(RedisServer::start_with(&[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+            ]));
+        }
+        let set = Self {
+            sentinels: (0..3)
+                .map(|_| SentinelProcess::start(servers[0].port(), failover_timeout))
+                .collect(),
+            servers,
+        };
+        set.wait_ready(replicas, Duration::from_secs(30));
+        set
+    }
+
+    fn wait_ready(&self, replicas: usize, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        let linked = |s: &RedisServer| {
+            let info: Option<String> = query(s.port(), redis::cmd("INFO").arg("replication"));
+            info.is_some_and(|i| i.contains("master_link_status:up"))
+        };
+        let knows_all = |p: &SentinelProcess| {
+            let fields: Option<Vec<String>> = query(
+                p.port,
+                redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
+            );
+            let field = |name: &str| {
+                fields.as_ref().and_then(|f| {
+                    let i = f.iter().position(|x| x == name)?;
+                    f.get(i + 1)?.parse::<usize>().ok()
+                })
+            };
+            field("num-other-sentinels") == Some(2) && field("num-slaves") == Some(replicas)
+        };
+        loop {
+            if self.servers[1..].iter().all(linked) && self.sentinels.iter().all(knows_all) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let seen: Vec<Option<Vec<String>>> = self
+                    .sentinels
+                    .iter()
+                    .map(|p| {
+                        query(
+                            p.port,
+                            redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
+                        )
+                    })
+                    .collect();
+                let links: Vec<bool> = self.servers[1..].iter().map(linked).collect();
+                panic!(
+                    "the sentinel topology was not ready within {bound:?}: replicas linked {links:?}, sentinels {seen:?}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The URLs of the three sentinels (no credentials).
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// How the code under test reaches the data nodes: as the documented
+    /// ACL user (see [`RedisServer::url`]), host and port left to Sentinel.
+    pub fn node_url(&self) -> String {
+        format!("redis://{ACL_USER}:{ACL_PASSWORD}@localhost")
+    }
+
+    /// The ports of the three sentinels.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|s| s.port).collect()
+    }
+
+    /// The name the sentinels monitor the primary under.
+    pub fn master_name(&self) -> &'static str {
+        MASTER_NAME
+    }
+
+    /// The data node on `port`.
+    pub fn server(&self, port: u16) -> &RedisServer {
+        self.servers
+            .iter()
+            .find(|s| s.port() == port)
+            .expect("a data node of this set")
+    }
+
+    /// Every data node, the first primary first.
+    pub fn servers(&self) -> &[RedisServer] {
+        &self.servers
+    }
+
+    /// The primary's port as the sentinel at `index` reports it.
+    pub fn primary_seen_by(&self, index: usize) -> Option<u16> {
+        let addr: Option<(String, u16)> = query(
+            self.sentinels[index].port,
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(MASTER_NAME),
+        );
+        addr.map(|(_, port)| port)
+    }
+
+    /// The primary's port, as the first sentinel that answers reports it.
+    pub fn primary_port(&self) -> u16 {
+        (0..self.sentinels.len())
+            .find_map(|i| self.primary_seen_by(i))
+            .expect("a sentinel that answers")
+    }
+
+    /// SIGKILL the current primary (and wait for it to exit); its port.
+    pub fn kill_primary(&mut self) -> u16 {
+        let port = self.primary_port();
+        self.servers
+            .iter_mut()
+            .find(|s| s.port() == port)
+            .expect("the primary is a data node of this set")
+            .stop();
+        port
+    }
+
+    /// SIGSTOP the current primary: its port still accepts connections but
+    /// nothing answers (a hung host, a partition); its port.
+    pub fn freeze_primary(&self) -> u16 {
+        let port = self.primary_port();
+        self.server(port).freeze();
+        port
+    }
+
+    /// Start the data node on `port` again (after `kill_primary`): it comes
+    /// back as a primary of nothing, until the sentinels make it a replica.
+    pub fn restart(&mut self, port: u16) {
+        self.servers
+            .iter_mut()
+            .find(|s| s.port() == port)
+            .expect("a data node of this set")
+            .restart();
+    }
+
+    /// Wait (at most `bound`) until every sentinel names a primary other than
+    /// `old` and that node says it is a master: the new primary's port and
+    /// when it was first seen so.
+    pub fn wait_for_promotion(&self, old: u16, bound: Duration) -> (u16, Instant) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let seen: Vec<Option<u16>> = (0..self.sentinels.len())
+                .map(|i| self.primary_seen_by(i))
+                .collect();
+            if let Some(Some(new)) = seen.first() {
+                let agreed = seen.iter().all(|s| *s == Some(*new));
+                if *new != old && agreed && role(*new).as_deref() == Some("master") {
+                    return (*new, Instant::now());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no promotion within {bound:?}: the sentinels name {seen:?} (old {old})"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Wait (at most `bound`) until the node on `port` is a replica linked to
+    /// the current primary (one the sentinels reconfigured after a failover).
+    pub fn wait_for_replica(&self, port: u16, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let primary = format!("master_port:{}", self.primary_port());
+            let info: Option<String> = query(port, redis::cmd("INFO").arg("replication"));
+            if info.is_some_and(|i| {
+                i.contains("role:slave")
+                    && i.contains("master_link_status:up")
+                    && i.lines().any(|l| l.trim() == primary)
+            }) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{port} never became a linked replica within {bound:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
