@@ -134,7 +134,15 @@ pub(super) fn freshness_lifetime(
     Some(expires.duration_since(date).unwrap_or(Duration::ZERO))
 }
 
-/// RFC 9111 §4.2.3.
+/// RFC 9111 §4.2.3, in whole seconds (rounded down), the resolution of
+/// HTTP dates and `Age`. Counted to the nanosecond, the response's transit
+/// (and a `Date` stamped earlier in the same second) shortened every
+/// answer's freshness by that much: with `max-age=1` and a 50 ms origin
+/// under load, 14 % more origin calls than a cache that keeps each answer
+/// its max-age from arrival (benches/origin_load, "many"). Rounded down, a
+/// response is fresh for its max-age from when it arrived, as in Varnish
+/// and nginx, and a `Date` or `Age` a second or more behind counts in
+/// whole seconds.
 pub(super) fn corrected_initial_age(
     headers: &HeaderMap,
     request_time: SystemTime,
@@ -154,7 +162,8 @@ pub(super) fn corrected_initial_age(
     let response_delay = response_time
         .duration_since(request_time)
         .unwrap_or(Duration::ZERO);
-    apparent_age.max(age_value + response_delay)
+    let age = apparent_age.max(age_value + response_delay);
+    Duration::from_secs(age.as_secs())
 }
 
 /// The first value of an `Age` field (a list like `7200, 0` is a repeated
