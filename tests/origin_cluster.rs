@@ -210,3 +210,36 @@ async fn a_failed_probe_doubles_the_interval_for_the_cluster() {
     one_each(&apps, 3).await;
     assert_eq!(origin.calls(), 4, "the next probe, for the cluster");
 }
+
+/// While an instance's breaker is open, a copy only Redis holds (stored by
+/// another instance) still stands in where stale-if-error allows it:
+/// the instance looks in Redis instead of refusing at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_still_serves_a_copy_only_redis_holds() {
+    let server = RedisServer::start();
+    let origin = FaultyOrigin::new();
+    let layer = || {
+        CacheLayer::builder()
+            .redis(RedisOptions::new(server.url()))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (origin.app(layer()), origin.app(layer()));
+    send(&a, get_req("/sie/k")).await;
+    // Redis expiry runs on real time: let freshness (1 s) end.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    origin.fail(true);
+    for path in ["/x0", "/x1", "/x2", "/x3", "/x4"] {
+        send(&b, get_req(path)).await;
+    }
+    let calls = origin.calls();
+    let (code, h, body) = send(&b, get_req("/sie/k")).await;
+    assert_eq!(code, StatusCode::OK, "{}", cache_status(&h));
+    assert!(
+        cache_status(&h).contains("detail=origin-down"),
+        "{}",
+        cache_status(&h)
+    );
+    assert!(body.starts_with(b"ok call=1 "));
+    assert_eq!(origin.calls(), calls, "no origin call while it is down");
+}

@@ -237,8 +237,9 @@ impl<'a> Past<'a> {
     /// An answer at once, without a flight, while the origin may not be
     /// asked: its breaker is open, or the key's last fill failed within its
     /// backoff. The stored copy (or one kept aside) where stale-if-error
-    /// allows it; else, with the breaker open, the layer's `503` (a miss
-    /// would only be refused at the gate). `None`: go on to the flight.
+    /// allows it; else, with the breaker open and no Redis to look in, the
+    /// layer's `503` (a miss would only be refused at the gate). `None`: go
+    /// on to the flight.
     fn held<F, ReqB, ResB, E>(
         self,
         stale: Option<&Entry>,
@@ -264,6 +265,12 @@ impl<'a> Past<'a> {
             return Some(ResponseFuture::ready(answer));
         }
         let retry_after = down?;
+        // Redis may hold a copy this instance has not seen: the flight
+        // looks there (its call is then refused at the gate, and that
+        // copy stands in where stale-if-error allows it).
+        if engine.shared_store_available() {
+            return None;
+        }
         state.counters().record_error();
         let error = engine.refused(Refusal::Down(retry_after), Priority::Waited);
         let status = state.status_fwd(target.miss, None);
