@@ -266,9 +266,11 @@ impl OriginGate {
             }
             shared::ProbeTurn::Wait(left) => {
                 ticket.probe = None;
-                // Ask again within the first interval, so a probe another
-                // instance gets answered closes this breaker soon after.
-                let again = left.min(self.circuit.policy.first_backoff);
+                // Ask again within a quarter of the first interval (one
+                // lookup, never a probe while the slot is taken), so a probe
+                // another instance gets answered closes this breaker soon
+                // after.
+                let again = left.min(self.circuit.policy.first_backoff / 4);
                 self.circuit.probe_abandoned(Instant::now() + again);
                 Err(Refusal::Down(left))
             }
