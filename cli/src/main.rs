@@ -33,6 +33,7 @@ mod inspect;
 mod locks;
 use herdguard_cli::proxy;
 mod proxy_cmd;
+mod proxy_values;
 mod purge;
 mod report;
 mod sentinel_nodes;
