@@ -9,7 +9,6 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Request, Response};
 
 use crate::engine::Resolved;
-use crate::error::Error;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::Detail;
 use crate::http::policy::Forward;
@@ -225,13 +224,9 @@ where
                 Ok(self.state.error_response(&error))
             }
             Resolved::WaitTimedOut(permit) => {
-                // The origin went down meanwhile: a copy stale-if-error
-                // allows answers rather than a refusal at the gate.
-                if let Some(retry_after) = self.state.engine.origin_down_for() {
-                    let error = Error::OriginDown { retry_after };
-                    if let Some(r) = self.stand_in().answer_for(&error) {
-                        return Ok(r);
-                    }
+                // The origin went down meanwhile: stale-if-error answers.
+                if let Some(r) = self.stand_in().while_down() {
+                    return Ok(r);
                 }
                 let status = self.state.status_fwd(self.fwd, Some(Detail::WaitTimeout));
                 let state = Arc::clone(&self.state);

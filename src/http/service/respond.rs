@@ -165,6 +165,12 @@ impl StandIn {
         }
     }
 
+    /// The stand-in while the origin's breaker is open, if one may answer.
+    pub(super) fn while_down<B>(&self) -> Option<Response<CacheBody<B>>> {
+        let retry_after = self.state.engine.origin_down_for()?;
+        self.answer_for(&Error::OriginDown { retry_after })
+    }
+
     /// The stored copy as `served`, if stale-if-error allows it.
     pub(super) fn answer_as<B>(&self, served: Served) -> Option<Response<CacheBody<B>>> {
         let kept;
