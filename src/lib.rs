@@ -178,7 +178,9 @@ mod store;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use engine::Json;
-pub use engine::{Cache, CacheBuilder, Freshness, Lookup, OriginBreaker, Value};
+pub use engine::{
+    Cache, CacheBuilder, Flight, Freshness, Lookup, OriginBreaker, OriginStatus, Value,
+};
 pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;

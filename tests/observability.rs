@@ -492,3 +492,48 @@ async fn route_labels_split_metrics_not_flights() {
         "stats count every route"
     );
 }
+
+/// Requests answered by another request's call count as `coalesced` (the
+/// leader as `miss`); requests that had to call the origin on their own
+/// count apart, by why: a flight's answer not storable, an unsafe method.
+/// Each burst: one leader, four others.
+#[tokio::test(start_paused = true)]
+async fn own_calls_count_apart_from_followers() {
+    let mut rec = recorded().lock().await;
+    const LANGS: [&str; 5] = ["l0", "l1", "l2", "l3", "l4"];
+    let burst = |app: axum::Router, path: &'static str| async move {
+        let all = LANGS.map(|l| send(&app, req(Method::GET, path, &[("accept-language", l)])));
+        futures_util::future::join_all(all).await
+    };
+    let layer = CacheLayer::builder()
+        .cache_name("own-calls")
+        .build()
+        .unwrap();
+    let delay = Duration::from_millis(200);
+    let shared = Origin::new(&[("cache-control", "max-age=60")]).delay(delay);
+    burst(shared.app(layer.clone()), "/shared").await;
+    assert_eq!(shared.calls(), 1);
+    let private = Origin::new(&[("cache-control", "private, max-age=60")]).delay(delay);
+    burst(private.app(layer.clone()), "/private").await;
+    assert_eq!(private.calls(), 5, "each asks for its own");
+    // Another variant than the flight's is a flight of its own: not alone.
+    let varies =
+        Origin::new(&[("cache-control", "max-age=60"), ("vary", "accept-language")]).delay(delay);
+    burst(varies.app(layer.clone()), "/varies").await;
+    assert_eq!(varies.calls(), 5, "one call per variant");
+    let post = send(
+        &shared.app(layer.clone()),
+        req(Method::POST, "/shared", &[]),
+    )
+    .await;
+    assert_eq!(post.0, 200);
+
+    let stats = layer.stats();
+    assert_eq!(stats.coalesced, 4, "only /shared's four");
+    assert_eq!(stats.own_calls, 5);
+    let samples = rec.of("own-calls");
+    let own = |r| total(&samples, "herdguard_own_calls_total", Some(("reason", r)));
+    assert_eq!(own("uncacheable"), 4, "{samples:?}");
+    assert_eq!(own("method"), 1, "{samples:?}");
+    assert_eq!(total(&samples, "herdguard_own_calls_total", None), 5);
+}

@@ -81,6 +81,53 @@ async fn priorities_hold_with_the_budget_full() {
     assert_eq!(origin.peak(), 1, "never more than the budget at once");
 }
 
+/// Under the budget, a background call still goes out only while this
+/// instance has fewer origin calls in flight than requests waiting on it:
+/// two requests waiting on one call leave room for one refresh, not two,
+/// however large the budget. Without that rule, four instances with a
+/// budget each (and 64 clients among them) had 74 calls at once at the
+/// origin.
+#[tokio::test(start_paused = true)]
+async fn background_calls_never_outnumber_the_clients() {
+    let origin = FaultyOrigin::new();
+    let layer = CacheLayer::builder().build().unwrap();
+    let app = origin.app(layer.clone());
+    origin.release(2);
+    send(&app, get_req("/slow/a")).await;
+    send(&app, get_req("/slow/b")).await;
+    // Both fresh for 20 s: 16 s on, each in the last quarter.
+    tokio::time::advance(Duration::from_secs(16)).await;
+    let waiting = [spawn_get(&app, "/slow/c"), spawn_get(&app, "/slow/c")];
+    until_called(&origin, 3).await;
+
+    // /slow/a, hit twice in the window: its refresh goes out (two requests
+    // wait, one call runs).
+    for _ in 0..2 {
+        let (_, h, _) = send(&app, get_req("/slow/a")).await;
+        assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    }
+    until_called(&origin, 4).await;
+    // /slow/b: two calls run for two waiting requests; skipped.
+    for _ in 0..2 {
+        let (_, h, _) = send(&app, get_req("/slow/b")).await;
+        assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(origin.calls(), 4, "/slow/b's refresh never went out");
+    assert_eq!(layer.stats().refreshes_skipped, 1);
+
+    // Both calls answered: the next hit on /slow/b may refresh it.
+    origin.release(2);
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), StatusCode::OK);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    send(&app, get_req("/slow/b")).await;
+    until_called(&origin, 5).await;
+    assert_eq!(origin.peak(), 2);
+    origin.release(1);
+}
+
 /// A miss that finds no permit within `max_wait` gets the layer's own 503
 /// with `Retry-After`, and the origin is not called for it.
 #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::compute::{Compute, ComputeFuture, Fill, FnCompute, Work};
 use super::config::EngineConfig;
+use super::flight::Flight;
 use super::purge_log::key_name;
 use super::resolve::{Engine, Resolved};
 use super::value::Value;
@@ -16,7 +17,7 @@ use crate::error::{BoxError, BuildError, Error};
 use crate::key::CacheKey;
 #[cfg(feature = "redis")]
 use crate::lock::redlock::Redlock;
-use crate::metrics::{Source, Stats};
+use crate::metrics::{OwnCall, Source, Stats};
 use crate::store::memory::{Probe, Stored};
 #[cfg(feature = "redis")]
 use crate::store::redis::RedisOptions;
@@ -229,16 +230,29 @@ impl<V: Value> Cache<V> {
                 Ok(lookup(&entry, Source::Stale))
             }
             Probe::Stale(_) | Probe::Pass | Probe::Miss => {
+                // Waits on the origin: counted while it does (see `Caller`).
+                let _caller = engine.gate.caller();
                 let mut compute = Some(as_fill);
                 match engine.resolve(*key, &mut compute).await {
                     Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
                     Resolved::Failed(e) => Err(e),
                     Resolved::WaitTimedOut(permit) => match compute.take() {
-                        Some(compute) => self.fallback(key, compute, Some(permit)).await,
+                        Some(compute) => {
+                            self.fallback(key, compute, Some(permit), OwnCall::WaitTimeout)
+                                .await
+                        }
                         None => Err(Error::Aborted),
                     },
-                    Resolved::Pass(_) | Resolved::Overloaded => match compute.take() {
-                        Some(compute) => self.fallback(key, compute, None).await,
+                    Resolved::Pass(_) => match compute.take() {
+                        Some(compute) => {
+                            self.fallback(key, compute, None, OwnCall::HitForPass).await
+                        }
+                        None => Err(Error::Aborted),
+                    },
+                    Resolved::Overloaded => match compute.take() {
+                        Some(compute) => {
+                            self.fallback(key, compute, None, OwnCall::Overloaded).await
+                        }
                         None => Err(Error::Aborted),
                     },
                 }
@@ -256,6 +270,7 @@ impl<V: Value> Cache<V> {
         key: &CacheKey,
         compute: impl Compute<V>,
         permit: Option<OwnedSemaphorePermit>,
+        why: OwnCall,
     ) -> Result<Lookup<V>, Error> {
         let permit = match permit {
             Some(p) => Some(p),
@@ -264,6 +279,7 @@ impl<V: Value> Cache<V> {
         let Some(_permit) = permit else {
             return Err(Error::Overloaded);
         };
+        self.engine.counters.own_call(why);
         let work = Work::waited(compute.start());
         let value = match self.engine.run_compute(*key, work).await? {
             Fill::Store { value, .. }
@@ -346,6 +362,12 @@ impl<V: Value> Cache<V> {
     /// Entries held in memory right now (after pending evictions run).
     pub fn entry_count(&self) -> u64 {
         self.engine.memory.entry_count()
+    }
+
+    /// The computations running right now, longest running first, at most
+    /// `limit` of them, as [`CacheLayer::flights`](crate::CacheLayer::flights).
+    pub fn flights(&self, limit: usize) -> Vec<Flight> {
+        self.engine.flights.now_running(limit)
     }
 
     /// Flights (computations) running right now.

@@ -14,12 +14,16 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::purge_log::{key_name, PurgeLog};
 use crate::error::Error;
 use crate::key::CacheKey;
+#[cfg(feature = "redis")]
+use crate::lock::watchdog::LeaseClock;
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 
@@ -93,6 +97,35 @@ struct Running<V> {
     forced: bool,
     /// The purge generation it started at.
     generation: u64,
+    /// When it started.
+    started: Instant,
+    /// Requests that joined it so far (its leader not counted).
+    joined: usize,
+    /// The Redis lease its leader holds, once taken.
+    #[cfg(feature = "redis")]
+    lease: Option<LeaseClock>,
+}
+
+/// A flight running now: what [`CacheLayer::flights`](crate::CacheLayer::flights)
+/// and [`Cache::flights`](crate::Cache::flights) list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Flight {
+    /// The key being filled.
+    pub key: CacheKey,
+    /// How long its origin call (or lease wait) has run.
+    pub age: Duration,
+    /// Requests on this instance that joined it so far, its leader not
+    /// counted (one that gave up waiting still counts).
+    pub waiters: usize,
+    /// Time left on the Redis lease this instance's leader holds for it;
+    /// `None` in memory, and while the leader has no lease (yet, or
+    /// because another instance holds it and this flight waits for its
+    /// fill).
+    pub lease_left: Option<Duration>,
+    /// A refresh of a stored copy (stale, ahead of expiry, or asked for by
+    /// a client), not a miss.
+    pub refresh: bool,
 }
 
 /// A running flight a caller joined ([`Flights::follow`]), to wait on.
@@ -136,7 +169,8 @@ impl<V> Flights<V> {
         // A poisoned map only means a panic elsewhere mid-insert; the map
         // itself is still consistent, so keep using it.
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(running) = map.get(&key) {
+        if let Some(running) = map.get_mut(&key) {
+            running.joined += 1;
             return (Role::Follower(running.rx.clone()), running.forced);
         }
         // Taken under the map lock (never waits), so a key never has a
@@ -151,6 +185,10 @@ impl<V> Flights<V> {
             rx,
             forced: refresh,
             generation: self.purges.generation(),
+            started: Instant::now(),
+            joined: 0,
+            #[cfg(feature = "redis")]
+            lease: None,
         };
         map.insert(key, running);
         drop(map);
@@ -168,8 +206,11 @@ impl<V> Flights<V> {
     /// The flight running for `key`, if one runs, joined without electing
     /// anyone: what [`Self::join_or_lead`] gives a follower.
     pub(crate) fn follow(&self, key: &CacheKey) -> Option<Joined<V>> {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(key).map(|running| Joined(running.rx.clone()))
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get_mut(key).map(|running| {
+            running.joined += 1;
+            Joined(running.rx.clone())
+        })
     }
 
     /// Whether a flight for `key` is running.
@@ -239,6 +280,40 @@ impl<V> Flights<V> {
                     e.mark_purged();
                 }
             }
+        }
+    }
+
+    /// The flights running now, oldest first, at most `limit` of them.
+    /// One pass over the map under its lock (bounded by the leader cap).
+    pub(crate) fn now_running(&self, limit: usize) -> Vec<Flight> {
+        let now = Instant::now();
+        let mut all: Vec<Flight> = {
+            let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+            map.iter()
+                .map(|(key, running)| Flight {
+                    key: *key,
+                    age: now.saturating_duration_since(running.started),
+                    waiters: running.joined,
+                    #[cfg(feature = "redis")]
+                    lease_left: running.lease.as_ref().map(LeaseClock::left),
+                    #[cfg(not(feature = "redis"))]
+                    lease_left: None,
+                    refresh: running.forced
+                        || !matches!(*running.rx.borrow(), FlightState::Running),
+                })
+                .collect()
+        };
+        all.sort_by(|a, b| b.age.cmp(&a.age));
+        all.truncate(limit);
+        all
+    }
+
+    /// The lease the leader of `key`'s flight now holds.
+    #[cfg(feature = "redis")]
+    pub(crate) fn note_lease(&self, key: &CacheKey, clock: LeaseClock) {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(running) = map.get_mut(key) {
+            running.lease = Some(clock);
         }
     }
 

@@ -51,9 +51,10 @@ mod value;
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill, Work};
 pub(crate) use config::EngineConfig;
+pub use flight::Flight;
 pub(crate) use flight::Joined;
-pub use gate::OriginBreaker;
-pub(crate) use gate::{Priority, Refusal};
+pub(crate) use gate::{Caller, Priority, Refusal};
+pub use gate::{OriginBreaker, OriginStatus};
 pub(crate) use resolve::{Engine, Resolved};
 pub(crate) use value::sealed::Internal;
 #[cfg(feature = "serde")]

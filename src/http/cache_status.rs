@@ -9,6 +9,7 @@ use http::header::HeaderValue;
 use crate::http::numbers;
 use crate::http::policy::{Forward, Unkeyed};
 use crate::http::state::LayerState;
+use crate::metrics::OwnCall;
 
 pub(crate) use crate::http::CACHE_STATUS;
 
@@ -58,7 +59,43 @@ impl Detail {
     }
 }
 
+impl Detail {
+    /// The reason counted for a request that went to the origin alone
+    /// with this detail; `None` for a word that says how an answer came.
+    fn own_call(self) -> Option<OwnCall> {
+        Some(match self {
+            Detail::RequestBody => OwnCall::RequestBody,
+            Detail::TooLarge => OwnCall::TooLarge,
+            Detail::HitForPass => OwnCall::HitForPass,
+            Detail::WaitTimeout => OwnCall::WaitTimeout,
+            Detail::StreamWindowPassed => OwnCall::StreamWindowPassed,
+            Detail::Overloaded => OwnCall::Overloaded,
+            Detail::ErrorNotShared => OwnCall::ErrorNotShared,
+            Detail::Uncacheable => OwnCall::Uncacheable,
+            Detail::Unkeyed(_) => OwnCall::Unkeyed,
+            Detail::Streamed => return None,
+        })
+    }
+}
+
 impl LayerState {
+    /// [`Self::status_fwd`] for a request about to call the origin on its
+    /// own, outside any flight: counted by why
+    /// ([`names::OWN_CALLS`](crate::metrics::names::OWN_CALLS)).
+    pub(crate) fn own_call_status(&self, fwd: Forward, detail: Option<Detail>) -> HeaderValue {
+        let why = match (detail, fwd) {
+            (Some(d), _) => d.own_call(),
+            (None, Forward::Method) => Some(OwnCall::Method),
+            (None, Forward::Request) => Some(OwnCall::Request),
+            (None, Forward::VaryMiss) => Some(OwnCall::VaryMiss),
+            (None, Forward::UriMiss | Forward::Stale) => None,
+        };
+        if let Some(why) = why {
+            self.counters().own_call(why);
+        }
+        self.status_fwd(fwd, detail)
+    }
+
     pub(crate) fn status(&self, params: std::fmt::Arguments<'_>) -> HeaderValue {
         use std::fmt::Write;
         let mut s = String::with_capacity(64);

@@ -12,6 +12,7 @@ use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::engine::Caller;
 use crate::http::body::CacheBody;
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::purge::Invalidation;
@@ -35,6 +36,9 @@ pin_project! {
         stripped: bool,
         // The byte range to cut from the cache's answer (never a bypass's).
         range: Option<Box<RangeRequest>>,
+        // Counts this request among those that may wait on the origin
+        // until it is answered (never a hit: that is answered at once).
+        caller: Option<Caller>,
         inner_future: PhantomData<fn() -> F>,
     }
 }
@@ -74,6 +78,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
             hide_cache_status: false,
             stripped: false,
             range: None,
+            caller: None,
             inner_future: PhantomData,
         }
     }
@@ -153,6 +158,18 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
         self.hide_cache_status = hide;
     }
+
+    /// Whether this answer may wait on the origin (anything but an answer
+    /// made at once).
+    pub(crate) fn may_wait(&self) -> bool {
+        !matches!(self.kind, Kind::Ready { .. })
+    }
+
+    /// Count the request among the origin's possible callers until it is
+    /// answered.
+    pub(crate) fn set_caller(&mut self, caller: Caller) {
+        self.caller = Some(caller);
+    }
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B, E> {
@@ -161,6 +178,7 @@ impl<F, B, E> Future for ResponseFuture<F, B, E> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut response = ready!(Self::poll_kind(this.kind, cx))?;
+        this.caller.take();
         if let Some(range) = this.range.take() {
             response = range.apply(response);
         }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use http::Uri;
 use tower_layer::Layer;
 
-use crate::engine::EngineConfig;
 use crate::engine::Internal;
+use crate::engine::{EngineConfig, Flight, OriginStatus};
 pub use crate::http::builder::CacheLayerBuilder;
 use crate::http::keys::url_key;
 use crate::http::purge::{AsUri, PurgeHandle, PurgeMode, PurgeTarget};
@@ -51,6 +51,34 @@ impl CacheLayer {
     /// Entries held in memory right now.
     pub fn entry_count(&self) -> u64 {
         self.state.engine.memory.entry_count()
+    }
+
+    /// This instance's origin budget and breaker now: permits in use,
+    /// calls queued, and while the breaker is open, the time to its next
+    /// probe.
+    ///
+    /// ```
+    /// let layer = herdguard::CacheLayer::builder().origin_budget(8).build().unwrap();
+    /// let origin = layer.origin_status();
+    /// assert_eq!((origin.budget_in_use, origin.budget_limit), (0, 8));
+    /// assert_eq!(origin.down_for, None);
+    /// ```
+    pub fn origin_status(&self) -> OriginStatus {
+        self.state.engine.gate.status()
+    }
+
+    /// The origin calls this instance is making right now, longest
+    /// running first, at most `limit` of them: each flight's key, age,
+    /// waiters and (with Redis) the time left on its lease. A snapshot
+    /// for diagnostics (the proxy's admin `/flights`, `herdguard top`); it
+    /// takes the flight map's lock once.
+    ///
+    /// ```
+    /// let layer = herdguard::CacheLayer::new();
+    /// assert!(layer.flights(16).is_empty(), "nothing asked yet");
+    /// ```
+    pub fn flights(&self, limit: usize) -> Vec<Flight> {
+        self.state.engine.flights.now_running(limit)
     }
 
     /// A layer for one route (or a group of routes) with its own

@@ -36,6 +36,22 @@ pub(crate) struct Stopped {
     pub(crate) remaining: Duration,
 }
 
+/// How long a watched lease has left, readable while the work runs (a
+/// Redlock lease: of its first term; its renewals are not tracked here).
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseClock {
+    started: Instant,
+    renewed_ms: Arc<AtomicU64>,
+    ttl: Duration,
+}
+
+impl LeaseClock {
+    pub(crate) fn left(&self) -> Duration {
+        let renewed = Duration::from_millis(self.renewed_ms.load(Ordering::Relaxed));
+        (self.started + renewed + self.ttl).saturating_duration_since(Instant::now())
+    }
+}
+
 /// A running watchdog.
 #[derive(Debug)]
 pub(crate) struct Watchdog {
@@ -132,6 +148,15 @@ impl Watchdog {
         }
     }
 
+    /// The lease's time left, to read while the work runs.
+    pub(crate) fn clock(&self) -> LeaseClock {
+        LeaseClock {
+            started: self.started,
+            renewed_ms: Arc::clone(&self.renewed_ms),
+            ttl: self.ttl,
+        }
+    }
+
     /// Stop extending; hand back what must still be released.
     pub(crate) async fn stop(mut self) -> Stopped {
         let lost = Arc::clone(&self.lost);
@@ -157,10 +182,7 @@ impl Watchdog {
         };
         let remaining = match &redlock {
             Some((_, lease)) => lease.remaining(),
-            None => {
-                let renewed = Duration::from_millis(self.renewed_ms.load(Ordering::Relaxed));
-                (self.started + renewed + self.ttl).saturating_duration_since(Instant::now())
-            }
+            None => self.clock().left(),
         };
         Stopped {
             lost: lost.load(Ordering::SeqCst),

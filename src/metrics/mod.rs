@@ -11,8 +11,10 @@ use std::sync::Arc;
 use metrics::{Key, Label, Level, Metadata};
 
 pub(crate) use origin::Skipped;
+pub(crate) use own_call::OwnCall;
 
 mod origin;
+mod own_call;
 
 /// How a request or lookup was answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -152,6 +154,7 @@ pub fn describe_metrics() {
     );
     describe_stream_metrics();
     origin::describe();
+    own_call::describe();
 }
 
 fn describe_stream_metrics() {
@@ -194,6 +197,12 @@ pub struct Stats {
     pub refreshes_skipped: u64,
     /// Probes sent to an origin whose breaker was open.
     pub probes: u64,
+    /// Requests that called the origin on their own, outside any flight
+    /// (an unsafe method, their own directives, a `Vary` variant not
+    /// stored, an answer not storable, a wait that ran out, …): the
+    /// coalescing the cache could not do. [`coalesced`](Self::coalesced)
+    /// counts the requests it did: answered by another request's call.
+    pub own_calls: u64,
 }
 
 /// One cache's counters and metric keys. Route layers with their own label
@@ -218,6 +227,7 @@ struct Tally {
     origin_refused: AtomicU64,
     refreshes_skipped: AtomicU64,
     probes: AtomicU64,
+    own_calls: AtomicU64,
 }
 
 /// Every metric key of one cache, labelled with its name and built once:
@@ -238,6 +248,8 @@ struct Keys {
     /// In the order of [`NotStoredLabel::ALL`].
     not_stored: [Key; 9],
     corrupt_entries: Key,
+    /// In the order of [`OwnCall::ALL`].
+    own_calls: [Key; 12],
     /// The origin gate's (budget, breaker).
     origin: origin::OriginKeys,
 }
@@ -289,6 +301,7 @@ impl Keys {
             not_stored: NotStoredLabel::ALL
                 .map(|r| key(names::NOT_STORED, Some(("reason", r.as_str())))),
             corrupt_entries: key(names::CORRUPT_ENTRIES, None),
+            own_calls: own_call::keys(&key),
             origin: origin::OriginKeys::new(&key),
         }
     }
@@ -303,7 +316,12 @@ impl Keys {
             cache_key(names::STREAM_READERS_CUT_OFF, &self.cache),
         );
         let redis_errors = cache_key(names::REDIS_ERRORS, &self.cache);
-        let mut counters: Vec<&Key> = self.requests.iter().chain(&self.not_stored).collect();
+        let mut counters: Vec<&Key> = self
+            .requests
+            .iter()
+            .chain(&self.not_stored)
+            .chain(&self.own_calls)
+            .collect();
         counters.extend([&self.origin_calls, &cut_off]);
         let mut histograms = vec![&self.wait, &self.entry_bytes, &ttfb];
         let mut gauges = Vec::new();
@@ -478,6 +496,7 @@ impl Counters {
             origin_refused: l(&self.tally.origin_refused),
             refreshes_skipped: l(&self.tally.refreshes_skipped),
             probes: l(&self.tally.probes),
+            own_calls: l(&self.tally.own_calls),
         }
     }
 }

@@ -45,6 +45,11 @@ impl Budget {
         self.limit
     }
 
+    /// Calls queued for a permit right now.
+    pub(super) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire).min(self.queue_limit)
+    }
+
     /// Permits taken right now.
     pub(super) fn in_use(&self) -> usize {
         self.limit - self.permits.available_permits().min(self.limit)

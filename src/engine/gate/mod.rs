@@ -14,6 +14,7 @@
 //! ```
 //! HTTP-agnostic: the caller says whether the call failed.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +44,21 @@ pub(crate) enum Priority {
     Revalidate,
     /// A refresh ahead of a fresh copy's expiry.
     Ahead,
+}
+
+/// The origin gate now, as [`CacheLayer::origin_status`](crate::CacheLayer::origin_status)
+/// reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OriginStatus {
+    /// Origin calls this instance is making now (permits of its budget taken).
+    pub budget_in_use: usize,
+    /// The instance's budget.
+    pub budget_limit: usize,
+    /// Calls queued for a permit now.
+    pub queued: usize,
+    /// `Some(until the next probe)` while the breaker refuses calls.
+    pub down_for: Option<Duration>,
 }
 
 /// Why a call did not go to the origin.
@@ -86,8 +102,27 @@ pub(crate) struct OriginGate {
     circuit: Arc<Circuit>,
     /// A call somebody waits for queues at most this long.
     wait: Duration,
+    /// Requests in flight that may wait on the origin (see [`Caller`]).
+    callers: Arc<AtomicUsize>,
     #[cfg(feature = "redis")]
     shared: Option<Shared>,
+}
+
+/// One request in flight that may wait on the origin (a miss, a
+/// revalidation, a bypass), counted while it lives. A background call goes
+/// out only while this instance has fewer origin calls in flight than such
+/// requests, or none at all while none waits: its calls then stay within
+/// what its clients could make at once without a cache (one more at most,
+/// when the one background call of an idle instance meets its client's
+/// next miss), whatever the budget, also for several instances with a
+/// budget each and none shared.
+#[derive(Debug)]
+pub(crate) struct Caller(Arc<AtomicUsize>);
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// An admitted call: its permits, given back when it is dropped.
@@ -119,9 +154,27 @@ impl OriginGate {
             budget,
             circuit: Arc::new(Circuit::new(breaker, probe_limit)),
             wait,
+            callers: Arc::new(AtomicUsize::new(0)),
             #[cfg(feature = "redis")]
             shared: None,
         }
+    }
+
+    /// Count one request in flight until the [`Caller`] is dropped.
+    pub(crate) fn caller(&self) -> Caller {
+        self.callers.fetch_add(1, Ordering::Relaxed);
+        Caller(Arc::clone(&self.callers))
+    }
+
+    /// A background call's place in the budget: one to spare beyond its
+    /// priority's headroom, and fewer calls in flight here than requests
+    /// waiting on the origin (or, with none waiting, no call at all).
+    fn background_permit(&self, priority: Priority) -> Result<OwnedSemaphorePermit, Refusal> {
+        let waiting = self.callers.load(Ordering::Relaxed);
+        if self.budget.in_use() >= waiting.max(1) {
+            return Err(Refusal::Skipped);
+        }
+        self.budget.try_take(priority)
     }
 
     /// Share the breaker (and a cluster budget, if it has one) through Redis.
@@ -130,6 +183,16 @@ impl OriginGate {
         counters.budget_limits(self.budget.limit(), shared.budget_limit());
         self.shared = Some(shared);
         self
+    }
+
+    /// The budget and the breaker now.
+    pub(crate) fn status(&self) -> OriginStatus {
+        OriginStatus {
+            budget_in_use: self.budget.in_use(),
+            budget_limit: self.budget.limit(),
+            queued: self.budget.queued(),
+            down_for: self.down_for(),
+        }
     }
 
     pub(crate) fn breaker(&self) -> &OriginBreaker {
@@ -148,7 +211,7 @@ impl OriginGate {
         if let Some(left) = self.down_for() {
             return Err(Refusal::Down(left));
         }
-        let permit = self.budget.try_take(priority)?;
+        let permit = self.background_permit(priority)?;
         // Last: a probe is taken only by a call that has its permit.
         let probe = self.circuit_admit()?;
         Ok(self.ticket(permit, probe))
@@ -206,7 +269,7 @@ impl OriginGate {
                 }
                 let permit = match priority {
                     Priority::Waited => self.budget.take(deadline, counters).await?,
-                    background => self.budget.try_take(background)?,
+                    background => self.background_permit(background)?,
                 };
                 // Asked again once the permit is held: the breaker may have
                 // opened while this call queued, and a probe is taken only

@@ -38,6 +38,7 @@ impl<V: Value> Engine<V> {
         let single = matches!(lease, HeldLease::Single(_));
         let held_since = Instant::now();
         let (watchdog, token) = self.watch_lease(remote, key, lease, fence);
+        self.flights.note_lease(&key, watchdog.clock());
         let started = Instant::now();
         let result = self.run_compute(key, fut).await;
         let took = started.elapsed();

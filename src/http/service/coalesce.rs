@@ -228,7 +228,9 @@ where
                 if let Some(r) = self.stand_in().while_down() {
                     return Ok(r);
                 }
-                let status = self.state.status_fwd(self.fwd, Some(Detail::WaitTimeout));
+                let status = self
+                    .state
+                    .own_call_status(self.fwd, Some(Detail::WaitTimeout));
                 let state = Arc::clone(&self.state);
                 direct_with(&state, self.own_call(), status, Some(permit)).await
             }
@@ -340,7 +342,7 @@ where
         let Some(reader) = stream.body.reader(Some(self.arrived)) else {
             let status = self
                 .state
-                .status_fwd(self.fwd, Some(Detail::StreamWindowPassed));
+                .own_call_status(self.fwd, Some(Detail::StreamWindowPassed));
             let state = Arc::clone(&self.state);
             return released(&state, self.own_call(), status, |_| None).await;
         };
@@ -479,7 +481,7 @@ where
         self: Box<Self>,
         detail: Detail,
     ) -> Result<Response<CacheBody<ResB>>, S::Error> {
-        let status = self.state.status_fwd(self.fwd, Some(detail));
+        let status = self.state.own_call_status(self.fwd, Some(detail));
         self.release_with(status).await
     }
 
@@ -500,7 +502,7 @@ where
     ) -> Result<Response<CacheBody<ResB>>, S::Error> {
         // Never a variant made for other header values, from any path.
         if !entry.value.vary_matches(&self.headers) {
-            let status = self.state.status_fwd(Forward::VaryMiss, None);
+            let status = self.state.own_call_status(Forward::VaryMiss, None);
             return self.release_with(status).await;
         }
         // A stored copy shared by the flight may still be refused by this
@@ -509,7 +511,7 @@ where
         if refuses(&self.state, self.reload(), &self.headers, &entry, source) {
             let call = self.own_call();
             let state = Arc::clone(&self.state);
-            return direct(&state, call, state.status_fwd(Forward::Request, None)).await;
+            return direct(&state, call, state.own_call_status(Forward::Request, None)).await;
         }
         if entry.value.status.is_server_error() {
             if let Some(r) = self.fallback(Some(entry.value.status.as_u16())) {
@@ -556,7 +558,7 @@ where
                 self.state.counters().record(Source::Bypass);
                 let status = self
                     .state
-                    .status_fwd(Forward::UriMiss, Some(Detail::HitForPass));
+                    .own_call_status(Forward::UriMiss, Some(Detail::HitForPass));
                 let state = Arc::clone(&self.state);
                 return pass_uncapped(&state, self.own_call(), status).await;
             }

@@ -66,14 +66,14 @@ impl LayerState {
             RequestVerdict::Bypass(fwd) => {
                 let invalidate =
                     policy::invalidates(req.method()).then(|| self.invalidation_for(req));
-                return Gate::Bypass(self.status_fwd(fwd, None), invalidate);
+                return Gate::Bypass(self.own_call_status(fwd, None), invalidate);
             }
         };
         // A GET or HEAD with a body means something the key cannot see, and
         // a rebuilt request would drop the body but keep its framing: pass
         // it through untouched, body and all.
         if scan.framing && has_body(req.headers()) {
-            let status = self.status_fwd(Forward::Request, Some(Detail::RequestBody));
+            let status = self.own_call_status(Forward::Request, Some(Detail::RequestBody));
             return Gate::Bypass(status, None);
         }
         // The key and the origin must read one host and one method and URL:
@@ -87,7 +87,7 @@ impl LayerState {
             RequestForm::Keyed => Gate::Cache(rd),
             RequestForm::UppercaseHost => Gate::LowercaseHost(rd),
             RequestForm::Unkeyed(why) => {
-                let status = self.status_fwd(Forward::Request, Some(Detail::Unkeyed(why)));
+                let status = self.own_call_status(Forward::Request, Some(Detail::Unkeyed(why)));
                 Gate::Bypass(status, None)
             }
         }
@@ -385,7 +385,7 @@ impl<'a> Past<'a> {
             return self.boxed(fut);
         }
         state.counters().record(Source::Bypass);
-        let status = state.status_fwd(Forward::UriMiss, Some(Detail::HitForPass));
+        let status = state.own_call_status(Forward::UriMiss, Some(Detail::HitForPass));
         ResponseFuture::bypass(inner, req, status, None)
     }
 

@@ -160,6 +160,9 @@ where
         };
         let mut fut = self.route(req.map(RequestBody::new), &scan);
         fut.set_exit(range, strip, self.state.stripped_header(), hide);
+        if fut.may_wait() {
+            fut.set_caller(self.state.engine.gate.caller());
+        }
         fut
     }
 }
@@ -205,7 +208,7 @@ impl<S> CacheService<S> {
         let target = state.target_with(&req, route_key, scan.authorization, HostSeen::Admitted);
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
             state.counters().record(Source::Bypass);
-            let status = state.status_fwd(Forward::Request, Some(Detail::TooLarge));
+            let status = state.own_call_status(Forward::Request, Some(Detail::TooLarge));
             return ResponseFuture::bypass(inner.clone(), req, status, None);
         }
         let span = request_span(&target.key);
