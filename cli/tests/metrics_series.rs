@@ -646,7 +646,8 @@ async fn origin() -> SocketAddr {
             "nofresh" => r,
             "fail" => r.status(StatusCode::SERVICE_UNAVAILABLE),
             "slow" => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Long enough for the whole burst to arrive and wait on it.
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 r.header("cache-control", "max-age=60")
             }
             _ => r
