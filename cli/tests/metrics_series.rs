@@ -1,0 +1,928 @@
+//! What a running `herdguard proxy` shows on `/metrics`, read over real
+//! loopback: the shipped Grafana dashboard (dashboards/herdguard.json) asks
+//! only for series the proxy registers, and no series carries anything a
+//! request chose (a key, a URL, a header) as a label.
+
+use herdguard_testkit as support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode, Uri};
+use axum::Router;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use support::RedisServer;
+
+// ---------------------------------------------------------------------------
+// The proxy process and its /metrics
+// ---------------------------------------------------------------------------
+
+/// A running `herdguard proxy` with an admin listener; killed on drop.
+struct Proxy {
+    _child: tokio::process::Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Proxy {
+    async fn start(args: &[&str]) -> Self {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
+            .arg("proxy")
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the proxy starts");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let sink = Arc::clone(&stderr);
+        // Drained all along (the access log goes there), so a full pipe never blocks the proxy.
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = err_lines.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), out.next_line())
+            .await
+            .expect("the proxy is ready within 30 s")
+            .unwrap()
+            .unwrap_or_else(|| panic!("no ready line; stderr: {:?}", stderr.lock().unwrap()));
+        // "herdguard proxy listening on http://A upstream U admin http://B redis ..."
+        let word = |after: &str| {
+            let rest = line.split(after).nth(1)?;
+            let w = rest.split_whitespace().next()?;
+            w.split("://").nth(1)?.parse::<SocketAddr>().ok()
+        };
+        Self {
+            addr: word("listening on ").unwrap_or_else(|| panic!("{line}")),
+            admin: word(" admin ").unwrap_or_else(|| panic!("{line}")),
+            _child: child,
+        }
+    }
+
+    async fn metrics(&self) -> Exposition {
+        let (code, _, body) = get(&format!("http://{}/metrics", self.admin), &[]).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        Exposition::parse(&body)
+    }
+}
+
+async fn get(url: &str, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, String) {
+    let mut r = Request::get(url);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request(r.body(Body::empty()).unwrap()),
+    )
+    .await
+    .expect("answered within 20 s")
+    .expect("a response");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// One sample line of the Prometheus text format.
+#[derive(Debug)]
+struct Series {
+    name: String,
+    labels: Vec<(String, String)>,
+}
+
+/// A parsed `/metrics` page: every sample, and each family's `# TYPE`.
+#[derive(Debug)]
+struct Exposition {
+    text: String,
+    series: Vec<Series>,
+    types: BTreeMap<String, String>,
+}
+
+impl Exposition {
+    fn parse(text: &str) -> Self {
+        let mut series = Vec::new();
+        let mut types = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut w = rest.split_whitespace();
+                let (name, kind) = (w.next().unwrap(), w.next().unwrap());
+                types.insert(name.to_owned(), kind.to_owned());
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            series.push(parse_sample(line));
+        }
+        Self {
+            text: text.to_owned(),
+            series,
+            types,
+        }
+    }
+
+    /// The kind of the series name as a query sees it: `counter`, `gauge`,
+    /// or `histogram_part` for a histogram's `_bucket`, `_sum`, `_count`
+    /// (a histogram's bare name is no series at all).
+    fn kind_of(&self, name: &str) -> Option<&'static str> {
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                if matches!(
+                    self.types.get(base).map(String::as_str),
+                    Some("histogram" | "summary")
+                ) {
+                    // A summary has no buckets.
+                    if suffix == "_bucket" && self.types[base] == "summary" {
+                        return None;
+                    }
+                    return Some("histogram_part");
+                }
+            }
+        }
+        match self.types.get(name).map(String::as_str) {
+            Some("counter") => Some("counter"),
+            Some("gauge") => Some("gauge"),
+            _ => None,
+        }
+    }
+
+    /// Each series once: its family's name and its labels but a bucket's bound.
+    fn label_sets(&self) -> BTreeSet<(String, Vec<(String, String)>)> {
+        self.series
+            .iter()
+            .map(|s| {
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|x| {
+                        s.name
+                            .strip_suffix(x)
+                            .filter(|b| self.types.contains_key(*b))
+                    })
+                    .unwrap_or(&s.name);
+                let labels = s
+                    .labels
+                    .iter()
+                    .filter(|(k, _)| k != "le" && k != "quantile")
+                    .cloned()
+                    .collect();
+                (family.to_owned(), labels)
+            })
+            .collect()
+    }
+
+    /// Every sample of the series name `name`.
+    fn of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Series> + 'a {
+        self.series.iter().filter(move |s| s.name == name)
+    }
+}
+
+/// `name{a="x",b="y"} value` (label values unescaped).
+fn parse_sample(line: &str) -> Series {
+    let name_end = line
+        .find(['{', ' '])
+        .unwrap_or_else(|| panic!("no value: {line}"));
+    let name = line[..name_end].to_owned();
+    let mut labels = Vec::new();
+    if line[name_end..].starts_with('{') {
+        let mut chars = line[name_end + 1..].chars();
+        loop {
+            let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+            let key = key.trim_start_matches(',').trim().to_owned();
+            assert_eq!(chars.next(), Some('"'), "{line}");
+            let mut value = String::new();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some('n') => value.push('\n'),
+                        Some(other) => value.push(other),
+                        None => panic!("{line}"),
+                    },
+                    '"' => break,
+                    c => value.push(c),
+                }
+            }
+            labels.push((key, value));
+            match chars.next() {
+                Some(',') if chars.clone().next() == Some('}') => break,
+                Some(',') => {}
+                Some('}') => break,
+                other => panic!("{other:?} after a label in {line}"),
+            }
+        }
+    }
+    Series { name, labels }
+}
+
+// ---------------------------------------------------------------------------
+// PromQL: the metric names an expression reads
+// ---------------------------------------------------------------------------
+
+/// A metric an expression reads: its name, the functions it sits inside
+/// (outermost first), and its selector's matchers (`label`, `op`, `value`).
+#[derive(Debug, PartialEq)]
+struct MetricRef {
+    name: String,
+    functions: Vec<String>,
+    matchers: Vec<(String, String, String)>,
+}
+
+/// PromQL aggregations: `sum by (le) (x)` puts the `(` after the clause.
+const AGGREGATIONS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+];
+
+/// PromQL words between operands, and number words: no metric.
+const OPERATORS: &[&str] = &[
+    "and", "or", "unless", "bool", "offset", "atan2", "inf", "nan",
+];
+
+/// Keywords whose parenthesis holds label names, not expressions.
+const LABEL_LISTS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+
+/// Every metric `expr` reads. A small lexer, not a full parser: strings,
+/// `[range]`s and `$variables` are skipped, label lists after `by` and the
+/// like too, and a word followed by `(` is a function.
+fn metric_refs(expr: &str) -> Vec<MetricRef> {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut refs = Vec::new();
+    // Open parentheses: the function each belongs to ("" for grouping).
+    let mut stack: Vec<String> = Vec::new();
+    // An aggregation whose `(` comes after its `by (...)` clause.
+    let mut pending: Option<String> = None;
+    let mut i = 0;
+    let skip_ws = |mut j: usize| {
+        while j < chars.len() && chars[j].is_whitespace() {
+            j += 1;
+        }
+        j
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '"' || c == '\'' || c == '`' {
+            i = skip_string(&chars, i);
+        } else if c == '[' {
+            while i < chars.len() && chars[i] != ']' {
+                i += 1;
+            }
+            i += 1;
+        } else if c == '$' {
+            i += 1;
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+        } else if c.is_ascii_digit()
+            || (c == '.' && i + 1 < chars.len() && chars[i + 1].is_ascii_digit())
+        {
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                i += 1;
+            }
+        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let next = skip_ws(i);
+            if LABEL_LISTS.contains(&word.as_str()) {
+                // `by (a, b)`: skip the list.
+                if next < chars.len() && chars[next] == '(' {
+                    i = next;
+                    while i < chars.len() && chars[i] != ')' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+            } else if (next < chars.len() && chars[next] == '(')
+                || AGGREGATIONS.contains(&word.as_str())
+            {
+                pending = Some(word);
+            } else if OPERATORS.contains(&word.as_str()) {
+                // Between operands: nothing to read.
+            } else {
+                let mut matchers = Vec::new();
+                if next < chars.len() && chars[next] == '{' {
+                    let (m, end) = selector(&chars, next);
+                    matchers = m;
+                    i = end;
+                }
+                refs.push(MetricRef {
+                    name: word,
+                    functions: stack.iter().filter(|f| !f.is_empty()).cloned().collect(),
+                    matchers,
+                });
+            }
+        } else if c == '{' {
+            // A selector with no name (`{__name__="x"}`): read its name matcher.
+            let (m, end) = selector(&chars, i);
+            let name = m
+                .iter()
+                .find(|(k, op, _)| k == "__name__" && op == "=")
+                .map(|(_, _, v)| v.clone())
+                .unwrap_or_else(|| panic!("a selector without a fixed name in {expr}"));
+            refs.push(MetricRef {
+                name,
+                functions: stack.iter().filter(|f| !f.is_empty()).cloned().collect(),
+                matchers: m,
+            });
+            i = end;
+        } else if c == '(' {
+            stack.push(pending.take().unwrap_or_default());
+            i += 1;
+        } else if c == ')' {
+            stack.pop();
+            i += 1;
+        } else {
+            i += 1;
+        }
+    }
+    refs
+}
+
+/// The index just past the string literal opening at `start`.
+fn skip_string(chars: &[char], start: usize) -> usize {
+    let quote = chars[start];
+    let mut i = start + 1;
+    while i < chars.len() && chars[i] != quote {
+        if chars[i] == '\\' && quote != '`' {
+            i += 1;
+        }
+        i += 1;
+    }
+    i + 1
+}
+
+/// The matchers of the selector opening at `start` (`{`), and the index past its `}`.
+fn selector(chars: &[char], start: usize) -> (Vec<(String, String, String)>, usize) {
+    let end = {
+        let mut i = start + 1;
+        while i < chars.len() && chars[i] != '}' {
+            if chars[i] == '"' || chars[i] == '\'' || chars[i] == '`' {
+                i = skip_string(chars, i);
+            } else {
+                i += 1;
+            }
+        }
+        i
+    };
+    let mut matchers = Vec::new();
+    let mut i = start + 1;
+    while i < end {
+        while i < end && (chars[i].is_whitespace() || chars[i] == ',') {
+            i += 1;
+        }
+        if i >= end {
+            break;
+        }
+        let k0 = i;
+        while i < end && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+            i += 1;
+        }
+        let label: String = chars[k0..i].iter().collect();
+        let o0 = i;
+        while i < end && matches!(chars[i], '=' | '!' | '~' | ' ') {
+            i += 1;
+        }
+        let op: String = chars[o0..i].iter().filter(|c| **c != ' ').collect();
+        let v_end = skip_string(chars, i);
+        let value: String = chars[i + 1..v_end - 1].iter().collect();
+        matchers.push((label, op, value));
+        i = v_end;
+    }
+    (matchers, end + 1)
+}
+
+/// Every query of the dashboard: each panel's targets (rows' panels too)
+/// and each query variable's `label_values(metric, label)`, as (where, expr).
+fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<(String, String)> {
+    fn panels(list: &serde_json::Value, out: &mut Vec<(String, String)>) {
+        for panel in list.as_array().into_iter().flatten() {
+            let title = panel["title"].as_str().unwrap_or("?");
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("panel {title:?}: a target with no expr"));
+                out.push((format!("panel {title:?}"), expr.to_owned()));
+            }
+            panels(&panel["panels"], out);
+        }
+    }
+    let mut out = Vec::new();
+    panels(&dashboard["panels"], &mut out);
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if var["type"] == "query" {
+            let q = var["query"]["query"]
+                .as_str()
+                .or_else(|| var["query"].as_str())
+                .expect("a query variable's query");
+            out.push((format!("variable {}", var["name"]), q.to_owned()));
+        }
+    }
+    out
+}
+
+/// `label_values(metric, label)` as the selector `metric` and its label.
+fn label_values(query: &str) -> Option<(String, String)> {
+    let args = query.strip_prefix("label_values(")?.strip_suffix(')')?;
+    let (metric, label) = args.rsplit_once(',')?;
+    Some((metric.trim().to_owned(), label.trim().to_owned()))
+}
+
+/// What is wrong with `r` against the registered series, if anything.
+fn check_ref(r: &MetricRef, exposition: &Exposition) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(kind) = exposition.kind_of(&r.name) else {
+        let hint = if exposition.types.get(&r.name).map(String::as_str) == Some("histogram") {
+            " (a histogram: query its _bucket, _sum or _count)"
+        } else {
+            ""
+        };
+        return vec![format!("{} is not registered{hint}", r.name)];
+    };
+    let innermost = r.functions.last().map(String::as_str);
+    if matches!(innermost, Some("rate" | "irate" | "increase")) && kind == "gauge" {
+        problems.push(format!(
+            "{} is a gauge inside {}()",
+            r.name,
+            innermost.unwrap()
+        ));
+    }
+    if r.functions.iter().any(|f| f == "histogram_quantile") && !r.name.ends_with("_bucket") {
+        problems.push(format!(
+            "{} inside histogram_quantile() is no _bucket",
+            r.name
+        ));
+    }
+    for (label, op, value) in &r.matchers {
+        if label == "__name__" {
+            continue;
+        }
+        let mut samples = exposition.of(&r.name);
+        if !samples.any(|s| s.labels.iter().any(|(k, _)| k == label)) {
+            problems.push(format!("{} has no label {label}", r.name));
+        } else if op == "=" && !value.starts_with('$') {
+            let mut samples = exposition.of(&r.name);
+            if !samples.any(|s| s.labels.iter().any(|(k, v)| k == label && v == value)) {
+                problems.push(format!("{} has no series with {label}=\"{value}\"", r.name));
+            }
+        }
+    }
+    problems
+}
+
+/// The lexer finds the metrics of the dashboard's shapes of query, with their functions and matchers, and nothing else.
+#[test]
+fn promql_metric_names_are_extracted() {
+    let refs = metric_refs(
+        r#"histogram_quantile(0.99, sum by (le) (rate(herdguard_wait_seconds_bucket{cache=~"$cache"}[$__rate_interval])))"#,
+    );
+    assert_eq!(
+        refs,
+        [MetricRef {
+            name: "herdguard_wait_seconds_bucket".into(),
+            functions: vec!["histogram_quantile".into(), "sum".into(), "rate".into()],
+            matchers: vec![("cache".into(), "=~".into(), "$cache".into())],
+        }]
+    );
+    let names = |e: &str| -> Vec<String> { metric_refs(e).into_iter().map(|r| r.name).collect() };
+    assert_eq!(
+        names(
+            r#"sum(rate(a_total{cache=~"$cache",outcome="x{y}"}[5m])) / ignoring (outcome) sum without (cache) (rate(b_total[1m] offset 5m)) > bool 0.5 and on(cache) c"#
+        ),
+        ["a_total", "b_total", "c"]
+    );
+    assert_eq!(
+        names(r#"min(g) or vector(0) unless {__name__="d"}"#),
+        ["g", "d"]
+    );
+    let offset = metric_refs("rate(h[5m] offset 1h) * on (x) group_left (y) (i)");
+    assert_eq!(offset[0].functions, ["rate"]);
+    assert_eq!(offset[1].name, "i");
+    assert!(offset[1].functions.is_empty(), "{offset:?}");
+    assert_eq!(
+        names("count by (x) (e) * 1e3 + sum_over_time(f[1h:5m])"),
+        ["e", "f"]
+    );
+}
+
+/// Every query in dashboards/herdguard.json names a series that a running proxy (Redis, origin budget, cluster budget, breaker, access log) registers: histograms by their `_bucket`/`_sum`/`_count`, no gauge under rate(), every fixed label value one it shows.
+#[tokio::test]
+async fn dashboard_queries_name_registered_metrics() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../dashboards/herdguard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the dashboard"))
+            .expect("the dashboard is JSON");
+    let queries = dashboard_queries(&dashboard);
+    assert!(
+        queries.len() >= 10,
+        "only {} queries in {path}",
+        queries.len()
+    );
+
+    let redis = RedisServer::start();
+    let origin = origin().await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &redis.url(),
+        "--origin-budget",
+        "4",
+        "--cluster-origin-budget",
+        "8",
+        "--breaker-failures",
+        "3",
+        "--access-log",
+        "stderr",
+    ])
+    .await;
+    // Everything is registered at 0 when the proxy starts: no request first.
+    let exposition = proxy.metrics().await;
+
+    let mut problems = Vec::new();
+    let mut checked = BTreeSet::new();
+    for (place, expr) in &queries {
+        let refs = match label_values(expr) {
+            Some((metric, label)) => {
+                let mut refs = metric_refs(&metric);
+                for r in &mut refs {
+                    r.matchers.push((label.clone(), "=~".into(), "$".into()));
+                }
+                refs
+            }
+            None => metric_refs(expr),
+        };
+        if refs.is_empty() {
+            problems.push(format!("{place}: no metric in {expr}"));
+        }
+        for r in refs {
+            for p in check_ref(&r, &exposition) {
+                problems.push(format!("{place}: {p}\n    in {expr}"));
+            }
+            checked.insert(r.name);
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the dashboard names what the proxy does not register:\n{}\n\nregistered:\n{}",
+        problems.join("\n"),
+        exposition
+            .types
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(checked.len() >= 10, "{checked:?}");
+    drop(proxy);
+}
+
+// ---------------------------------------------------------------------------
+// Labels: nothing a request chose
+// ---------------------------------------------------------------------------
+
+/// In every hostile request: found anywhere on /metrics, a request leaked into it.
+const CANARY: &str = "zqcanary";
+
+/// An origin with one answer of each kind the cache counts apart: stored,
+/// uncacheable for one reason or another, slow (so requests coalesce),
+/// failing. Everything it is asked is cacheable unless the path says otherwise.
+async fn origin() -> SocketAddr {
+    async fn answer(uri: Uri) -> axum::response::Response {
+        let path = uri.path();
+        let mut r = axum::response::Response::builder();
+        let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+        r = match first {
+            "cookie" => r
+                .header("cache-control", "max-age=60")
+                .header("set-cookie", "s=1"),
+            "private" => r.header("cache-control", "private, max-age=60"),
+            "nostore" => r.header("cache-control", "no-store"),
+            "varystar" => r.header("cache-control", "max-age=60").header("vary", "*"),
+            "nofresh" => r,
+            "fail" => r.status(StatusCode::SERVICE_UNAVAILABLE),
+            "slow" => {
+                // Long enough for the whole burst to arrive and wait on it.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                r.header("cache-control", "max-age=60")
+            }
+            _ => r
+                .header("cache-control", "max-age=60")
+                .header("vary", "x-canary"),
+        };
+        r.body(Body::from(format!("answer for {path}"))).unwrap()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().fallback(answer);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// One request written as raw bytes (any Host, any header text), the
+/// answer read to its end; bounded.
+async fn raw(addr: SocketAddr, head: &str) -> String {
+    let exchange = async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    tokio::time::timeout(Duration::from_secs(20), exchange)
+        .await
+        .expect("answered within 20 s")
+}
+
+/// A path segment of `len` characters that no two calls share.
+fn noise(seed: u64, len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~";
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift: reproducible, no dependency.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ALPHABET[(x % ALPHABET.len() as u64) as usize] as char
+        })
+        .collect()
+}
+
+/// The label names a series may carry, and for each the values it may take
+/// (`None`: checked by shape below).
+fn allowed_values(label: &str) -> Option<Option<&'static [&'static str]>> {
+    const CACHE: &[&str] = &["herdguard"];
+    const OUTCOME: &[&str] = &["hit", "stale", "miss", "coalesced", "bypass", "error"];
+    const REASON: &[&str] = &[
+        // herdguard_not_stored_total
+        "set-cookie",
+        "private",
+        "no-store",
+        "no-freshness",
+        "too-large",
+        "vary-star",
+        "authorization",
+        "status",
+        "other",
+        // herdguard_origin_refused_total
+        "busy",
+        "down",
+        // herdguard_refreshes_skipped_total
+        "budget",
+        "breaker",
+        "backoff",
+    ];
+    const RESULT: &[&str] = &["acquired", "contended", "expired_mid_work"];
+    const CLASS: &[&str] = &["connection", "timeout", "role", "oom", "foreign", "other"];
+    const TO: &[&str] = &["open", "closed"];
+    Some(match label {
+        "cache" => Some(CACHE),
+        "outcome" => Some(OUTCOME),
+        "reason" => Some(REASON),
+        "result" => Some(RESULT),
+        "class" => Some(CLASS),
+        "to" => Some(TO),
+        // A Redis operation's name (a `&'static str` of the code), a bucket bound.
+        "op" | "le" | "quantile" => None,
+        _ => return None,
+    })
+}
+
+/// After hostile traffic (long random paths, tokens in queries, odd Host headers, forwarding and other headers with meta characters, hundreds of distinct URLs, unsafe methods), every series on /metrics has only known label names and values from a bounded set, and no request text appears anywhere on the page.
+#[tokio::test]
+async fn no_label_carries_request_text() {
+    let redis = RedisServer::start();
+    let origin = origin().await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &format!("http://{origin}"),
+        "--redis",
+        &redis.url(),
+        "--origin-budget",
+        "16",
+        "--breaker-failures",
+        "3",
+    ])
+    .await;
+    let before = proxy.metrics().await;
+    assert!(
+        !before.text.to_ascii_lowercase().contains(CANARY),
+        "{}",
+        before.text
+    );
+
+    // Many distinct URLs, each kind of answer, long random paths and
+    // queries with tokens; through a plain client.
+    let kinds = [
+        "", "cookie", "private", "nostore", "varystar", "nofresh", "fail",
+    ];
+    let mut sent = 0u64;
+    for i in 0..280u64 {
+        let kind = kinds[i as usize % kinds.len()];
+        let path = format!(
+            "/{kind}/{CANARY}-{}?access_token={CANARY}{}&redirect=https%3A%2F%2F{CANARY}.test%2F%22%7D",
+            noise(i, 16 + (i as usize * 37) % 1500),
+            noise(i + 7, 24),
+        );
+        let bearer = format!("Bearer {CANARY}{i}");
+        let headers: &[(&str, &str)] = if i % 5 == 0 {
+            &[("authorization", &bearer), ("x-canary", CANARY)]
+        } else {
+            &[("x-canary", CANARY), ("user-agent", CANARY)]
+        };
+        get(&format!("http://{}{path}", proxy.addr), headers).await;
+        sent += 1;
+    }
+    // The same hostile URL three times: a miss, then hits.
+    let again = format!("http://{}/{CANARY}-again?token={CANARY}", proxy.addr);
+    for _ in 0..3 {
+        get(&again, &[("x-canary", CANARY)]).await;
+        sent += 1;
+    }
+    // A burst on one slow key: coalesced waiters and a lease election.
+    let burst: Vec<_> = (0..20)
+        .map(|_| {
+            let url = format!("http://{}/slow/{CANARY}-burst?t={CANARY}", proxy.addr);
+            tokio::spawn(async move { get(&url, &[]).await.0 })
+        })
+        .collect();
+    for b in burst {
+        assert_eq!(b.await.unwrap(), StatusCode::OK);
+        sent += 1;
+    }
+    // Odd Host headers, forwarding headers and header values with the
+    // characters a label escape or a PromQL selector would trip on, and
+    // unsafe methods; as raw bytes, so nothing is cleaned up on the way.
+    let meta = format!(r#"{CANARY}"}},x="y\"\\{{a="b"}} ${{cache}} %22 ' ; | ` <script>"#);
+    let hosts = [
+        format!("{CANARY}.test"),
+        format!("{CANARY}.test:99999"),
+        format!("[::1]:{CANARY}"),
+        format!("{CANARY}\"}}"),
+        format!("user:{CANARY}@evil.test"),
+        String::new(),
+    ];
+    for (i, host) in hosts.iter().enumerate() {
+        for method in ["GET", "HEAD", "POST", "PURGE", CANARY] {
+            let head = format!(
+                "{method} /{CANARY}/{}?q={CANARY} HTTP/1.1\r\nhost: {host}\r\n\
+                 x-forwarded-for: {CANARY}, 10.0.0.{i}\r\nx-forwarded-host: {CANARY}.test\r\n\
+                 x-forwarded-proto: {CANARY}\r\nforwarded: for=\"{CANARY}\";host={CANARY}\r\n\
+                 x-http-method-override: {CANARY}\r\nx-canary: {meta}\r\ncookie: sid={CANARY}\r\n\
+                 content-length: 0\r\nconnection: close\r\n\r\n",
+                noise(i as u64 + 1000, 40)
+            );
+            let answer = raw(proxy.addr, &head).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 "),
+                "{method} host {host:?}: {answer:?}"
+            );
+            sent += 1;
+        }
+    }
+    // An absolute-form target naming another host.
+    let answer = raw(
+        proxy.addr,
+        &format!(
+            "GET http://{CANARY}.test/{CANARY}?x={CANARY} HTTP/1.1\r\nhost: {CANARY}.test\r\nconnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 "), "{answer:?}");
+
+    // Last, failures in a row open the breaker (--breaker-failures 3); the next
+    // call is refused or probes.
+    for i in 0..5 {
+        let url = format!("http://{}/fail/{CANARY}{i}?t={CANARY}", proxy.addr);
+        get(&url, &[("x-canary", CANARY)]).await;
+        sent += 1;
+    }
+    let after = proxy.metrics().await;
+    let requests: f64 = after
+        .text
+        .lines()
+        .filter(|l| l.starts_with("herdguard_requests_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    // The traffic reached the layer: the check below looks at series it made.
+    assert!(
+        requests >= 280.0,
+        "{requests} requests counted of {sent} sent\n{}",
+        after.text
+    );
+    // The traffic took the paths whose labels are checked below.
+    for (name, label) in [
+        ("herdguard_requests_total", r#"outcome="hit""#),
+        ("herdguard_requests_total", r#"outcome="miss""#),
+        ("herdguard_requests_total", r#"outcome="coalesced""#),
+        ("herdguard_requests_total", r#"outcome="bypass""#),
+        ("herdguard_not_stored_total", r#"reason="set-cookie""#),
+        ("herdguard_not_stored_total", r#"reason="authorization""#),
+        ("herdguard_not_stored_total", r#"reason="vary-star""#),
+        ("herdguard_origin_breaker_transitions_total", r#"to="open""#),
+        ("redis_lock_acquire_total", r#"result="acquired""#),
+    ] {
+        let counted = after.text.lines().any(|l| {
+            l.starts_with(&format!("{name}{{")) && l.contains(label) && !l.ends_with(" 0")
+        });
+        assert!(counted, "no {name}{{{label}}} counted:\n{}", after.text);
+    }
+    assert!(
+        !after.text.to_ascii_lowercase().contains(CANARY),
+        "request text on /metrics:\n{}",
+        after
+            .text
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().contains(CANARY))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let mut problems = BTreeSet::new();
+    for s in &after.series {
+        if !(s.name.starts_with("herdguard_") || s.name.starts_with("redis_lock_")) {
+            problems.insert(format!("unknown metric {}", s.name));
+        }
+        for (k, v) in &s.labels {
+            match allowed_values(k) {
+                None => {
+                    problems.insert(format!("{}: label {k}={v:?} is not a known label", s.name));
+                }
+                Some(Some(values)) if !values.contains(&v.as_str()) => {
+                    problems.insert(format!("{}: {k}={v:?} is not one of {values:?}", s.name));
+                }
+                Some(Some(_)) => {}
+                Some(None) => {
+                    let ok = match k.as_str() {
+                        "op" => {
+                            (1..=32).contains(&v.len())
+                                && v.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                        }
+                        _ => v == "+Inf" || v.parse::<f64>().is_ok(),
+                    };
+                    if !ok {
+                        problems.insert(format!("{}: {k}={v:?} has the wrong shape", s.name));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "labels a request could choose:\n{}",
+        problems.into_iter().collect::<Vec<_>>().join("\n")
+    );
+    // Hundreds of distinct URLs made no series per URL: beside the ones
+    // registered at start, only a few (a Redis error's op and class).
+    let (b, a) = (before.label_sets(), after.label_sets());
+    let new: Vec<_> = a.difference(&b).collect();
+    assert!(
+        new.len() <= 10,
+        "{} new series after {sent} requests: {new:#?}",
+        new.len()
+    );
+}
