@@ -9,6 +9,7 @@
 //! herdguard clock-skew --nodes URL,URL,... [--samples N] [--budget-ms MS]
 //! herdguard purge <url-or-key | --tag TAG> [--soft] --redis URL [--namespace NS]
 //! herdguard proxy --upstream URL [--listen ADDR] [--admin ADDR] ...
+//! herdguard top --admin URL,URL,... [--interval-ms MS] [--count N]
 //! ```
 //!
 //! `proxy` runs the caching reverse proxy (the `herdguard_cli::proxy` library, cli/src/proxy/); it
@@ -37,6 +38,7 @@ mod proxy_values;
 mod purge;
 mod report;
 mod sentinel_nodes;
+mod top;
 
 use clap::error::ErrorKind;
 use clap::{ArgGroup, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -83,6 +85,23 @@ enum Command {
     /// e.g. `info,herdguard::access=off`); one line on stdout says where it
     /// listens.
     Proxy(Box<proxy_cmd::ProxyArgs>),
+    /// A live view of running proxies, read from each one's admin port
+    /// (`/status.json`) every second: Redis and breaker state, budget,
+    /// requests, hit ratio, origin calls, followers and own calls per
+    /// second, the hot keys summed over every instance, and the flights
+    /// running now. Redraws in place on a terminal; plain text otherwise.
+    Top {
+        /// Each instance's admin address (`http://127.0.0.1:9090`),
+        /// comma-separated: all instances on one Redis for the cluster's view.
+        #[arg(long, value_delimiter = ',', required = true)]
+        admin: Vec<String>,
+        /// Time between refreshes, in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+        interval_ms: u64,
+        /// Stop after N refreshes [default: until interrupted].
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
     /// One entry's status, size, freshness, hard TTL, lock and fence.
     ///
     /// TARGET is a 32-hex cache key, or an absolute URL turned into the key
@@ -200,7 +219,7 @@ fn main() -> ExitCode {
                 "--json and --timeout-ms are options of the diagnostics, not of proxy",
             )
             .exit(),
-        Command::Proxy(_) => None,
+        Command::Proxy(_) | Command::Top { .. } => None,
         Command::Inspect { diagnostic, .. }
         | Command::Locks { diagnostic, .. }
         | Command::ClockSkew { diagnostic, .. }
@@ -208,6 +227,18 @@ fn main() -> ExitCode {
     };
     let command = match cli.command {
         Command::Proxy(args) => return proxy_cmd::main(*args),
+        Command::Top {
+            admin,
+            interval_ms,
+            count,
+        } => {
+            return run_top(top::Watch {
+                admins: admin,
+                interval: Duration::from_millis(interval_ms),
+                count,
+                timeout: Duration::from_millis(cli.timeout_ms.unwrap_or(1000)),
+            })
+        }
         other => other,
     };
     // After the subcommand wins over before it.
@@ -239,9 +270,38 @@ fn main() -> ExitCode {
     ExitCode::from(verdict as u8)
 }
 
+/// `top` until its count or Ctrl-C: exit 0, or 2 when no instance answers.
+fn run_top(watch: top::Watch) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("herdguard: cannot start the runtime: {e}");
+            return ExitCode::from(Verdict::Failure as u8);
+        }
+    };
+    let result = rt.block_on(async {
+        tokio::select! {
+            r = top::top(watch) => r,
+            _ = tokio::signal::ctrl_c() => Ok(()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(msg)) => {
+            eprintln!("herdguard: {msg}");
+            ExitCode::from(Verdict::Failure as u8)
+        }
+    }
+}
+
 async fn run(command: Command, timeout: Duration) -> Result<Report, Failure> {
     match command {
-        Command::Proxy(_) => Err(Failure("the proxy runs from main".into())),
+        Command::Proxy(_) | Command::Top { .. } => {
+            Err(Failure("the proxy and top run from main".into()))
+        }
         Command::Inspect {
             target,
             raw,

@@ -716,6 +716,18 @@ fn allowed_values(label: &str) -> Option<Option<&'static [&'static str]>> {
         "budget",
         "breaker",
         "backoff",
+        // herdguard_own_calls_total (too-large is above)
+        "method",
+        "request",
+        "request-body",
+        "unkeyed",
+        "hit-for-pass",
+        "wait-timeout",
+        "stream-window-passed",
+        "overloaded",
+        "error-not-shared",
+        "uncacheable",
+        "vary-miss",
     ];
     const RESULT: &[&str] = &["acquired", "contended", "expired_mid_work"];
     const CLASS: &[&str] = &["connection", "timeout", "role", "oom", "foreign", "other"];

@@ -52,6 +52,7 @@ mod normalize;
 mod origin;
 use origin::{Origin, Upstream};
 pub mod server;
+pub mod status_view;
 pub mod upstream;
 
 use std::sync::Arc;

@@ -165,6 +165,7 @@ async fn serve_admin(
         proxy: proxy.clone(),
         metrics,
         draining: Arc::clone(draining),
+        instance: format!("{bound} pid {}", std::process::id()).into(),
     };
     tokio::spawn(state.serve(admin));
     Ok(bound)
@@ -310,6 +311,8 @@ struct Admin {
     proxy: Proxy,
     metrics: Option<PrometheusHandle>,
     draining: Arc<AtomicBool>,
+    /// This process in `/status.json`: its admin address and pid.
+    instance: Arc<str>,
 }
 
 impl Admin {
@@ -388,7 +391,30 @@ impl Admin {
                 }
                 None => super::status(StatusCode::NOT_FOUND, "metrics are off"),
             },
-            _ => super::status(StatusCode::NOT_FOUND, "try /healthz, /readyz or /metrics"),
+            "/status.json" => {
+                let snap = super::status_view::snapshot(self.proxy.cache(), &self.instance);
+                json(StatusCode::OK, format!("{snap}\n"))
+            }
+            "/status" => {
+                let mut r = Response::new(ProxyBody::text(super::status_view::PAGE));
+                let headers = r.headers_mut();
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/html; charset=utf-8"),
+                );
+                // The page loads nothing from elsewhere.
+                headers.insert(
+                    http::header::CONTENT_SECURITY_POLICY,
+                    http::HeaderValue::from_static(
+                        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'",
+                    ),
+                );
+                r
+            }
+            _ => super::status(
+                StatusCode::NOT_FOUND,
+                "try /healthz, /readyz, /metrics, /status or /status.json",
+            ),
         }
     }
 }
