@@ -218,8 +218,10 @@ async fn a_failed_probe_doubles_the_interval_for_the_cluster() {
 async fn an_open_breaker_still_serves_a_copy_only_redis_holds() {
     let server = RedisServer::start();
     let origin = FaultyOrigin::new();
+    // Refresh ahead in the last 90 % of the freshness: a wide window.
     let layer = || {
         CacheLayer::builder()
+            .refresh_ahead(0.9)
             .redis(RedisOptions::new(server.url()))
             .build()
             .unwrap()
@@ -242,4 +244,60 @@ async fn an_open_breaker_still_serves_a_copy_only_redis_holds() {
     );
     assert!(body.starts_with(b"ok call=1 "));
     assert_eq!(origin.calls(), calls, "no origin call while it is down");
+}
+
+/// A request waiting on another instance's call makes no room for a
+/// background call here: instance B has one request waiting on A's lease
+/// (one flight, no call of its own), so a refresh ahead of expiry on B is
+/// skipped. Counted by origin calls alone, B would have had room, and four
+/// instances made more calls at once than their clients could.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_another_instance_makes_no_room_for_a_refresh() {
+    let server = RedisServer::start();
+    let origin = FaultyOrigin::new();
+    // Refresh ahead in the last 90 % of the freshness: a wide window.
+    let layer = || {
+        CacheLayer::builder()
+            .refresh_ahead(0.9)
+            .redis(RedisOptions::new(server.url()))
+            .build()
+            .unwrap()
+    };
+    let (a_layer, b_layer) = (layer(), layer());
+    let (a, b) = (origin.app(a_layer), origin.app(b_layer.clone()));
+    // Fresh for 1 s: from 0.1 s on, in the refresh-ahead window.
+    send(&b, get_req("/short/h")).await;
+    let stored = Instant::now();
+    let lead = {
+        let a = a.clone();
+        tokio::spawn(async move { send(&a, get_req("/slow/x")).await.0 })
+    };
+    until_called(&origin, 2).await;
+    let wait = {
+        let b = b.clone();
+        tokio::spawn(async move { send(&b, get_req("/slow/x")).await.0 })
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while b_layer.flights(4).is_empty() {
+        assert!(Instant::now() < deadline, "B never waited on A's call");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Into the window (0.1 s..1 s after the fill): hit twice.
+    tokio::time::sleep(Duration::from_millis(150).saturating_sub(stored.elapsed())).await;
+    for _ in 0..2 {
+        let (_, h, _) = send(&b, get_req("/short/h")).await;
+        assert!(cache_status(&h).contains("hit"), "{}", cache_status(&h));
+    }
+    assert!(
+        stored.elapsed() < Duration::from_millis(950),
+        "left the window"
+    );
+    assert_eq!(b_layer.stats().refreshes_skipped, 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(origin.calls(), 2, "no refresh of /short/h went out");
+
+    origin.release(1);
+    assert_eq!(lead.await.unwrap(), StatusCode::OK);
+    assert_eq!(wait.await.unwrap(), StatusCode::OK);
+    assert_eq!(origin.calls(), 2, "B's wait was answered by A's call");
 }

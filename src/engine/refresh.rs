@@ -45,7 +45,7 @@ impl<V: Value> Engine<V> {
             self.counters.refresh_skipped(Skipped::Backoff);
             return None;
         }
-        match self.gate.try_ticket(priority) {
+        match self.gate.try_ticket(priority, self.flights.len()) {
             Ok(ticket) => Some(ticket),
             Err(refusal) => {
                 let _ = self.refused(refusal, priority);

@@ -167,11 +167,19 @@ impl OriginGate {
     }
 
     /// A background call's place in the budget: one to spare beyond its
-    /// priority's headroom, and fewer calls in flight here than requests
-    /// waiting on the origin (or, with none waiting, no call at all).
-    fn background_permit(&self, priority: Priority) -> Result<OwnedSemaphorePermit, Refusal> {
+    /// priority's headroom, and fewer calls in flight for this instance
+    /// than requests waiting on the origin here (or, with none waiting, no
+    /// call at all). `flights`: the flights running here, each a call here
+    /// or one this instance waits on elsewhere in the cluster (a lease
+    /// another instance holds), so a request waiting on another instance's
+    /// call does not make room for a call of its own here as well.
+    fn background_permit(
+        &self,
+        priority: Priority,
+        flights: usize,
+    ) -> Result<OwnedSemaphorePermit, Refusal> {
         let waiting = self.callers.load(Ordering::Relaxed);
-        if self.budget.in_use() >= waiting.max(1) {
+        if self.budget.in_use().max(flights) >= waiting.max(1) {
             return Err(Refusal::Skipped);
         }
         self.budget.try_take(priority)
@@ -206,12 +214,12 @@ impl OriginGate {
 
     /// A place in this instance's budget for a background call, now or
     /// never (a refresh finds none to spare: it is skipped, the copy it
-    /// would replace is served meanwhile).
-    pub(crate) fn try_ticket(&self, priority: Priority) -> Result<Ticket, Refusal> {
+    /// would replace is served meanwhile). `flights`: those running here.
+    pub(crate) fn try_ticket(&self, priority: Priority, flights: usize) -> Result<Ticket, Refusal> {
         if let Some(left) = self.down_for() {
             return Err(Refusal::Down(left));
         }
-        let permit = self.background_permit(priority)?;
+        let permit = self.background_permit(priority, flights)?;
         // Last: a probe is taken only by a call that has its permit.
         let probe = self.circuit_admit()?;
         Ok(self.ticket(permit, probe))
@@ -269,7 +277,7 @@ impl OriginGate {
                 }
                 let permit = match priority {
                     Priority::Waited => self.budget.take(deadline, counters).await?,
-                    background => self.background_permit(background)?,
+                    background => self.background_permit(background, 0)?,
                 };
                 // Asked again once the permit is held: the breaker may have
                 // opened while this call queued, and a probe is taken only
