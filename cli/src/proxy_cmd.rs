@@ -198,6 +198,13 @@ pub(crate) struct ProxyArgs {
     /// [default: none].
     #[arg(long, env = "HERDGUARD_CLUSTER_ORIGIN_BUDGET")]
     cluster_origin_budget: Option<usize>,
+    /// Longest an origin call may take (a flight's response and body; a
+    /// call outside a flight, until its response head), after which its
+    /// waiters get 504. A crashed instance's cluster budget permit expires
+    /// a second after it. --max-wait must not be below it.
+    #[arg(long, env = "HERDGUARD_ORIGIN_TIMEOUT", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    origin_timeout: Option<Duration>,
     /// Longest a request waits for another's origin call, or for a budget
     /// permit [default: 65s].
     #[arg(long, env = "HERDGUARD_MAX_WAIT", value_parser = parse_duration)]
@@ -278,6 +285,7 @@ fn shown_defaults() -> Vec<(&'static str, String)> {
             duration(DEFAULT_LEASE_REPLICAS_TIMEOUT),
         ),
         ("grace", duration(Duration::ZERO)),
+        ("origin_timeout", "1m".to_owned()),
         ("origin_budget", "64".to_owned()),
         ("breaker_failures", "5".to_owned()),
         ("refresh_ahead", "0.25".to_owned()),
@@ -342,6 +350,9 @@ impl ProxyArgs {
         }
         if let Some(permits) = self.origin_budget {
             builder = builder.origin_budget(permits);
+        }
+        if let Some(timeout) = self.origin_timeout {
+            builder = builder.origin_timeout(timeout);
         }
         if let Some(wait) = self.max_wait {
             builder = builder.max_wait(wait);

@@ -4,8 +4,9 @@
 //! `chromium`, which `.ci/run` installs): it loads with no console error,
 //! shows the burst, and leaves a screenshot in `target/status-page.png`.
 
+use herdguard_testkit::proxy_process::ProxyProcess;
+
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,6 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Requests in the burst: one leader and the rest waiting on it.
 const BURST: usize = 50;
@@ -40,32 +40,13 @@ async fn origin(calls: Arc<AtomicUsize>) -> SocketAddr {
     addr
 }
 
-/// The proxy in front of `upstream`, with its admin port; its listen and
-/// admin addresses from its ready line.
-async fn proxy(upstream: SocketAddr) -> (tokio::process::Child, SocketAddr, SocketAddr) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
-        .arg("proxy")
-        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .args(["--upstream", &format!("http://{upstream}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the proxy starts");
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), out.next_line())
-        .await
-        .expect("ready within 30 s")
-        .unwrap()
-        .expect("a ready line");
-    // "herdguard proxy listening on http://A upstream U admin http://B redis off"
-    let addr = |after: &str| -> SocketAddr {
-        let rest = line.split(after).nth(1).unwrap_or_else(|| panic!("{line}"));
-        let word = rest.split_whitespace().next().unwrap();
-        word.split("://").nth(1).unwrap().parse().unwrap()
-    };
-    (child, addr("listening on "), addr(" admin "))
+/// The proxy in front of `upstream`, with its admin port.
+async fn proxy(upstream: SocketAddr) -> (ProxyProcess, SocketAddr, SocketAddr) {
+    let upstream = format!("http://{upstream}");
+    let args = ["--admin", "127.0.0.1:0", "--upstream", &upstream];
+    let proxy = ProxyProcess::start(env!("CARGO_BIN_EXE_herdguard"), &args).await;
+    let (listen, admin) = (proxy.listen, proxy.admin.expect("an admin port"));
+    (proxy, listen, admin)
 }
 
 async fn get(url: String) -> (u16, String) {

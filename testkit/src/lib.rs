@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod echo;
 pub mod faulty;
 pub mod origin;
+pub mod proxy_process;
 pub mod sentinel;
 pub mod stream;
 pub mod tls;
