@@ -211,6 +211,13 @@ async fn a_failed_probe_doubles_the_interval_for_the_cluster() {
     assert_eq!(origin.calls(), 4, "the next probe, for the cluster");
 }
 
+fn plain_layer(server: &RedisServer) -> CacheLayer {
+    CacheLayer::builder()
+        .redis(RedisOptions::new(server.url()))
+        .build()
+        .unwrap()
+}
+
 /// While an instance's breaker is open, a copy only Redis holds (stored by
 /// another instance) still stands in where stale-if-error allows it:
 /// the instance looks in Redis instead of refusing at once.
@@ -218,15 +225,10 @@ async fn a_failed_probe_doubles_the_interval_for_the_cluster() {
 async fn an_open_breaker_still_serves_a_copy_only_redis_holds() {
     let server = RedisServer::start();
     let origin = FaultyOrigin::new();
-    // Refresh ahead in the last 90 % of the freshness: a wide window.
-    let layer = || {
-        CacheLayer::builder()
-            .refresh_ahead(0.9)
-            .redis(RedisOptions::new(server.url()))
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (origin.app(layer()), origin.app(layer()));
+    let (a, b) = (
+        origin.app(plain_layer(&server)),
+        origin.app(plain_layer(&server)),
+    );
     send(&a, get_req("/sie/k")).await;
     // Redis expiry runs on real time: let freshness (1 s) end.
     tokio::time::sleep(Duration::from_millis(1600)).await;

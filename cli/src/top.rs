@@ -271,7 +271,7 @@ fn flights(t: &mut String, snaps: &[&Value]) {
             ));
         }
     }
-    all.sort_by(|a, b| b.0.cmp(&a.0));
+    all.sort_by_key(|f| std::cmp::Reverse(f.0));
     let _ = writeln!(t);
     let _ = writeln!(t, "flights now: {}", all.len());
     if all.is_empty() {

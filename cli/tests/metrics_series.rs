@@ -7,8 +7,6 @@ use herdguard_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,9 +15,10 @@ use axum::Router;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use support::proxy_process::ProxyProcess;
 use support::RedisServer;
 
 // ---------------------------------------------------------------------------
@@ -28,48 +27,20 @@ use support::RedisServer;
 
 /// A running `herdguard proxy` with an admin listener; killed on drop.
 struct Proxy {
-    _child: tokio::process::Child,
+    _process: ProxyProcess,
     addr: SocketAddr,
     admin: SocketAddr,
 }
 
 impl Proxy {
     async fn start(args: &[&str]) -> Self {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
-            .arg("proxy")
-            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the proxy starts");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let sink = Arc::clone(&stderr);
-        // Drained all along (the access log goes there), so a full pipe never blocks the proxy.
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = err_lines.next_line().await {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), out.next_line())
-            .await
-            .expect("the proxy is ready within 30 s")
-            .unwrap()
-            .unwrap_or_else(|| panic!("no ready line; stderr: {:?}", stderr.lock().unwrap()));
-        // "herdguard proxy listening on http://A upstream U admin http://B redis ..."
-        let word = |after: &str| {
-            let rest = line.split(after).nth(1)?;
-            let w = rest.split_whitespace().next()?;
-            w.split("://").nth(1)?.parse::<SocketAddr>().ok()
-        };
+        let mut all = vec!["--admin", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let process = ProxyProcess::start(env!("CARGO_BIN_EXE_herdguard"), &all).await;
         Self {
-            addr: word("listening on ").unwrap_or_else(|| panic!("{line}")),
-            admin: word(" admin ").unwrap_or_else(|| panic!("{line}")),
-            _child: child,
+            addr: process.listen,
+            admin: process.admin.expect("an admin port"),
+            _process: process,
         }
     }
 

@@ -303,7 +303,7 @@ impl<V> Flights<V> {
                 })
                 .collect()
         };
-        all.sort_by(|a, b| b.age.cmp(&a.age));
+        all.sort_by_key(|f| std::cmp::Reverse(f.age));
         all.truncate(limit);
         all
     }

@@ -41,7 +41,7 @@ pub fn snapshot(cache: &CacheLayer, instance: &str) -> Value {
         .collect();
     json!({
         "instance": instance,
-        "time_ms": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| millis(d)),
+        "time_ms": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, millis),
         "stats": {
             "hits": s.hits,
             "stale": s.stale,
