@@ -564,3 +564,124 @@ async fn purge_unreplicated_is_unconfirmed_with_lease_replicas() {
     assert_eq!(purge(&plain).await.unwrap(), Purged::Redis);
     drop((set, vip));
 }
+
+/// With `lease_replicas`, a leader calls its origin only once a replica has its lease (the replicas frozen, it waits), so the replica promoted after SIGKILL of the primary holds that lease: a second instance there waits for the first one's fill instead of leading (1 origin call in all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_replicas_lease_survives_the_failover() {
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(2))
+        .await
+        .unwrap();
+    // A WAIT long enough to outlast the freeze below, and a lease that
+    // outlasts the failover whatever the watchdog manages meanwhile.
+    let opts = |o: RedisOptions| {
+        o.lease_replicas(1, Duration::from_secs(5))
+            .lease_ttl(Duration::from_secs(20))
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (la, lb) = (layer(&set, opts), layer(&set, opts));
+    let a = tagged(la.clone(), "A", calls.clone(), Some(gate.clone()));
+    let b = tagged(lb.clone(), "B", calls.clone(), None);
+    until_on_redis(&a, &la, "a").await;
+    until_on_redis(&b, &lb, "b").await;
+
+    let lease = entry_key("/split").replace(":v", ":lock");
+    let primary = set.primary_port();
+    let mut on_primary = set.server(primary).connection().await;
+    let replicas: Vec<u16> = set
+        .servers()
+        .iter()
+        .map(|s| s.port())
+        .filter(|p| *p != primary)
+        .collect();
+    for port in &replicas {
+        set.server(*port).freeze();
+    }
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { send(&a, get_req("/split")).await }
+    });
+    // A holds the lease on the primary, and does not lead while no replica
+    // can acknowledge it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let token = loop {
+        let held: Option<String> = deadpool_redis::redis::cmd("GET")
+            .arg(&lease)
+            .query_async(&mut on_primary)
+            .await
+            .unwrap();
+        if let Some(token) = held {
+            break token;
+        }
+        assert!(Instant::now() < deadline, "A never took the lease");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "A waits for a replica to have its lease"
+    );
+    for port in &replicas {
+        set.server(*port).thaw();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "A never led once the replicas had its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let set = tokio::task::spawn_blocking(move || {
+        let mut set = set;
+        let old = set.kill_primary();
+        let (new, _) = set.wait_for_promotion(old, Duration::from_secs(30));
+        for port in set.servers().iter().map(|s| s.port()) {
+            if port != old && port != new {
+                set.wait_for_replica(port, Duration::from_secs(30));
+            }
+        }
+        set
+    })
+    .await
+    .unwrap();
+    let mut on_new = set.server(set.primary_port()).connection().await;
+    let held: Option<String> = deadpool_redis::redis::cmd("GET")
+        .arg(&lease)
+        .query_async(&mut on_new)
+        .await
+        .unwrap();
+    assert_eq!(held, Some(token), "the promoted replica has A's lease");
+    until_on_redis(&a, &la, "a").await;
+    until_on_redis(&b, &lb, "b").await;
+
+    // B finds A's lease on the new primary and waits for A's fill.
+    let before = lb.stats();
+    let mut second = tokio::spawn({
+        let b = b.clone();
+        async move { send(&b, get_req("/split")).await }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut second)
+            .await
+            .is_err(),
+        "B waits while A holds the lease"
+    );
+    gate.add_permits(1);
+    let (code, _, body) = first.await.unwrap();
+    assert_eq!((code, &body[..]), (StatusCode::OK, &b"A"[..]));
+    let (code, _, body) = second.await.unwrap();
+    assert_eq!(
+        (code, &body[..]),
+        (StatusCode::OK, &b"A"[..]),
+        "B got A's fill"
+    );
+    // A fill notice a waiter hears is counted as a hit.
+    let after = lb.stats();
+    assert_eq!(after.hits - before.hits, 1, "B was answered by A's fill");
+    assert_eq!(after.origin_calls, before.origin_calls, "B never led");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one origin call in all");
+    drop(set);
+}

@@ -83,6 +83,10 @@ impl RedisStore {
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(millis(timeout).max(1));
         let bound = timeout + self.options.response_timeout;
+        // The connection's own reply bound is `response_timeout`, which cut
+        // every longer WAIT short; this handle is a clone, so only this call
+        // waits longer.
+        conn.set_response_timeout(bound);
         match tokio::time::timeout(bound, wait.query_async::<i64>(conn)).await {
             Ok(Ok(acked)) => acked >= replicas as i64,
             _ => {
