@@ -40,7 +40,7 @@ async fn burst(
         .collect()
 }
 
-/// 4 instances with their own pools, 250 concurrent requests each on one cold key: exactly 1 origin call, identical bodies.
+/// 4 instances with their own pools, 250 concurrent requests each on one cold key: exactly 1 origin call, identical bodies, and the other 999 requests counted as its followers (on the leader's instance and on the three that waited for its fill).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_burst_across_four_instances_calls_origin_once() {
     let server = RedisServer::start();
@@ -51,9 +51,8 @@ async fn cold_burst_across_four_instances_calls_origin_once() {
         o.response_timeout(Duration::from_secs(2))
             .pool_wait_timeout(Duration::from_secs(2))
     };
-    let apps: Vec<Router> = (0..4)
-        .map(|_| origin.app(layer(&server, patient)))
-        .collect();
+    let layers: Vec<CacheLayer> = (0..4).map(|_| layer(&server, patient)).collect();
+    let apps: Vec<Router> = layers.iter().map(|l| origin.app(l.clone())).collect();
     let mut tasks = Vec::new();
     for app in &apps {
         tasks.extend(burst(app, "/cold", 250).await);
@@ -67,6 +66,13 @@ async fn cold_burst_across_four_instances_calls_origin_once() {
     assert_eq!(bodies.len(), 1000);
     assert_eq!(origin.calls(), 1);
     assert!(bodies.iter().all(|b| b == &bodies[0]));
+    let followers: u64 = layers.iter().map(|l| l.stats().followers).sum();
+    assert_eq!(
+        followers,
+        999,
+        "{:?}",
+        layers.iter().map(CacheLayer::stats).collect::<Vec<_>>()
+    );
 }
 
 /// An expired entry inside its grace, requested on 4 instances at once: everyone gets stale and exactly 1 refresh runs.

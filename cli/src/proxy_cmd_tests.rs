@@ -97,6 +97,7 @@ fn config_file_sets_every_option() {
         default-ttl = "5s"
         origin-budget = 32
         cluster-origin-budget = 64
+        origin-timeout = "60s"
         max-wait = "70s"
         breaker-failures = 3
         refresh-ahead = 0.1

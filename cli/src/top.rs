@@ -197,7 +197,7 @@ fn render(
             rate(&answers),
             hit,
             rate(&|s| num(s, &["stats", "origin_calls"])),
-            rate(&|s| num(s, &["stats", "coalesced"])),
+            rate(&|s| num(s, &["stats", "followers"])),
             rate(&|s| num(s, &["stats", "own_calls"])),
             answers(snap),
         );

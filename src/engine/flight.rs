@@ -24,7 +24,7 @@ use crate::error::Error;
 use crate::key::CacheKey;
 #[cfg(feature = "redis")]
 use crate::lock::watchdog::LeaseClock;
-use crate::metrics::Source;
+use crate::metrics::{FollowerCount, Source};
 use crate::store::memory::Stored;
 
 /// The observable state of one flight.
@@ -83,6 +83,8 @@ pub(crate) struct Flights<V> {
     /// Purges seen here: a flight that started before one of its key's
     /// purges shares its value but does not store it.
     pub(crate) purges: PurgeLog,
+    /// Counts the requests of flights another instance's call filled.
+    followers: FollowerCount,
 }
 
 /// One running flight, as the map holds it.
@@ -101,6 +103,9 @@ struct Running<V> {
     started: Instant,
     /// Requests that joined it so far (its leader not counted).
     joined: usize,
+    /// Another instance's call filled it: whoever joins from now on is
+    /// counted a follower as it joins.
+    filled_elsewhere: bool,
     /// The Redis lease its leader holds, once taken.
     #[cfg(feature = "redis")]
     lease: Option<LeaseClock>,
@@ -149,11 +154,34 @@ pub(crate) enum Role<V> {
 }
 
 impl<V> Flights<V> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(followers: FollowerCount) -> Self {
         Self {
             map: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             purges: PurgeLog::default(),
+            followers,
+        }
+    }
+
+    /// Another instance's origin call filled `key`'s flight: its requests
+    /// here are that call's followers (the one leading it here too, when a
+    /// request waits on it), and so is whoever joins before it ends.
+    pub(crate) fn filled_elsewhere(&self, key: &CacheKey, leader_waits: bool) {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(running) = map.get_mut(key) {
+            if !running.filled_elsewhere {
+                running.filled_elsewhere = true;
+                self.followers
+                    .add(running.joined + usize::from(leader_waits));
+            }
+        }
+    }
+
+    /// One more request joined `running`.
+    fn joined(&self, running: &mut Running<V>) {
+        running.joined += 1;
+        if running.filled_elsewhere {
+            self.followers.add(1);
         }
     }
 
@@ -170,7 +198,7 @@ impl<V> Flights<V> {
         // itself is still consistent, so keep using it.
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(running) = map.get_mut(&key) {
-            running.joined += 1;
+            self.joined(running);
             return (Role::Follower(running.rx.clone()), running.forced);
         }
         // Taken under the map lock (never waits), so a key never has a
@@ -187,6 +215,7 @@ impl<V> Flights<V> {
             generation: self.purges.generation(),
             started: Instant::now(),
             joined: 0,
+            filled_elsewhere: false,
             #[cfg(feature = "redis")]
             lease: None,
         };
@@ -208,7 +237,7 @@ impl<V> Flights<V> {
     pub(crate) fn follow(&self, key: &CacheKey) -> Option<Joined<V>> {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         map.get_mut(key).map(|running| {
-            running.joined += 1;
+            self.joined(running);
             Joined(running.rx.clone())
         })
     }

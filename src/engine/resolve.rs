@@ -111,7 +111,9 @@ impl<V: Value> Engine<V> {
         };
         let redlock = config.redlock.clone();
         let memory = MemoryStore::new(config.capacity_bytes);
-        let flights = Arc::new(Flights::new());
+        let counters = Counters::new(&config.metrics_name, remote.is_some());
+        let flights = Arc::new(Flights::new(counters.follower_count()));
+
         if let Some(remote) = &remote {
             // Other instances' purges clear this process's copy too, and beat
             // this process's fills of the key. (The HTTP layer installs a
@@ -130,7 +132,7 @@ impl<V: Value> Engine<V> {
                 }
             }));
         }
-        let counters = Counters::new(&config.metrics_name, remote.is_some());
+
         let gate = origin_gate(&config, remote.as_ref(), &counters);
         Ok(Self {
             memory,

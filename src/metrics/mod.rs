@@ -11,7 +11,7 @@ use std::sync::Arc;
 use metrics::{Key, Label, Level, Metadata};
 
 pub(crate) use origin::Skipped;
-pub(crate) use own_call::OwnCall;
+pub(crate) use own_call::{FollowerCount, OwnCall};
 
 mod origin;
 mod own_call;
@@ -201,8 +201,14 @@ pub struct Stats {
     /// (an unsafe method, their own directives, a `Vary` variant not
     /// stored, an answer not storable, a wait that ran out, …): the
     /// coalescing the cache could not do. [`coalesced`](Self::coalesced)
-    /// counts the requests it did: answered by another request's call.
+    /// counts the requests it did here, [`followers`](Self::followers) all
+    /// of them.
     pub own_calls: u64,
+    /// Requests answered by another request's origin call, on this instance
+    /// ([`coalesced`](Self::coalesced)) or on another one on the same Redis
+    /// (a request that waited for that instance's fill, answered as a
+    /// hit); the request that made the call is not counted.
+    pub followers: u64,
 }
 
 /// One cache's counters and metric keys. Route layers with their own label
@@ -228,6 +234,7 @@ struct Tally {
     refreshes_skipped: AtomicU64,
     probes: AtomicU64,
     own_calls: AtomicU64,
+    followers: AtomicU64,
 }
 
 /// Every metric key of one cache, labelled with its name and built once:
@@ -248,6 +255,7 @@ struct Keys {
     /// In the order of [`NotStoredLabel::ALL`].
     not_stored: [Key; 9],
     corrupt_entries: Key,
+    followers: Key,
     /// In the order of [`OwnCall::ALL`].
     own_calls: [Key; 12],
     /// The origin gate's (budget, breaker).
@@ -277,6 +285,7 @@ impl Keys {
         };
         let outcome = |o| key(names::REQUESTS, Some(("outcome", o)));
         let acquire = |r| key(names::LOCK_ACQUIRE, Some(("result", r)));
+        let (followers, own_calls) = own_call::keys(&key);
         Self {
             cache: cache.to_owned(),
             requests: [
@@ -301,7 +310,8 @@ impl Keys {
             not_stored: NotStoredLabel::ALL
                 .map(|r| key(names::NOT_STORED, Some(("reason", r.as_str())))),
             corrupt_entries: key(names::CORRUPT_ENTRIES, None),
-            own_calls: own_call::keys(&key),
+            followers,
+            own_calls,
             origin: origin::OriginKeys::new(&key),
         }
     }
@@ -321,6 +331,7 @@ impl Keys {
             .iter()
             .chain(&self.not_stored)
             .chain(&self.own_calls)
+            .chain([&self.followers])
             .collect();
         counters.extend([&self.origin_calls, &cut_off]);
         let mut histograms = vec![&self.wait, &self.entry_bytes, &ttfb];
@@ -413,6 +424,9 @@ impl Counters {
         };
         c.fetch_add(1, Ordering::Relaxed);
         count(&self.keys.requests[i]);
+        if source == Source::Coalesced {
+            self.follower();
+        }
     }
 
     pub(crate) fn record_error(&self) {
@@ -497,6 +511,7 @@ impl Counters {
             refreshes_skipped: l(&self.tally.refreshes_skipped),
             probes: l(&self.tally.probes),
             own_calls: l(&self.tally.own_calls),
+            followers: l(&self.tally.followers),
         }
     }
 }

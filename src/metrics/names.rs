@@ -16,12 +16,17 @@
 pub const REQUESTS: &str = "herdguard_requests_total";
 /// Origin calls (computations) made by the cache.
 pub const ORIGIN_CALLS: &str = "herdguard_origin_calls_total";
+/// Requests answered by another request's origin call, on this instance
+/// or another one on the same Redis (the request that made the call not
+/// counted): the coalescing. Beside `outcome="coalesced"` of [`REQUESTS`],
+/// it counts a request that waited for another instance's fill, which is
+/// answered as a hit.
+pub const FOLLOWERS: &str = "herdguard_followers_total";
 /// Requests that called the origin on their own, outside any flight, by
 /// `reason`: method, request, request-body, unkeyed, too-large,
 /// hit-for-pass, wait-timeout, stream-window-passed, overloaded,
-/// error-not-shared, uncacheable, vary-miss. Their counterpart, requests
-/// answered by another request's call (the leader not counted), is
-/// [`REQUESTS`] with `outcome="coalesced"`.
+/// error-not-shared, uncacheable, vary-miss: the coalescing the cache could
+/// not do, beside [`FOLLOWERS`], the coalescing it did.
 pub const OWN_CALLS: &str = "herdguard_own_calls_total";
 /// Histogram: how long a waiter waited for another request's origin call.
 pub const WAIT_SECONDS: &str = "herdguard_wait_seconds";

@@ -1,12 +1,35 @@
-//! Requests that called the origin on their own, outside any flight, and
-//! why: the coalescing a cache could not do, counted apart from the
-//! followers it did (`herdguard_requests_total{outcome="coalesced"}`).
+//! Who shared an origin call and who could not: followers (requests
+//! answered by another request's call, here or on another instance), and
+//! requests that called the origin on their own, outside any flight, with
+//! why.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use metrics::Key;
 
-use super::{count, names, Counters};
+use super::{count, names, Counters, Tally};
+
+/// The follower count of one cache, for the flights to add to: the
+/// requests on a flight that another instance's call filled.
+#[derive(Debug)]
+pub(crate) struct FollowerCount {
+    tally: Arc<Tally>,
+    key: Key,
+}
+
+impl FollowerCount {
+    pub(crate) fn add(&self, n: usize) {
+        let n = n as u64;
+        if n == 0 {
+            return;
+        }
+        self.tally.followers.fetch_add(n, Ordering::Relaxed);
+        metrics::with_recorder(|r| {
+            r.register_counter(&self.key, &super::METADATA).increment(n);
+        });
+    }
+}
 
 /// Why a request called the origin itself instead of sharing a flight.
 /// A fixed set: the label never carries anything from the request.
@@ -74,14 +97,32 @@ impl OwnCall {
     }
 }
 
-/// One key per reason, in the order of [`OwnCall::ALL`].
+/// The followers' key, then one key per reason, in the order of
+/// [`OwnCall::ALL`].
 pub(super) fn keys(
     key: &dyn Fn(&'static str, Option<(&'static str, &'static str)>) -> Key,
-) -> [Key; 12] {
-    OwnCall::ALL.map(|r| key(names::OWN_CALLS, Some(("reason", r.as_str()))))
+) -> (Key, [Key; 12]) {
+    (
+        key(names::FOLLOWERS, None),
+        OwnCall::ALL.map(|r| key(names::OWN_CALLS, Some(("reason", r.as_str())))),
+    )
 }
 
 impl Counters {
+    /// A request answered by another request's origin call.
+    pub(crate) fn follower(&self) {
+        self.tally.followers.fetch_add(1, Ordering::Relaxed);
+        count(&self.keys.followers);
+    }
+
+    /// What the flights count followers with.
+    pub(crate) fn follower_count(&self) -> FollowerCount {
+        FollowerCount {
+            tally: Arc::clone(&self.tally),
+            key: self.keys.followers.clone(),
+        }
+    }
+
     /// A request that called the origin on its own, for `why`.
     pub(crate) fn own_call(&self, why: OwnCall) {
         self.tally.own_calls.fetch_add(1, Ordering::Relaxed);
@@ -90,8 +131,12 @@ impl Counters {
     }
 }
 
-/// Help text.
+/// Help texts.
 pub(super) fn describe() {
+    metrics::describe_counter!(
+        names::FOLLOWERS,
+        "Requests answered by another request's origin call, on this instance or another on the same Redis (the caller not counted)."
+    );
     metrics::describe_counter!(
         names::OWN_CALLS,
         "Requests that called the origin on their own, outside any flight, by reason (method, request, request-body, unkeyed, too-large, hit-for-pass, wait-timeout, stream-window-passed, overloaded, error-not-shared, uncacheable, vary-miss)."

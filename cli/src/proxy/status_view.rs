@@ -51,6 +51,7 @@ pub fn snapshot(cache: &CacheLayer, instance: &str) -> Value {
             "errors": s.errors,
             "origin_calls": s.origin_calls,
             "own_calls": s.own_calls,
+            "followers": s.followers,
             "origin_refused": s.origin_refused,
             "refreshes_skipped": s.refreshes_skipped,
             "probes": s.probes,

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::compute::Work;
 use super::envelope::{decode_entry, EntryMeta, MAGIC, VERSION};
 use super::flight::{FlightHandle, Outcome};
+use super::gate::Priority;
 use super::quorum_lease::RedlockTry;
 use super::resolve::Engine;
 use super::value::{Value, ValueMeta};
@@ -483,10 +484,19 @@ impl<V: Value> Engine<V> {
                 },
                 None => self.compute_unshared(d.key, fut).await,
             }),
-            Waited::Filled(entry) => Ok(Outcome::Value {
-                entry,
-                source: filled_source(refresh),
-            }),
+            Waited::Filled(entry) => {
+                // Another instance's call answered this flight: its requests
+                // here are that call's followers, though answered as hits
+                // (a forced refresh's are counted as coalesced).
+                if !refresh {
+                    let waits = fut.priority == Priority::Waited;
+                    self.flights.filled_elsewhere(&d.key, waits);
+                }
+                Ok(Outcome::Value {
+                    entry,
+                    source: filled_source(refresh),
+                })
+            }
             Waited::Look => Err(fut),
         }
     }
