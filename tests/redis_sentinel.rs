@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::Router;
 use herdguard::{CacheLayer, Purged, RedisOptions};
-use support::origin::{get_req, send};
+use support::origin::{cache_status, get_req, send};
 use support::sentinel::SentinelSet;
 use support::Vip;
 
@@ -119,6 +119,91 @@ async fn cold_burst_across_three_instances_calls_origin_once() {
         .await
         .unwrap();
     assert!(stored, "the entry is on the primary");
+}
+
+/// Everything logged on this thread while the guard lives, as text.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let sink = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || sink.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Sentinels that require their own ACL user and data nodes that require another: with each tier's credentials in its URL a cold burst costs 1 origin call and a second layer is served from Redis; with wrong data-node credentials the layer fails open as documented (200s from the origin, coalesced and then served from memory, `authentication failed` logged, nothing written), and no password is logged.
+#[tokio::test(flavor = "current_thread")]
+async fn sentinel_and_data_node_credentials_are_each_used_where_they_belong() {
+    // current_thread: the layers' tasks log on this thread, into `logs`.
+    let logs = Logs::default();
+    let _guard = logs.capture();
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start_with_auth(1))
+        .await
+        .unwrap();
+    let origin = Counting::new(Duration::from_millis(300));
+    let first = origin.app(layer(&set, |o| o));
+    let codes = burst(std::slice::from_ref(&first), "/auth", 10).await;
+    assert!(codes.iter().all(|c| *c == StatusCode::OK), "{codes:?}");
+    assert_eq!(origin.calls("/auth"), 1, "one origin call for the burst");
+    // A layer with an empty memory can only have it from the primary.
+    let second = origin.app(layer(&set, |o| o));
+    let (code, headers, body) = send(&second, get_req("/auth")).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(cache_status(&headers).contains("hit"), "{headers:?}");
+    assert_eq!(body, &b"/auth call=1"[..]);
+    assert_eq!(origin.calls("/auth"), 1, "the second layer read Redis");
+
+    let wrong = origin.app(layer(&set, |o| {
+        o.node_url("redis://herdguard:not-the-password@localhost")
+    }));
+    let codes = burst(std::slice::from_ref(&wrong), "/wrong", 10).await;
+    assert!(
+        codes.iter().all(|c| *c == StatusCode::OK),
+        "fails open: {codes:?}"
+    );
+    assert_eq!(origin.calls("/wrong"), 1, "coalesced in the instance");
+    let (code, headers, _) = send(&wrong, get_req("/wrong")).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(
+        cache_status(&headers).contains("hit"),
+        "from memory: {headers:?}"
+    );
+    assert_eq!(origin.calls("/wrong"), 1);
+    let mut c = set.server(set.primary_port()).connection().await;
+    let stored: bool = deadpool_redis::redis::cmd("EXISTS")
+        .arg(entry_key("/wrong"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(!stored, "nothing written with wrong credentials");
+    let text = logs.text();
+    assert!(
+        text.contains("authentication failed"),
+        "the log says why: {text}"
+    );
+    for pw in set.passwords() {
+        assert!(!text.contains(pw), "{pw} logged: {text}");
+    }
 }
 
 /// What one request of the load saw.

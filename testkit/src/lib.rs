@@ -85,12 +85,17 @@ fn free_port() -> u16 {
 
 /// The `process_id` of whatever Redis (or sentinel) answers on `port`, so a
 /// test knows the server it started answers there and not another
-/// process's that took the port first.
-fn pid_on(port: u16) -> Option<u32> {
+/// process's that took the port first. `password` is the default user's,
+/// when the server requires one.
+fn pid_on(port: u16, password: Option<&str>) -> Option<u32> {
     let mut s =
         TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
             .ok()?;
     s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    if let Some(pw) = password {
+        // Its `+OK` comes before the INFO text, which is searched below.
+        s.write_all(format!("AUTH {pw}\r\n").as_bytes()).ok()?;
+    }
     s.write_all(b"INFO server\r\n").ok()?;
     let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
     while buf.len() < 64 * 1024 {
@@ -111,14 +116,15 @@ fn pid_on(port: u16) -> Option<u32> {
 }
 
 /// Wait (at most 10 s) until `child`, started on `port`, answers there
-/// itself; false when it exited or another process answers.
-fn answers_on(child: &mut Child, port: u16) -> bool {
+/// itself (logged in with `password`, if any); false when it exited or
+/// another process answers.
+fn answers_on(child: &mut Child, port: u16, password: Option<&str>) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if !matches!(child.try_wait(), Ok(None)) {
             return false;
         }
-        if let Some(pid) = pid_on(port) {
+        if let Some(pid) = pid_on(port, password) {
             return pid == child.id();
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -201,7 +207,7 @@ impl RedisServer {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("spawn redis-server");
-        let ours = answers_on(&mut child, self.port);
+        let ours = answers_on(&mut child, self.port, self.admin_password());
         self.child = Some(child);
         if !ours {
             self.stop();
@@ -222,7 +228,16 @@ impl RedisServer {
     /// The default user, allowed everything: for the test's own inspection
     /// and tampering, and for tools that need more than the cache does.
     pub fn admin_url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.admin_password() {
+            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The default user's password, if started with `--requirepass`.
+    fn admin_password(&self) -> Option<&str> {
+        let at = self.extra.iter().position(|a| a == "--requirepass")?;
+        self.extra.get(at + 1).map(String::as_str)
     }
 
     pub fn pid(&self) -> u32 {

@@ -17,11 +17,25 @@ pub const MASTER_NAME: &str = "herdguard-primary";
 /// How long the sentinels wait before calling an unanswering primary down.
 pub const DOWN_AFTER: Duration = Duration::from_millis(500);
 
+/// The default user's password on every node of a set started
+/// [`with_auth`](SentinelSet::start_with_auth): for the test, the replicas
+/// and the sentinels, never for the code under test.
+const NODE_ADMIN_PASSWORD: &str = "node-admin-Kq27";
+/// The sentinels' default user's password (they log in to each other with it).
+const SENTINEL_PEER_PASSWORD: &str = "sentinel-peer-Vt64";
+/// The sentinels' ACL user for the code under test: another user than the
+/// data nodes' ([`ACL_USER`]), allowed only what docs/operations.md says the
+/// layer sends to a sentinel.
+const SENTINEL_USER: &str = "herdguard-sentinel";
+const SENTINEL_PASSWORD: &str = "sentinel-Jw58";
+
 /// A primary, its replicas and three sentinels.
 pub struct SentinelSet {
     /// Every data node; the first is the primary the sentinels start with.
     servers: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
+    /// Whether sentinels and data nodes require credentials.
+    auth: bool,
 }
 
 /// One `redis-sentinel` process and its directory (it rewrites its config).
@@ -29,6 +43,8 @@ struct SentinelProcess {
     port: u16,
     child: Child,
     dir: PathBuf,
+    /// The default user's password, if the sentinel requires one.
+    password: Option<&'static str>,
 }
 
 fn sentinel_binary() -> &'static str {
@@ -44,20 +60,20 @@ fn sentinel_binary() -> &'static str {
 impl SentinelProcess {
     /// A sentinel on a free port, once it answers there itself (the port
     /// may be taken meanwhile by another process: then a new one is tried).
-    fn start(primary: u16, failover_timeout: Duration) -> Self {
+    fn start(primary: u16, failover_timeout: Duration, auth: bool) -> Self {
         (0..5)
-            .find_map(|_| Self::start_on(free_port(), primary, failover_timeout))
+            .find_map(|_| Self::start_on(free_port(), primary, failover_timeout, auth))
             .expect("redis-sentinel did not start on any of 5 free ports within 10 s each")
     }
 
-    fn start_on(port: u16, primary: u16, failover_timeout: Duration) -> Option<Self> {
+    fn start_on(port: u16, primary: u16, failover_timeout: Duration, auth: bool) -> Option<Self> {
         let dir =
             std::env::temp_dir().join(format!("herdguard-sentinel-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create sentinel dir");
         let conf = dir.join("sentinel.conf");
         let down = DOWN_AFTER.as_millis();
         let failover = failover_timeout.as_millis();
-        let text = format!(
+        let mut text = format!(
             "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\n\
              loglevel warning\ndir {dir}\n\
              sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
@@ -66,6 +82,18 @@ impl SentinelProcess {
              sentinel parallel-syncs {MASTER_NAME} 2\n",
             dir = dir.display(),
         );
+        if auth {
+            // The `user` rules are what docs/operations.md lists for the
+            // sentinels (GET-MASTER-ADDR-BY-NAME, SUBSCRIBE +switch-master,
+            // PING): a layer that needs more fails this set.
+            text.push_str(&format!(
+                "requirepass {SENTINEL_PEER_PASSWORD}\n\
+                 sentinel sentinel-pass {SENTINEL_PEER_PASSWORD}\n\
+                 sentinel auth-pass {MASTER_NAME} {NODE_ADMIN_PASSWORD}\n\
+                 user {SENTINEL_USER} on >{SENTINEL_PASSWORD} -@all \
+                 +sentinel|get-master-addr-by-name +subscribe +ping &+switch-master\n"
+            ));
+        }
         std::fs::write(&conf, text).expect("write sentinel.conf");
         let mut child = Command::new(sentinel_binary())
             .arg(&conf)
@@ -73,9 +101,23 @@ impl SentinelProcess {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-sentinel");
-        let ours = answers_on(&mut child, port);
-        let started = Self { port, child, dir };
+        let password = auth.then_some(SENTINEL_PEER_PASSWORD);
+        let ours = answers_on(&mut child, port, password);
+        let started = Self {
+            port,
+            child,
+            dir,
+            password,
+        };
         ours.then_some(started)
+    }
+
+    /// The default user, for the set's own queries.
+    fn admin_url(&self) -> String {
+        match self.password {
+            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 }
 
@@ -87,11 +129,11 @@ impl Drop for SentinelProcess {
     }
 }
 
-/// One command on 127.0.0.1:`port`, every step bounded by 1 s; `None` when
+/// One command on the node at `url`, every step bounded by 1 s; `None` when
 /// the node does not answer.
-fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
+fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> Option<T> {
     let bound = Duration::from_secs(1);
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let client = redis::Client::open(url).ok()?;
     let mut conn = client.get_connection_with_timeout(bound).ok()?;
     conn.set_read_timeout(Some(bound)).ok()?;
     conn.set_write_timeout(Some(bound)).ok()?;
@@ -99,8 +141,8 @@ fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Option<T> {
 }
 
 /// The `role:` of a data node (`master`, `slave`), if it answers.
-fn role(port: u16) -> Option<String> {
-    let info: String = query(port, redis::cmd("INFO").arg("replication"))?;
+fn role(node: &RedisServer) -> Option<String> {
+    let info: String = query(&node.admin_url(), redis::cmd("INFO").arg("replication"))?;
     info.lines()
         .find_map(|l| l.strip_prefix("role:"))
         .map(|r| r.trim().to_owned())
@@ -115,6 +157,17 @@ impl SentinelSet {
         Self::start_through(replicas, |primary| primary, Duration::from_secs(5))
     }
 
+    /// Like [`start`](Self::start), with credentials everywhere and a
+    /// different user on each tier: the sentinels' default user has a
+    /// password (they log in to each other with it) and the code under test
+    /// gets their own ACL user ([`sentinel_urls`](Self::sentinel_urls)); the
+    /// data nodes' default user has another password (the sentinels and the
+    /// replicas log in with it) and the code under test is the documented
+    /// ACL user ([`node_url`](Self::node_url)).
+    pub fn start_with_auth(replicas: usize) -> Self {
+        Self::start_inner(replicas, |primary| primary, Duration::from_secs(5), true)
+    }
+
     /// Like [`start`](Self::start), but the replicas replicate from the port
     /// `link` returns for the primary's port (a forwarder a test can cut,
     /// such as [`crate::Vip`]). The sentinels fix a replica that replicates
@@ -126,21 +179,40 @@ impl SentinelSet {
         link: impl FnOnce(u16) -> u16,
         failover_timeout: Duration,
     ) -> Self {
-        let primary = RedisServer::start();
+        Self::start_inner(replicas, link, failover_timeout, false)
+    }
+
+    fn start_inner(
+        replicas: usize,
+        link: impl FnOnce(u16) -> u16,
+        failover_timeout: Duration,
+        auth: bool,
+    ) -> Self {
+        // `--masterauth` on the primary too: after a failover it replicates.
+        let auth_args: &[&str] = if auth {
+            &[
+                "--requirepass",
+                NODE_ADMIN_PASSWORD,
+                "--masterauth",
+                NODE_ADMIN_PASSWORD,
+            ]
+        } else {
+            &[]
+        };
+        let primary = RedisServer::start_with(auth_args);
         let port = link(primary.port()).to_string();
         let mut servers = vec![primary];
         for _ in 0..replicas {
-            servers.push(RedisServer::start_with(&[
-                "--replicaof",
-                "127.0.0.1",
-                &port,
-            ]));
+            let mut args = vec!["--replicaof", "127.0.0.1", &port];
+            args.extend_from_slice(auth_args);
+            servers.push(RedisServer::start_with(&args));
         }
         let set = Self {
             sentinels: (0..3)
-                .map(|_| SentinelProcess::start(servers[0].port(), failover_timeout))
+                .map(|_| SentinelProcess::start(servers[0].port(), failover_timeout, auth))
                 .collect(),
             servers,
+            auth,
         };
         set.wait_ready(replicas, Duration::from_secs(30));
         set
@@ -149,12 +221,12 @@ impl SentinelSet {
     fn wait_ready(&self, replicas: usize, bound: Duration) {
         let deadline = Instant::now() + bound;
         let linked = |s: &RedisServer| {
-            let info: Option<String> = query(s.port(), redis::cmd("INFO").arg("replication"));
+            let info: Option<String> = query(&s.admin_url(), redis::cmd("INFO").arg("replication"));
             info.is_some_and(|i| i.contains("master_link_status:up"))
         };
         let knows_all = |p: &SentinelProcess| {
             let fields: Option<Vec<String>> = query(
-                p.port,
+                &p.admin_url(),
                 redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
             );
             let field = |name: &str| {
@@ -175,7 +247,7 @@ impl SentinelSet {
                     .iter()
                     .map(|p| {
                         query(
-                            p.port,
+                            &p.admin_url(),
                             redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
                         )
                     })
@@ -189,12 +261,29 @@ impl SentinelSet {
         }
     }
 
-    /// The URLs of the three sentinels (no credentials).
+    /// The URLs of the three sentinels: no credentials, or the sentinels'
+    /// ACL user for a set started [`with_auth`](Self::start_with_auth).
     pub fn sentinel_urls(&self) -> Vec<String> {
+        let login = if self.auth {
+            format!("{SENTINEL_USER}:{SENTINEL_PASSWORD}@")
+        } else {
+            String::new()
+        };
         self.sentinels
             .iter()
-            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .map(|s| format!("redis://{login}127.0.0.1:{}", s.port))
             .collect()
+    }
+
+    /// Every password a set started [`with_auth`](Self::start_with_auth)
+    /// uses, for tests that check none is shown.
+    pub fn passwords(&self) -> [&'static str; 4] {
+        [
+            NODE_ADMIN_PASSWORD,
+            SENTINEL_PEER_PASSWORD,
+            SENTINEL_PASSWORD,
+            ACL_PASSWORD,
+        ]
     }
 
     /// How the code under test reaches the data nodes: as the documented
@@ -229,7 +318,7 @@ impl SentinelSet {
     /// The primary's port as the sentinel at `index` reports it.
     pub fn primary_seen_by(&self, index: usize) -> Option<u16> {
         let addr: Option<(String, u16)> = query(
-            self.sentinels[index].port,
+            &self.sentinels[index].admin_url(),
             redis::cmd("SENTINEL")
                 .arg("GET-MASTER-ADDR-BY-NAME")
                 .arg(MASTER_NAME),
@@ -284,7 +373,7 @@ impl SentinelSet {
                 .collect();
             if let Some(Some(new)) = seen.first() {
                 let agreed = seen.iter().all(|s| *s == Some(*new));
-                if *new != old && agreed && role(*new).as_deref() == Some("master") {
+                if *new != old && agreed && role(self.server(*new)).as_deref() == Some("master") {
                     return (*new, Instant::now());
                 }
             }
@@ -302,7 +391,10 @@ impl SentinelSet {
         let deadline = Instant::now() + bound;
         loop {
             let primary = format!("master_port:{}", self.primary_port());
-            let info: Option<String> = query(port, redis::cmd("INFO").arg("replication"));
+            let info: Option<String> = query(
+                &self.server(port).admin_url(),
+                redis::cmd("INFO").arg("replication"),
+            );
             if info.is_some_and(|i| {
                 i.contains("role:slave")
                     && i.contains("master_link_status:up")
