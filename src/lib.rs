@@ -109,6 +109,8 @@
 //!                    targeted (RFC 9213)
 //!   stream/          a streaming fill's shared body: window, pace (cut-off
 //!                    rules), reader, registry
+//!   hot.rs           what the layer feeds hot keys: names (route or
+//!                    redacted URL) and outcomes per key
 //!   vary.rs, conditional.rs, purge.rs, route.rs, body.rs,
 //!   request_body.rs, response.rs (CachedResponse), cache_status.rs, future.rs,
 //!   warnings.rs (the one WARN per route for answers without freshness)
@@ -133,6 +135,8 @@
 //!                  purge bus, the origin's cluster budget and shared
 //!                  breaker, cluster, Sentinel, TLS)
 //! lock/            Redlock and the lease watchdog
+//! hot/             hot keys: the top K per measure over a sliding window
+//!                  (Space-Saving, fixed memory); keys and names only
 //! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
 //! docs/            the sections of these crate docs below this map
 //! ```
@@ -161,6 +165,7 @@
 
 mod engine;
 mod error;
+mod hot;
 mod http;
 #[cfg(feature = "redis")]
 #[doc(hidden)]
@@ -182,6 +187,7 @@ pub use engine::{
     Cache, CacheBuilder, Flight, Freshness, Lookup, OriginBreaker, OriginStatus, Value,
 };
 pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
+pub use hot::{HotKey, HotKeys};
 pub use http::body::CacheBody;
 pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};

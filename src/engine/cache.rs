@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 
 use super::compute::{Compute, ComputeFuture, Fill, FnCompute, Work};
 use super::config::EngineConfig;
@@ -14,6 +15,7 @@ use super::purge_log::key_name;
 use super::resolve::{Engine, Resolved};
 use super::value::Value;
 use crate::error::{BoxError, BuildError, Error};
+use crate::hot::{HotKeys, Measure};
 use crate::key::CacheKey;
 #[cfg(feature = "redis")]
 use crate::lock::redlock::Redlock;
@@ -262,6 +264,27 @@ impl<V: Value> Cache<V> {
             Ok(l) => engine.counters.record(l.source),
             Err(_) => engine.counters.record_error(),
         }
+        if let Some(hot) = &engine.hot {
+            // Only the digest is known here: the name is its hex.
+            hot.record(Measure::Requests, key, 1, Instant::now(), |out| {
+                out.push_hex(key)
+            });
+            match &result {
+                Ok(Lookup {
+                    source: Source::Stale,
+                    ..
+                }) => {
+                    hot.record_known(Measure::Stale, key, 1);
+                }
+                Ok(Lookup {
+                    source: Source::Bypass,
+                    ..
+                }) => {
+                    hot.record_known(Measure::Passes, key, 1);
+                }
+                _ => {}
+            }
+        }
         result
     }
 
@@ -373,6 +396,40 @@ impl<V: Value> Cache<V> {
     /// Flights (computations) running right now.
     pub fn flights_running(&self) -> usize {
         self.engine.flights.len()
+    }
+
+    /// The keys that stood out over the recent window: requests, origin
+    /// calls, waiters, time waited, stale answers and passes, the top K of
+    /// each (see [`HotKeys`] for the bounds). A `Cache` knows only its keys'
+    /// digests, so each is named by its hex. Empty lists when
+    /// [`hot_keys`](CacheBuilder::hot_keys) is 0.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), herdguard::Error> {
+    /// use std::time::Duration;
+    /// use herdguard::{Cache, CacheKey, Freshness};
+    ///
+    /// let cache: Cache<String> = Cache::builder().build().unwrap();
+    /// let key = CacheKey::new("user:7");
+    /// for _ in 0..3 {
+    ///     cache
+    ///         .get_or_compute(&key, Freshness::new(Duration::from_secs(60)), || async {
+    ///             Ok::<_, std::io::Error>("Ada".to_string())
+    ///         })
+    ///         .await?;
+    /// }
+    /// let hot = cache.hot_keys();
+    /// assert_eq!(hot.requests[0].key, key.to_hex());
+    /// assert_eq!(hot.requests[0].count, 3);
+    /// assert_eq!(hot.origin_calls[0].count, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn hot_keys(&self) -> HotKeys {
+        match &self.engine.hot {
+            Some(hot) => hot.report(),
+            None => HotKeys::off(self.engine.config.hot_key_window),
+        }
     }
 }
 
@@ -501,6 +558,24 @@ impl<V: Value> CacheBuilder<V> {
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.config.metrics_name = name.into();
+        self
+    }
+
+    /// How many keys [`Cache::hot_keys`] lists per measure (default 64; 0
+    /// keeps none, at most 4096). Its memory is fixed by this number, about
+    /// 2.4 KiB per key listed, however many keys the cache sees.
+    #[must_use]
+    pub fn hot_keys(mut self, k: usize) -> Self {
+        self.config.hot_keys = k;
+        self
+    }
+
+    /// The window [`Cache::hot_keys`] counts over (default 60 s, at least
+    /// 1 s): two epochs of half of it, so a report covers the last half
+    /// window to the whole one.
+    #[must_use]
+    pub fn hot_key_window(mut self, window: std::time::Duration) -> Self {
+        self.config.hot_key_window = window;
         self
     }
 

@@ -31,6 +31,10 @@ pub(crate) struct EngineConfig {
     pub(crate) redlock: Option<Arc<Redlock>>,
     /// The `cache` label on every metric (the layer's `cache_name`).
     pub(crate) metrics_name: String,
+    /// Keys listed per hot-key measure (0: no hot keys kept).
+    pub(crate) hot_keys: usize,
+    /// The window hot keys are counted over.
+    pub(crate) hot_key_window: Duration,
 }
 
 /// How much longer than the origin timeout a waiter waits by default: room
@@ -56,6 +60,8 @@ impl Default for EngineConfig {
             redis: None,
             redlock: None,
             metrics_name: "herdguard".to_owned(),
+            hot_keys: crate::hot::DEFAULT_K,
+            hot_key_window: crate::hot::DEFAULT_WINDOW,
         }
     }
 }
@@ -68,6 +74,22 @@ impl EngineConfig {
             return Err(BuildError::invalid(
                 "refresh_ahead",
                 format!("{fraction} is not a fraction in 0 ≤ f < 1 (0 turns it off)"),
+            ));
+        }
+        if self.hot_keys > crate::hot::MAX_K {
+            return Err(BuildError::invalid(
+                "hot_keys",
+                format!(
+                    "{} is above the most kept, {}",
+                    self.hot_keys,
+                    crate::hot::MAX_K
+                ),
+            ));
+        }
+        if self.hot_keys > 0 && self.hot_key_window < std::time::Duration::from_secs(1) {
+            return Err(BuildError::invalid(
+                "hot_key_window",
+                "below 1 s: at least 1 s",
             ));
         }
         if self.max_leaders == 0 {

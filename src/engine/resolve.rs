@@ -19,6 +19,7 @@ use super::purge_log::key_name;
 use super::retained::RetainedStore;
 use super::value::Value;
 use crate::error::{BuildError, Error};
+use crate::hot::{HotKeyTable, Measure};
 use crate::key::CacheKey;
 use crate::lock::redlock::Redlock;
 use crate::metrics::{Counters, Source};
@@ -84,6 +85,10 @@ pub(crate) struct Engine<V: Value> {
     pub(super) redlock: Option<Arc<Redlock>>,
     /// Every origin call's budget and the origin's breaker.
     pub(crate) gate: OriginGate,
+    /// The hot keys (`None` when off): origin calls and waits are counted
+    /// here, where they happen; requests by the cache's front (layer or
+    /// `Cache`), which knows their names.
+    pub(crate) hot: Option<HotKeyTable>,
 }
 
 impl<V: Value> Engine<V> {
@@ -134,7 +139,10 @@ impl<V: Value> Engine<V> {
         }
 
         let gate = origin_gate(&config, remote.as_ref(), &counters);
+        let hot =
+            (config.hot_keys > 0).then(|| HotKeyTable::new(config.hot_keys, config.hot_key_window));
         Ok(Self {
+            hot,
             memory,
             flights,
             gate,
@@ -183,7 +191,7 @@ impl<V: Value> Engine<V> {
             rounds += 1;
             match self.flights.join_or_lead(key, &self.leaders, false) {
                 (Role::Follower(rx), _) => {
-                    let resolved = self.wait(rx, false, true).await;
+                    let resolved = self.wait(key, rx, false, true).await;
                     if rounds > 1 || !resolved.is_purged_copy() {
                         return resolved;
                     }
@@ -202,8 +210,12 @@ impl<V: Value> Engine<V> {
 
     /// Wait for a flight found [`running`](Self::running): what
     /// [`Self::resolve`] does for a follower.
-    pub(crate) fn follow(&self, joined: Joined<V>) -> impl Future<Output = Resolved<V>> + '_ {
-        self.wait(joined.0, false, true)
+    pub(crate) fn follow(
+        &self,
+        key: CacheKey,
+        joined: Joined<V>,
+    ) -> impl Future<Output = Resolved<V>> + '_ {
+        self.wait(key, joined.0, false, true)
     }
 
     /// The path of a caller that refuses the stored entry (a client's
@@ -222,7 +234,7 @@ impl<V: Value> Engine<V> {
             rounds += 1;
             match self.flights.join_or_lead(key, &self.leaders, true) {
                 (Role::Follower(rx), forced) => {
-                    let resolved = self.wait(rx, false, false).await;
+                    let resolved = self.wait(key, rx, false, false).await;
                     let stored = matches!(
                         resolved,
                         Resolved::Value {
@@ -282,7 +294,7 @@ impl<V: Value> Engine<V> {
             return Resolved::Failed(Error::Aborted);
         };
         self.spawn_drive(handle, Work::waited(compute.start()));
-        self.wait(rx, true, !refresh).await
+        self.wait(key, rx, true, !refresh).await
     }
 
     pub(super) fn spawn_drive(self: &Arc<Self>, handle: FlightHandle<V>, fut: Work<V>) {
@@ -347,6 +359,7 @@ impl<V: Value> Engine<V> {
             Err(refusal) => return Err(self.refused(refusal, priority)),
         };
         self.counters.origin_call();
+        self.hot_known(Measure::OriginCalls, &key, 1);
         let result = match tokio::time::timeout(
             self.config.origin_timeout,
             AssertUnwindSafe(fut).catch_unwind(),
@@ -376,6 +389,7 @@ impl<V: Value> Engine<V> {
     )]
     fn wait(
         &self,
+        key: CacheKey,
         mut rx: watch::Receiver<FlightState<V>>,
         initiator: bool,
         take_stale: bool,
@@ -418,9 +432,28 @@ impl<V: Value> Engine<V> {
             let waited_for = started.elapsed();
             if !initiator {
                 self.counters.wait(waited_for.as_secs_f64());
+                self.hot_known(Measure::WaitedMs, &key, waited_for.as_millis() as u64);
             }
             tracing::Span::current().record("wait_ms", waited_for.as_millis() as u64);
-            resolved(waited, permit, initiator)
+            let resolved = resolved(waited, permit, initiator);
+            if matches!(
+                resolved,
+                Resolved::Value {
+                    source: Source::Coalesced,
+                    ..
+                }
+            ) {
+                // A follower that shared the flight's call.
+                self.hot_known(Measure::Waiters, &key, 1);
+            }
+            resolved
+        }
+    }
+
+    /// Count `amount` for `key` in the hot keys, named as its requests are.
+    pub(crate) fn hot_known(&self, measure: Measure, key: &CacheKey, amount: u64) {
+        if let Some(hot) = &self.hot {
+            hot.record_known(measure, key, amount);
         }
     }
 

@@ -209,6 +209,35 @@ impl CacheLayerBuilder {
         self
     }
 
+    /// How many keys [`CacheLayer::hot_keys`](crate::CacheLayer::hot_keys)
+    /// lists per measure (default 64; 0 keeps none, at most 4096). Its
+    /// memory is fixed by this number, about 2 KiB per key listed, however
+    /// many keys the layer sees; a hit on a listed key adds one uncontended
+    /// lock and a counter.
+    #[must_use]
+    pub fn hot_keys(mut self, k: usize) -> Self {
+        self.engine.hot_keys = k;
+        self
+    }
+
+    /// The window hot keys are counted over (default 60 s, at least 1 s):
+    /// two epochs of half of it, so a report covers the last half window to
+    /// the whole one.
+    #[must_use]
+    pub fn hot_key_window(mut self, window: Duration) -> Self {
+        self.engine.hot_key_window = window;
+        self
+    }
+
+    /// Name hot keys by their whole URL, query included (default off: the
+    /// path, with `?…` for a query, since queries can hold tokens). Keys
+    /// under an axum route are named by the route either way.
+    #[must_use]
+    pub fn hot_key_full_urls(mut self, full: bool) -> Self {
+        self.http.hot_key_full_urls = full;
+        self
+    }
+
     /// Whether responses to clients carry the `Cache-Status` header (default
     /// on). Off, the header is removed before the response leaves the layer
     /// and its value is logged instead: an `info` event with target

@@ -7,6 +7,7 @@ use tower_layer::Layer;
 
 use crate::engine::Internal;
 use crate::engine::{EngineConfig, Flight, OriginStatus};
+use crate::hot::HotKeys;
 pub use crate::http::builder::CacheLayerBuilder;
 use crate::http::keys::url_key;
 use crate::http::purge::{AsUri, PurgeHandle, PurgeMode, PurgeTarget};
@@ -46,6 +47,51 @@ impl CacheLayer {
     /// Counters since the layer was built, across all routes.
     pub fn stats(&self) -> Stats {
         self.state.engine.counters.snapshot()
+    }
+
+    /// The keys that stood out over the recent window, across all routes:
+    /// requests, origin calls, waiters, time waited, stale answers and
+    /// passes, the top K of each in fixed memory (see [`HotKeys`] for the
+    /// bounds). Each key is named by its axum route (`MatchedPath`) or its
+    /// path, with `?…` for a query unless
+    /// [`hot_key_full_urls`](CacheLayerBuilder::hot_key_full_urls) is on.
+    /// Empty lists when [`hot_keys`](CacheLayerBuilder::hot_keys) is 0.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use http::{Request, Response};
+    /// use http_body_util::Full;
+    /// use bytes::Bytes;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use herdguard::CacheLayer;
+    ///
+    /// let cache = CacheLayer::new();
+    /// let svc = cache.layer(service_fn(|_req| async {
+    ///     let res = Response::builder()
+    ///         .header("cache-control", "max-age=60")
+    ///         .body(Full::new(Bytes::from("hello")))
+    ///         .unwrap();
+    ///     Ok::<_, std::convert::Infallible>(res)
+    /// }));
+    /// for _ in 0..3 {
+    ///     let req = Request::get("http://shop.test/items?session=secret")
+    ///         .body(Full::new(Bytes::new()))
+    ///         .unwrap();
+    ///     svc.clone().oneshot(req).await.unwrap();
+    /// }
+    /// let hot = cache.hot_keys();
+    /// assert_eq!(hot.requests[0].name, "/items?…");
+    /// assert_eq!(hot.requests[0].count, 3);
+    /// assert_eq!(hot.origin_calls[0].count, 1);
+    /// # }
+    /// ```
+    pub fn hot_keys(&self) -> HotKeys {
+        let engine = &self.state.engine;
+        match &engine.hot {
+            Some(hot) => hot.report(),
+            None => HotKeys::off(engine.config.hot_key_window),
+        }
     }
 
     /// Entries held in memory right now.

@@ -10,6 +10,7 @@ pub(crate) mod builder;
 pub(crate) mod cache_status;
 pub(crate) mod conditional;
 pub(crate) mod future;
+pub(crate) mod hot;
 pub(crate) mod keys;
 pub(crate) mod layer;
 pub(crate) mod numbers;

@@ -42,6 +42,9 @@ pub(crate) struct HttpConfig {
     pub(crate) predicate: Option<RoutePredicate>,
     /// Remove `Surrogate-Key` from every response to a client.
     pub(crate) strip_surrogate_key: bool,
+    /// Name hot keys by their whole URL, query included (opt-in: queries
+    /// can hold tokens).
+    pub(crate) hot_key_full_urls: bool,
 }
 
 /// What a request that refuses the stored response does: `Cache-Control:
@@ -87,6 +90,7 @@ impl Default for HttpConfig {
             route_key: None,
             predicate: None,
             strip_surrogate_key: true,
+            hot_key_full_urls: false,
         }
     }
 }

@@ -346,7 +346,7 @@ where
             let state = Arc::clone(&self.state);
             return released(&state, self.own_call(), status, |_| None).await;
         };
-        self.state.counters().record(Source::Coalesced);
+        self.state.record_waiter(&self.target.key, self.arrived);
         let status = self.state.status(format_args!(
             "fwd={}; fwd-status={}; collapsed; detail=streamed",
             self.fwd.as_str(),
@@ -521,7 +521,7 @@ where
         if leaders_error_page(&self.state, &entry, source) {
             return self.release(Detail::ErrorNotShared).await;
         }
-        self.state.counters().record(source);
+        self.state.record_for(source, &self.target.key);
         let served = served_from_flight(&entry, source, self.fwd, self.grace);
         Ok(self.state.respond(&entry, &self.view(), served))
     }
@@ -555,7 +555,7 @@ where
             }
             if past_marker {
                 // No permit free: it passes at once, as in memory.
-                self.state.counters().record(Source::Bypass);
+                self.state.record_for(Source::Bypass, &self.target.key);
                 let status = self
                     .state
                     .own_call_status(Forward::UriMiss, Some(Detail::HitForPass));

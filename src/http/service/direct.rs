@@ -15,6 +15,7 @@ use tower_service::Service;
 
 use crate::engine::{Compute, Fill, Freshness, Priority, Work};
 use crate::error::Error;
+use crate::hot::Measure;
 use crate::http::body::CacheBody;
 use crate::http::policy::{self, Forward, NotStored};
 use crate::http::response::CachedResponse;
@@ -153,13 +154,17 @@ where
         }
         Ok(Fill::Share(mut value) | Fill::Pass(Some(mut value)) | Fill::Private(mut value)) => {
             counters.record(Source::Bypass);
+            state.hot_outcome(Source::Bypass, &target.key);
             if under_marker {
                 value.not_stored = Some(NotStored::HitForPass);
             }
             Ok(state.respond_uncached(value, &view, fwd))
         }
         Ok(Fill::Pass(None) | Fill::Unbuffered) => match passthrough_rx.try_recv() {
-            Ok(handoff) => Ok(state.handed_off(handoff, &view, fwd, Source::Bypass)),
+            Ok(handoff) => {
+                state.hot_outcome(Source::Bypass, &target.key);
+                Ok(state.handed_off(handoff, &view, fwd, Source::Bypass))
+            }
             Err(_) => {
                 counters.record_error();
                 Ok(state.error_response(&Error::Aborted))
@@ -226,6 +231,7 @@ pub(super) async fn direct_with<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
+    let key = call.as_ref().map(|c| c.target.key);
     let Some((inner, req)) = call.map(OriginCall::into_parts) else {
         // Only the leader has no call left, and a leader always has an outcome.
         state.counters().record_error();
@@ -243,6 +249,10 @@ where
         return Ok(state.own_answer(StatusCode::SERVICE_UNAVAILABLE, &status, "overloaded"));
     };
     counters.record(Source::Bypass);
+    if let Some(key) = key {
+        state.hot_outcome(Source::Bypass, &key);
+        state.engine.hot_known(Measure::OriginCalls, &key, 1);
+    }
     call_alone(state, inner, req, status).await
 }
 
@@ -259,11 +269,15 @@ pub(super) async fn pass_uncapped<S, ReqB, ResB>(
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
+    let key = call.as_ref().map(|c| c.target.key);
     let Some((inner, req)) = call.map(OriginCall::into_parts) else {
         // Only the leader has no call left, and it keeps a spare.
         state.counters().record_error();
         return Ok(state.error_response(&Error::Aborted));
     };
+    if let Some(key) = key {
+        state.engine.hot_known(Measure::OriginCalls, &key, 1);
+    }
     call_alone(state, inner, req, status).await
 }
 

@@ -85,7 +85,7 @@ where
                     && s.head.value.vary_matches(headers)
                     && acceptable(headers, &s.head, state.http.rules.grace)
             }) => First::Stream(stream),
-            resolved = state.engine.follow(joined) => First::Resolved(resolved),
+            resolved = state.engine.follow(target.key, joined) => First::Resolved(resolved),
         };
         let fwd = if stale.is_some() {
             Forward::Stale
@@ -101,7 +101,7 @@ where
         }
         if let First::Resolved(Resolved::Value { entry, source }) = &first {
             if plainly_answers(&state, &target, req.headers(), entry, *source) {
-                state.counters().record(*source);
+                state.record_for(*source, &target.key);
                 let served = served_from_flight(entry, *source, fwd, state.http.rules.grace);
                 let view = View {
                     head,

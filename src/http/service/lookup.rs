@@ -384,7 +384,7 @@ impl<'a> Past<'a> {
             let fut = hit_for_miss(state, target, self.head, inner, req, fwd, permit);
             return self.boxed(fut);
         }
-        state.counters().record(Source::Bypass);
+        state.record_for(Source::Bypass, &target.key);
         let status = state.own_call_status(Forward::UriMiss, Some(Detail::HitForPass));
         ResponseFuture::bypass(inner, req, status, None)
     }
@@ -448,7 +448,7 @@ impl<'a> Past<'a> {
                     .ready()
             }
             Answer::Revalidating(usable) => {
-                state.counters().record(Source::Stale);
+                state.record_for(Source::Stale, &target.key);
                 let stale = Some(entry.value.clone());
                 let req = refresh_request(req);
                 let state2 = Arc::clone(state);
@@ -461,7 +461,7 @@ impl<'a> Past<'a> {
                 ResponseFuture::ready(state.respond(entry, &view, served))
             }
             Answer::StaleAccepted => {
-                state.counters().record(Source::Stale);
+                state.record_for(Source::Stale, &target.key);
                 let served = Served::Stale("max-stale");
                 ResponseFuture::ready(state.respond(entry, &view, served))
             }

@@ -206,8 +206,11 @@ impl<S> CacheService<S> {
             None
         };
         let target = state.target_with(&req, route_key, scan.authorization, HostSeen::Admitted);
+        // One clock read for the hot keys, the lookup, the age and the answer.
+        let now = tokio::time::Instant::now();
+        state.hot_request(&target.key, &req, now);
         if !rd.only_if_cached && scan.range && state.range_to_origin(&req, &target.key) {
-            state.counters().record(Source::Bypass);
+            state.record_for(Source::Bypass, &target.key);
             let status = state.own_call_status(Forward::Request, Some(Detail::TooLarge));
             return ResponseFuture::bypass(inner.clone(), req, status, None);
         }
@@ -217,8 +220,6 @@ impl<S> CacheService<S> {
         if rd.no_cache && !rd.only_if_cached {
             return past.refresh(target, inner.clone(), req);
         }
-        // One clock read for the lookup, the age and the answer.
-        let now = tokio::time::Instant::now();
         let (entry, engine_fresh) = match state.engine.probe_at(&target.key, now) {
             Probe::Fresh(e) | Probe::Stale(e) if !e.value.vary_matches(req.headers()) => {
                 if rd.only_if_cached {

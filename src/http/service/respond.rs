@@ -189,7 +189,7 @@ impl StandIn {
         if !policy::stale_if_error_allows(entry.value.rules, age) {
             return None;
         }
-        self.state.counters().record(Source::Stale);
+        self.state.record_for(Source::Stale, &self.key);
         let view = View {
             head: self.head,
             headers: &self.headers,
