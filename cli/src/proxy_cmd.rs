@@ -260,6 +260,14 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "HERDGUARD_ACCESS_LOG")]
     #[serde(default, deserialize_with = "de_access_log")]
     access_log: Option<String>,
+    /// Keys listed per measure on the admin port's /hot-keys (requests,
+    /// origin calls, waiters, time waited, stale, passes); 0 keeps none.
+    #[arg(long, env = "HERDGUARD_HOT_KEYS")]
+    hot_keys: Option<usize>,
+    /// Name hot keys by their whole URL: queries can hold tokens
+    /// [default: false, the path with `?…` for a query].
+    #[arg(long, env = "HERDGUARD_HOT_KEY_FULL_URLS", num_args = 0..=1, default_missing_value = "true")]
+    hot_key_full_urls: Option<bool>,
 }
 }
 
@@ -297,6 +305,7 @@ fn shown_defaults() -> Vec<(&'static str, String)> {
         ("shutdown_timeout", duration(server.shutdown_timeout)),
         ("log_format", "text".to_owned()),
         ("access_log", DEFAULT_ACCESS_LOG.to_owned()),
+        ("hot_keys", "64".to_owned()),
     ]
 }
 
@@ -363,6 +372,10 @@ impl ProxyArgs {
         if let Some(failures) = self.breaker_failures {
             builder = builder.origin_breaker(OriginBreaker::default().failures(failures));
         }
+        if let Some(k) = self.hot_keys {
+            builder = builder.hot_keys(k);
+        }
+        builder = builder.hot_key_full_urls(self.hot_key_full_urls.unwrap_or(false));
         let body = self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         builder = builder.max_body_bytes(size("max-body-bytes", body)?);
         let capacity = self.capacity_bytes.unwrap_or(DEFAULT_CAPACITY_BYTES);

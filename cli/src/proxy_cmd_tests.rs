@@ -111,6 +111,8 @@ fn config_file_sets_every_option() {
         tls-key = "/key.pem"
         log-format = "json"
         access-log = "off"
+        hot-keys = 16
+        hot-key-full-urls = true
     "#;
     let file: ProxyArgs = toml::from_str(file).unwrap();
     let mut args = ProxyArgs {

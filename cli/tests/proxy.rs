@@ -860,6 +860,50 @@ async fn admin_health_readiness_and_metrics() {
     assert!(hits.ends_with(" 1"), "{hits}");
 }
 
+/// The admin port's /hot-keys lists a burst's key: 20 requests, one origin call, 19 waiters, its query redacted.
+#[tokio::test]
+async fn admin_hot_keys_lists_the_burst() {
+    let seen = Seen::default();
+    let upstream = origin(seen.clone()).await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--admin",
+        "127.0.0.1:0",
+        "--hot-keys",
+        "8",
+    ])
+    .await;
+    let url = proxy.url("/slow/1?ms=1000");
+    let burst: Vec<_> = (0..20)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { get(&url, &[]).await })
+        })
+        .collect();
+    for b in burst {
+        assert_eq!(b.await.unwrap().0, StatusCode::OK);
+    }
+    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+    let (code, body) = admin_get(&proxy, "/hot-keys").await;
+    assert_eq!(code, StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["window_secs"], 60);
+    assert_eq!(doc["k"], 8);
+    let top = |list: &str| doc[list][0].clone();
+    assert_eq!(top("requests")["name"], "/slow/1?…", "{body}");
+    assert_eq!(top("requests")["count"], 20);
+    assert_eq!(top("requests")["overcount"], 0);
+    assert_eq!(top("requests")["key"].as_str().unwrap().len(), 32);
+    assert_eq!(top("origin_calls")["count"], 1);
+    assert_eq!(top("waiters")["count"], 19);
+    assert!(top("waited_ms")["count"].as_u64().unwrap() > 0, "{body}");
+    for list in ["stale", "passes"] {
+        assert_eq!(doc[list], serde_json::json!([]), "{body}");
+    }
+    assert!(!body.contains("ms=1000"), "{body}");
+}
+
 /// With Redis, /readyz says it is connected.
 #[tokio::test]
 async fn readiness_shows_redis_connected() {

@@ -411,12 +411,64 @@ impl Admin {
                 );
                 r
             }
+            "/hot-keys" => json(
+                StatusCode::OK,
+                hot_keys_json(&self.proxy.cache().hot_keys()),
+            ),
             _ => super::status(
                 StatusCode::NOT_FOUND,
-                "try /healthz, /readyz, /metrics, /status or /status.json",
+                "try /healthz, /readyz, /metrics, /status, /status.json or /hot-keys",
             ),
         }
     }
+}
+
+/// The layer's hot keys as the admin port's `/hot-keys` serves them (what
+/// a status page or `herdguard top` reads): the window in seconds, K, and
+/// one list per measure of `{name, key, count, overcount}`, count first.
+fn hot_keys_json(hot: &herdguard::HotKeys) -> String {
+    #[derive(serde::Serialize)]
+    struct Doc<'a> {
+        window_secs: u64,
+        k: usize,
+        requests: Vec<Row<'a>>,
+        origin_calls: Vec<Row<'a>>,
+        waiters: Vec<Row<'a>>,
+        waited_ms: Vec<Row<'a>>,
+        stale: Vec<Row<'a>>,
+        passes: Vec<Row<'a>>,
+    }
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        name: &'a str,
+        key: &'a str,
+        count: u64,
+        overcount: u64,
+    }
+    fn rows(list: &[herdguard::HotKey]) -> Vec<Row<'_>> {
+        list.iter()
+            .map(|r| Row {
+                name: &r.name,
+                key: &r.key,
+                count: r.count,
+                overcount: r.overcount,
+            })
+            .collect()
+    }
+    let doc = Doc {
+        window_secs: hot.window.as_secs(),
+        k: hot.k,
+        requests: rows(&hot.requests),
+        origin_calls: rows(&hot.origin_calls),
+        waiters: rows(&hot.waiters),
+        waited_ms: rows(&hot.waited_ms),
+        stale: rows(&hot.stale),
+        passes: rows(&hot.passes),
+    };
+    // Plain strings and numbers: serializing cannot fail.
+    let mut out = serde_json::to_string(&doc).unwrap_or_default();
+    out.push('\n');
+    out
 }
 
 /// Install the Prometheus recorder for this process, with buckets for the
