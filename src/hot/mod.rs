@@ -168,6 +168,7 @@ impl HotKeyTable {
         }
     }
 
+    #[inline]
     fn measure(&self, m: Measure) -> std::sync::MutexGuard<'_, Window> {
         // A poisoned lock means a panic mid-add elsewhere; the counts are
         // still plain numbers, so keep using them.
@@ -179,6 +180,7 @@ impl HotKeyTable {
     /// Count `amount` for `key` at `now`; `name` writes its name if the
     /// key takes a slot (a key already counted allocates nothing and never
     /// calls it).
+    #[inline]
     pub(crate) fn record(
         &self,
         m: Measure,

@@ -81,6 +81,7 @@ impl SpaceSaving {
     }
 
     /// The index cell holding `key`, or the empty cell where it would go.
+    #[inline]
     fn find(&self, key: &CacheKey) -> (usize, bool) {
         let mut i = home(key, self.mask);
         loop {
@@ -93,6 +94,8 @@ impl SpaceSaving {
     }
 
     /// Add `amount` to `key`, naming it with `name` if it takes a slot.
+    /// Inlined: a key already counted is the hit path's case.
+    #[inline]
     pub(super) fn add(&mut self, key: &CacheKey, amount: u64, name: impl FnOnce(&mut NameBuf<'_>)) {
         let (cell, found) = self.find(key);
         if found {
@@ -100,6 +103,19 @@ impl SpaceSaving {
             slot.count = slot.count.saturating_add(amount);
             return;
         }
+        self.insert(cell, key, amount, name);
+    }
+
+    /// Give `key`, found at no slot (`cell` the empty index cell where it
+    /// would go), a free slot or the smallest one's.
+    #[inline(never)]
+    fn insert(
+        &mut self,
+        cell: usize,
+        key: &CacheKey,
+        amount: u64,
+        name: impl FnOnce(&mut NameBuf<'_>),
+    ) {
         let (s, floor) = if self.used < self.k {
             let s = self.used;
             if s == self.slots.len() {
@@ -229,7 +245,10 @@ impl Window {
     }
 
     /// Start a new epoch if the current one is over; a whole window
-    /// without records leaves nothing.
+    /// without records leaves nothing. Out of line: the records that find
+    /// the epoch over are one per half window.
+    #[cold]
+    #[inline(never)]
     fn rotate(&mut self, now: Instant) {
         if now < self.ends {
             return;
@@ -245,6 +264,7 @@ impl Window {
         }
     }
 
+    #[inline]
     pub(super) fn add(
         &mut self,
         key: &CacheKey,
@@ -252,8 +272,10 @@ impl Window {
         now: Instant,
         name: impl FnOnce(&mut NameBuf<'_>),
     ) {
-        self.rotate(now);
-        self.epochs[self.current].add(key, amount, name);
+        if now >= self.ends {
+            self.rotate(now);
+        }
+        self.epochs[self.current & 1].add(key, amount, name);
     }
 
     /// The name `key` is counted under in either epoch.
