@@ -279,6 +279,9 @@ mod tests {
         }
         assert_eq!(table.memory_bytes(), warm);
         assert!(warm <= HotKeyTable::max_memory_bytes(DEFAULT_K), "{warm}");
+        // What the docs quote: about 120 KiB at the default K.
+        let bound = HotKeyTable::max_memory_bytes(DEFAULT_K);
+        assert!((110 << 10..=125 << 10).contains(&bound), "{bound}");
         let report = table.report();
         assert_eq!(report.requests.len(), DEFAULT_K);
         assert!(report.requests.iter().all(|r| r.name.len() <= NAME_MAX));
