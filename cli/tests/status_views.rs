@@ -106,6 +106,11 @@ async fn status_json_and_top_show_a_burst() {
     assert_eq!(snap["stats"]["coalesced"], (BURST - 1) as u64, "{snap}");
     assert_eq!(snap["flights"].as_array().unwrap().len(), 0, "{snap}");
     assert_eq!(snap["origin"]["budget_limit"], 64, "{snap}");
+    let hot = &snap["hot_keys"];
+    assert_eq!(hot["requests"][0]["count"], BURST as u64, "{snap}");
+    assert_eq!(hot["origin_calls"][0]["count"], 1, "{snap}");
+    assert_eq!(hot["waiters"][0]["count"], (BURST - 1) as u64, "{snap}");
+    assert_eq!(hot["requests"][0]["name"], "/slow", "{snap}");
 
     let top = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
         .args([
@@ -138,6 +143,7 @@ async fn status_json_and_top_show_a_burst() {
         2,
         "{text}"
     );
+    assert!(text.contains("hot keys, last 60 s"), "{text}");
     let row = text
         .lines()
         .find(|l| l.contains(" pid "))

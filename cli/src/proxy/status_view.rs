@@ -67,6 +67,7 @@ pub fn snapshot(cache: &CacheLayer, instance: &str) -> Value {
         "redis": redis,
         "entries": cache.entry_count(),
         "flights": flights,
+        "hot_keys": super::server::hot_keys_value(&cache.hot_keys()),
     })
 }
 
