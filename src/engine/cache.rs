@@ -563,7 +563,7 @@ impl<V: Value> CacheBuilder<V> {
 
     /// How many keys [`Cache::hot_keys`] lists per measure (default 64; 0
     /// keeps none, at most 4096). Its memory is fixed by this number, about
-    /// 2.4 KiB per key listed, however many keys the cache sees.
+    /// 1.9 KiB per key listed (120 KiB at 64), however many keys the cache sees.
     #[must_use]
     pub fn hot_keys(mut self, k: usize) -> Self {
         self.config.hot_keys = k;

@@ -211,7 +211,7 @@ impl CacheLayerBuilder {
 
     /// How many keys [`CacheLayer::hot_keys`](crate::CacheLayer::hot_keys)
     /// lists per measure (default 64; 0 keeps none, at most 4096). Its
-    /// memory is fixed by this number, about 2 KiB per key listed, however
+    /// memory is fixed by this number, about 1.9 KiB per key listed, however
     /// many keys the layer sees; a hit on a listed key adds one uncontended
     /// lock and a counter.
     #[must_use]
