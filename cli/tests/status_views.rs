@@ -50,8 +50,18 @@ async fn proxy(upstream: SocketAddr) -> (ProxyProcess, SocketAddr, SocketAddr) {
 }
 
 async fn get(url: String) -> (u16, String) {
+    get_as(url, None).await
+}
+
+/// GET `url`, with `host` as its Host (several instances behind one name).
+async fn get_as(url: String, host: Option<&'static str>) -> (u16, String) {
     let client = Client::builder(TokioExecutor::new()).build_http::<axum::body::Body>();
-    let res = tokio::time::timeout(Duration::from_secs(20), client.get(url.parse().unwrap()))
+    let mut req = http::Request::get(url);
+    if let Some(host) = host {
+        req = req.header("host", host);
+    }
+    let req = req.body(axum::body::Body::empty()).unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(20), client.request(req))
         .await
         .expect("answered within 20 s")
         .expect("a response");
@@ -272,5 +282,80 @@ async fn the_status_page_renders_in_a_browser() {
         std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000),
         "{}",
         shot.display()
+    );
+}
+
+/// Four proxies on one real redis-server, a burst spread over them on one
+/// cold key: `herdguard top` over the four shows the key on top with its
+/// one origin call and every other request as a waiter, summed over the
+/// instances (those that waited for another instance's fill included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_sums_a_burst_over_four_instances_on_redis() {
+    let server = herdguard_testkit::RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let upstream = format!("http://{}", origin(Arc::clone(&calls)).await);
+    let url = server.url();
+    let args = [
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+        "--redis",
+        &url,
+    ];
+    let bin = env!("CARGO_BIN_EXE_herdguard");
+    let mut proxies = Vec::new();
+    for _ in 0..4 {
+        proxies.push(ProxyProcess::start(bin, &args).await);
+    }
+    let burst: Vec<_> = proxies
+        .iter()
+        .flat_map(|p| {
+            (0..BURST / 2).map(move |_| {
+                let url = format!("http://{}/slow", p.listen);
+                tokio::spawn(get_as(url, Some("app.test")))
+            })
+        })
+        .collect();
+    for b in burst {
+        assert_eq!(b.await.unwrap().0, 200);
+    }
+    let all = 4 * (BURST / 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let mut followers = 0;
+    for p in &proxies {
+        followers += status(p.admin.unwrap()).await["stats"]["followers"]
+            .as_u64()
+            .unwrap();
+    }
+    assert_eq!(followers, all as u64 - 1);
+
+    let admins: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("http://{}", p.admin.unwrap()))
+        .collect();
+    let top = tokio::process::Command::new(bin)
+        .args(["top", "--admin", &admins.join(","), "--count", "1"])
+        .output();
+    let top = tokio::time::timeout(Duration::from_secs(20), top)
+        .await
+        .expect("top stops after its count")
+        .unwrap();
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "{text}");
+    assert!(
+        text.contains("herdguard top: 4 of 4 instance(s) answering"),
+        "{text}"
+    );
+    // key, requests, origin calls, waiters, …
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("/slow "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        &cells[..4],
+        &["/slow", &all.to_string(), "1", &(all - 1).to_string()],
+        "{text}"
     );
 }

@@ -166,14 +166,17 @@ impl<V> Flights<V> {
     /// Another instance's origin call filled `key`'s flight: its requests
     /// here are that call's followers (the one leading it here too, when a
     /// request waits on it), and so is whoever joins before it ends.
-    pub(crate) fn filled_elsewhere(&self, key: &CacheKey, leader_waits: bool) {
+    /// Returns how many it counted now.
+    pub(crate) fn filled_elsewhere(&self, key: &CacheKey, leader_waits: bool) -> usize {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(running) = map.get_mut(key) {
-            if !running.filled_elsewhere {
+        match map.get_mut(key) {
+            Some(running) if !running.filled_elsewhere => {
                 running.filled_elsewhere = true;
-                self.followers
-                    .add(running.joined + usize::from(leader_waits));
+                let n = running.joined + usize::from(leader_waits);
+                self.followers.add(n);
+                n
             }
+            _ => 0,
         }
     }
 

@@ -16,6 +16,7 @@ use super::gate::Priority;
 use super::quorum_lease::RedlockTry;
 use super::resolve::Engine;
 use super::value::{Value, ValueMeta};
+use crate::hot::Measure;
 use crate::key::CacheKey;
 use crate::lock::watchdog::HeldLease;
 use crate::lock::{FenceToken, LeaseToken};
@@ -490,7 +491,8 @@ impl<V: Value> Engine<V> {
                 // (a forced refresh's are counted as coalesced).
                 if !refresh {
                     let waits = fut.priority == Priority::Waited;
-                    self.flights.filled_elsewhere(&d.key, waits);
+                    let followers = self.flights.filled_elsewhere(&d.key, waits);
+                    self.hot_known(Measure::Waiters, &d.key, followers as u64);
                 }
                 Ok(Outcome::Value {
                     entry,
