@@ -547,6 +547,10 @@ async fn run(
             "hit/stale/miss/coalesced/bypass per instance: {}",
             stats.join(" ")
         );
+        if scenario == Scenario::Cold {
+            let layers = cluster.instances.iter().filter_map(|i| i.layer.as_ref());
+            line.note = format!("{}; {}", hot_key_line(layers), line.note);
+        }
         if scenario == Scenario::Slow && row == Row::Memory {
             line.note = format!("no lease in memory; {}", line.note);
         }
@@ -555,6 +559,34 @@ async fn run(
         line.note = format!("past max-age {}; {}", line.past_max_age, line.note);
     }
     line
+}
+
+/// The burst's key as the hot keys of every instance show it, summed as
+/// `herdguard top` sums them: its name, requests, origin calls and waiters.
+fn hot_key_line<'a>(layers: impl Iterator<Item = &'a CacheLayer>) -> String {
+    let reports: Vec<_> = layers.map(CacheLayer::hot_keys).collect();
+    let Some(top) = reports
+        .iter()
+        .filter_map(|h| h.requests.first())
+        .max_by_key(|r| r.count)
+    else {
+        return "hot keys off".into();
+    };
+    let sum = |pick: fn(&herdguard::HotKeys) -> &Vec<herdguard::HotKey>| -> u64 {
+        reports
+            .iter()
+            .flat_map(|h| pick(h).iter())
+            .filter(|r| r.key == top.key)
+            .map(|r| r.count)
+            .sum()
+    };
+    format!(
+        "hot key {} requests/origin calls/waiters {}/{}/{}",
+        top.name,
+        sum(|h| &h.requests),
+        sum(|h| &h.origin_calls),
+        sum(|h| &h.waiters)
+    )
 }
 
 #[tokio::main]

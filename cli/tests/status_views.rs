@@ -256,6 +256,13 @@ async fn the_status_page_renders_in_a_browser() {
     for b in burst {
         assert_eq!(b.await.unwrap().0, 200);
     }
+    // The charts draw the history the proxy samples each second: a line
+    // needs three samples.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while status(admin).await["history"].as_array().unwrap().len() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "no history sampled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let url = format!("http://{admin}/status");
     let (dom, log) = browse(browser, &["--dump-dom"], &url).await;
     let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();

@@ -166,7 +166,9 @@ async fn serve_admin(
         metrics,
         draining: Arc::clone(draining),
         instance: format!("{bound} pid {}", std::process::id()).into(),
+        history: super::status_view::History::default(),
     };
+    state.history.sample_every_second(proxy.cache().clone());
     tokio::spawn(state.serve(admin));
     Ok(bound)
 }
@@ -313,6 +315,8 @@ struct Admin {
     draining: Arc<AtomicBool>,
     /// This process in `/status.json`: its admin address and pid.
     instance: Arc<str>,
+    /// The counters' last minutes, for `/status.json`.
+    history: super::status_view::History,
 }
 
 impl Admin {
@@ -392,7 +396,8 @@ impl Admin {
                 None => super::status(StatusCode::NOT_FOUND, "metrics are off"),
             },
             "/status.json" => {
-                let snap = super::status_view::snapshot(self.proxy.cache(), &self.instance);
+                let snap =
+                    super::status_view::snapshot(self.proxy.cache(), &self.instance, &self.history);
                 json(StatusCode::OK, format!("{snap}\n"))
             }
             "/status" => {
