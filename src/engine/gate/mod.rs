@@ -111,11 +111,11 @@ pub(crate) struct OriginGate {
 /// One request in flight that may wait on the origin (a miss, a
 /// revalidation, a bypass), counted while it lives. A background call goes
 /// out only while this instance has fewer origin calls in flight than such
-/// requests, or none at all while none waits: its calls then stay within
-/// what its clients could make at once without a cache (one more at most,
-/// when the one background call of an idle instance meets its client's
-/// next miss), whatever the budget, also for several instances with a
-/// budget each and none shared.
+/// requests, or none at all while none waits: its calls then stay close to
+/// what its clients could make at once without a cache, whatever the
+/// budget, also for several instances with a budget each and none shared.
+/// Close, not exact: a background call outlives the requests whose wait
+/// made room for it, and their clients' next misses are not held back.
 #[derive(Debug)]
 pub(crate) struct Caller(Arc<AtomicUsize>);
 
