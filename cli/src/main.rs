@@ -9,7 +9,7 @@
 //! herdguard clock-skew --nodes URL,URL,... [--samples N] [--budget-ms MS]
 //! herdguard purge <url-or-key | --tag TAG> [--soft] --redis URL [--namespace NS]
 //! herdguard proxy --upstream URL [--listen ADDR] [--admin ADDR] ...
-//! herdguard top --admin URL,URL,... [--interval-ms MS] [--count N]
+//! herdguard top (--admin URL,URL,... | --redis URL [--namespace NS]) [--interval-ms MS] [--count N]
 //! ```
 //!
 //! `proxy` runs the caching reverse proxy (the `herdguard_cli::proxy` library, cli/src/proxy/); it
@@ -33,6 +33,7 @@ mod conn;
 mod inspect;
 mod locks;
 use herdguard_cli::proxy;
+mod announce;
 mod proxy_cmd;
 mod proxy_values;
 mod purge;
@@ -93,8 +94,21 @@ enum Command {
     Top {
         /// Each instance's admin address (`http://127.0.0.1:9090`),
         /// comma-separated: all instances on one Redis for the cluster's view.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            required_unless_present = "redis",
+            conflicts_with = "redis"
+        )]
         admin: Vec<String>,
+        /// Instead of --admin: every proxy that says its admin address in
+        /// this Redis (a proxy with --admin and --redis does, every 2 s;
+        /// re-read at each refresh).
+        #[arg(long)]
+        redis: Option<String>,
+        /// The proxies' Redis namespace.
+        #[arg(long, default_value = herdguard::RedisOptions::DEFAULT_NAMESPACE)]
+        namespace: String,
         /// Time between refreshes, in milliseconds.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
         interval_ms: u64,
@@ -229,11 +243,14 @@ fn main() -> ExitCode {
         Command::Proxy(args) => return proxy_cmd::main(*args),
         Command::Top {
             admin,
+            redis,
+            namespace,
             interval_ms,
             count,
         } => {
             return run_top(top::Watch {
                 admins: admin,
+                redis: redis.map(|url| (url, namespace)),
                 interval: Duration::from_millis(interval_ms),
                 count,
                 timeout: Duration::from_millis(cli.timeout_ms.unwrap_or(1000)),

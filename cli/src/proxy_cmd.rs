@@ -131,6 +131,10 @@ pub(crate) struct ProxyArgs {
     /// Address of the admin listener: /healthz, /readyz, /metrics [default: off].
     #[arg(long, env = "HERDGUARD_ADMIN")]
     admin: Option<SocketAddr>,
+    /// With --redis, the admin URL said in Redis for `herdguard top
+    /// --redis` [default: http:// and the --admin address].
+    #[arg(long, env = "HERDGUARD_ADMIN_ANNOUNCE")]
+    admin_announce: Option<String>,
     /// Enables PURGE and POST /.herdguard/purge/tag/{tag} with this token in
     /// X-Purge-Token [default: purge off].
     #[arg(long, env = "HERDGUARD_PURGE_TOKEN", hide_env_values = true)]
@@ -558,6 +562,12 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
             let admin = bound
                 .admin
                 .map_or_else(|| "off".to_owned(), |a| format!("http://{a}"));
+            crate::announce::start(
+                args.redis.as_deref(),
+                args.redis_namespace.as_deref(),
+                args.admin_announce.as_deref(),
+                bound.admin,
+            );
             // One line on stdout that scripts (and tests) can wait for.
             println!(
                 "herdguard proxy listening on {scheme}://{} upstream {upstream} admin {admin} redis {}",

@@ -82,6 +82,7 @@ fn config_file_sets_every_option() {
         upstream-idle-timeout = "1m"
         upstream-max-idle = 8
         admin = "127.0.0.1:9001"
+        admin-announce = "http://10.0.0.5:9001"
         purge-token = "t"
         trusted-proxies = ["10.0.0.0/8"]
         redis = "redis://127.0.0.1"

@@ -35,6 +35,8 @@ const MEASURES: [(&str, &str); 6] = [
 pub(crate) struct Watch {
     /// Each instance's admin base URL (`http://127.0.0.1:9090`).
     pub(crate) admins: Vec<String>,
+    /// Or the Redis (and namespace) where the instances say theirs.
+    pub(crate) redis: Option<(String, String)>,
     pub(crate) interval: Duration,
     /// Stop after this many refreshes (`None`: until interrupted).
     pub(crate) count: Option<u64>,
@@ -52,17 +54,24 @@ pub(crate) async fn top(watch: Watch) -> Result<(), Failure> {
     let mut before: HashMap<String, Value> = HashMap::new();
     let mut shown = 0u64;
     let mut tick = tokio::time::interval(watch.interval);
+    let mut admins = watch.admins.clone();
     loop {
         tick.tick().await;
-        let mut reads = Vec::with_capacity(watch.admins.len());
-        for admin in &watch.admins {
+        if let Some((url, namespace)) = &watch.redis {
+            admins = crate::announce::instances(url, namespace, watch.timeout).await?;
+        }
+        let mut reads = Vec::with_capacity(admins.len());
+        for admin in &admins {
             reads.push(read(&client, admin, watch.timeout).await);
         }
         if shown == 0 && reads.iter().all(Result::is_err) {
             let errors: Vec<String> = reads.into_iter().filter_map(Result::err).collect();
+            if errors.is_empty() {
+                return Err(Failure("no instance says its admin address there".into()));
+            }
             return Err(Failure(errors.join("; ")));
         }
-        let text = render(&watch.admins, &reads, &before);
+        let text = render(&admins, &reads, &before);
         let mut out = std::io::stdout().lock();
         let clear = if terminal { "\x1b[H\x1b[2J" } else { "" };
         let _ = write!(out, "{clear}{text}");
@@ -70,7 +79,7 @@ pub(crate) async fn top(watch: Watch) -> Result<(), Failure> {
             let _ = writeln!(out);
         }
         let _ = out.flush();
-        for (admin, read) in watch.admins.iter().zip(reads) {
+        for (admin, read) in admins.iter().zip(reads) {
             if let Ok(snap) = read {
                 before.insert(admin.clone(), snap);
             }

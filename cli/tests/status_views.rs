@@ -341,28 +341,54 @@ async fn top_sums_a_burst_over_four_instances_on_redis() {
         .iter()
         .map(|p| format!("http://{}", p.admin.unwrap()))
         .collect();
-    let top = tokio::process::Command::new(bin)
-        .args(["top", "--admin", &admins.join(","), "--count", "1"])
+    // Named one by one, and found through the Redis they share (each says
+    // its admin address there).
+    let listed = ["--admin", &admins.join(",")];
+    let said = ["--redis", &url];
+    for which in [&listed[..], &said[..]] {
+        let top = tokio::process::Command::new(bin)
+            .arg("top")
+            .args(which)
+            .args(["--count", "1"])
+            .output();
+        let top = tokio::time::timeout(Duration::from_secs(20), top)
+            .await
+            .expect("top stops after its count")
+            .unwrap();
+        let text = String::from_utf8_lossy(&top.stdout);
+        let err = String::from_utf8_lossy(&top.stderr);
+        assert!(top.status.success(), "{which:?}: {text} {err}");
+        assert!(
+            text.contains("herdguard top: 4 of 4 instance(s) answering"),
+            "{which:?}: {text}"
+        );
+        // key, requests, origin calls, waiters, …
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("/slow "))
+            .unwrap_or_else(|| panic!("{text}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            &cells[..4],
+            &["/slow", &all.to_string(), "1", &(all - 1).to_string()],
+            "{which:?}: {text}"
+        );
+    }
+}
+
+/// With no proxy saying its admin address in a Redis, `top --redis` says
+/// so plainly (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_over_redis_without_instances_fails_plainly() {
+    let server = herdguard_testkit::RedisServer::start();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
+        .args(["top", "--redis", &server.url(), "--count", "1"])
         .output();
-    let top = tokio::time::timeout(Duration::from_secs(20), top)
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
         .await
-        .expect("top stops after its count")
+        .unwrap()
         .unwrap();
-    let text = String::from_utf8_lossy(&top.stdout);
-    assert!(top.status.success(), "{text}");
-    assert!(
-        text.contains("herdguard top: 4 of 4 instance(s) answering"),
-        "{text}"
-    );
-    // key, requests, origin calls, waiters, …
-    let row = text
-        .lines()
-        .find(|l| l.starts_with("/slow "))
-        .unwrap_or_else(|| panic!("{text}"));
-    let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(
-        &cells[..4],
-        &["/slow", &all.to_string(), "1", &(all - 1).to_string()],
-        "{text}"
-    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no instance says its admin address"), "{err}");
 }
