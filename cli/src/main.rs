@@ -23,7 +23,9 @@
 //! Modules: `inspect`, `locks`, `clock_skew`, `purge` (one per diagnostic)
 //! over `conn` (bounded Redis calls) and `report` (verdict and output);
 //! `proxy_cmd` (the proxy's flags) over `proxy/` (the proxy itself, shared
-//! with `cli/examples/reverse_proxy.rs`).
+//! with `cli/examples/reverse_proxy.rs`); `top` (the live view, over the
+//! admin ports' `/status.json`) and `announce` (where a proxy's admin port
+//! answers, said in Redis for `top --redis`).
 
 use std::process::ExitCode;
 use std::time::Duration;
