@@ -195,9 +195,9 @@ fn render(
         let _ = writeln!(
             t,
             "{:<34} {:<12} {:<8} {:>9} {:>9} {:>6} {:>9} {:>11} {:>7} {:>9}",
-            snap["instance"].as_str().unwrap_or("?"),
-            snap["redis"].as_str().unwrap_or("?"),
-            snap["origin"]["breaker"].as_str().unwrap_or("?"),
+            clip(snap["instance"].as_str().unwrap_or("?"), 34),
+            clip(snap["redis"].as_str().unwrap_or("?"), 12),
+            clip(snap["origin"]["breaker"].as_str().unwrap_or("?"), 8),
             format!(
                 "{}/{}",
                 num(snap, &["origin", "budget_in_use"]),
@@ -314,12 +314,14 @@ fn names(snap: &Value) -> HashMap<String, String> {
     names
 }
 
-/// `s` cut to `width` characters.
+/// `s` cut to `width` characters, control characters shown as `?`: a
+/// name read from an instance never moves the terminal's cursor.
 fn clip(s: &str, width: usize) -> String {
+    let shown = |c: char| if c.is_control() { '?' } else { c };
     if s.chars().count() <= width {
-        return s.to_owned();
+        return s.chars().map(shown).collect();
     }
-    let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
+    let mut out: String = s.chars().take(width.saturating_sub(1)).map(shown).collect();
     out.push('…');
     out
 }
@@ -366,5 +368,13 @@ mod tests {
         assert_eq!(&cells[..4], &["/a", "20", "1", "999"], "{text}");
         let a = text.lines().find(|l| l.starts_with("a ")).expect("a's row");
         assert!(a.contains(" 100.0 "), "requests per second over 1 s: {a}");
+    }
+
+    /// A name with control characters (an instance answering with a
+    /// terminal escape) is printed without them.
+    #[test]
+    fn names_never_carry_control_characters() {
+        assert_eq!(clip("/a\x1b[2J\n", 48), "/a?[2J?");
+        assert_eq!(clip("\x07bell", 3), "?b…");
     }
 }
