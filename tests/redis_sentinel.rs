@@ -563,17 +563,11 @@ async fn split_across_failover(opts: fn(RedisOptions) -> RedisOptions) -> Split 
         .query_async(&mut old)
         .await
         .unwrap();
+    // The other replica replicates from the new primary (directly: the
+    // sentinels reconfigure it), so the new primary has one again.
     let set = tokio::task::spawn_blocking(move || {
         let mut set = set;
-        let old = set.kill_primary();
-        let (new, _) = set.wait_for_promotion(old, Duration::from_secs(30));
-        // The other replica replicates from the new primary (directly: the
-        // sentinels reconfigure it), so the new primary has one again.
-        for port in set.servers().iter().map(|s| s.port()) {
-            if port != old && port != new {
-                set.wait_for_replica(port, Duration::from_secs(30));
-            }
-        }
+        set.fail_over(Duration::from_secs(30));
         set
     })
     .await
@@ -719,15 +713,11 @@ async fn lease_replicas_lease_survives_the_failover() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
+    // The other replica replicates from the new primary (directly: the
+    // sentinels reconfigure it), so the new primary has one again.
     let set = tokio::task::spawn_blocking(move || {
         let mut set = set;
-        let old = set.kill_primary();
-        let (new, _) = set.wait_for_promotion(old, Duration::from_secs(30));
-        for port in set.servers().iter().map(|s| s.port()) {
-            if port != old && port != new {
-                set.wait_for_replica(port, Duration::from_secs(30));
-            }
-        }
+        set.fail_over(Duration::from_secs(30));
         set
     })
     .await

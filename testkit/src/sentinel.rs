@@ -385,6 +385,25 @@ impl SentinelSet {
         }
     }
 
+    /// A failover: SIGKILL the primary, then wait (at most `bound` each)
+    /// for the promotion and for every other live replica to follow the new
+    /// primary, so it has a replica again. Blocking (run it off the
+    /// runtime). The old primary's port and the new one's.
+    pub fn fail_over(&mut self, bound: Duration) -> (u16, u16) {
+        let old = self.kill_primary();
+        let (new, _) = self.wait_for_promotion(old, bound);
+        let others: Vec<u16> = self
+            .servers
+            .iter()
+            .map(RedisServer::port)
+            .filter(|p| *p != old && *p != new)
+            .collect();
+        for port in others {
+            self.wait_for_replica(port, bound);
+        }
+        (old, new)
+    }
+
     /// Wait (at most `bound`) until the node on `port` is a replica linked to
     /// the current primary (one the sentinels reconfigured after a failover).
     pub fn wait_for_replica(&self, port: u16, bound: Duration) {
