@@ -160,61 +160,53 @@ fn render(
                 continue;
             }
         };
-        let rate = |f: &dyn Fn(&Value) -> f64| -> String {
-            match before.get(admin) {
-                Some(prev) => {
-                    let dt = (num(snap, &["time_ms"]) - num(prev, &["time_ms"])) / 1000.0;
-                    if dt > 0.0 {
-                        format!("{:.1}", ((f(snap) - f(prev)) / dt).max(0.0))
-                    } else {
-                        "–".into()
-                    }
-                }
-                None => "–".into(),
-            }
-        };
-        let hit = {
-            let (all, served) = match before.get(admin) {
-                Some(prev) => (
-                    answers(snap) - answers(prev),
-                    num(snap, &["stats", "hits"]) + num(snap, &["stats", "stale"])
-                        - num(prev, &["stats", "hits"])
-                        - num(prev, &["stats", "stale"]),
-                ),
-                None => (
-                    answers(snap),
-                    num(snap, &["stats", "hits"]) + num(snap, &["stats", "stale"]),
-                ),
-            };
-            if all > 0.0 {
-                format!("{:.1}", 100.0 * served / all)
-            } else {
-                "–".into()
-            }
-        };
-        let _ = writeln!(
-            t,
-            "{:<34} {:<12} {:<8} {:>9} {:>9} {:>6} {:>9} {:>11} {:>7} {:>9}",
-            clip(snap["instance"].as_str().unwrap_or("?"), 34),
-            clip(snap["redis"].as_str().unwrap_or("?"), 12),
-            clip(snap["origin"]["breaker"].as_str().unwrap_or("?"), 8),
-            format!(
-                "{}/{}",
-                num(snap, &["origin", "budget_in_use"]),
-                num(snap, &["origin", "budget_limit"])
-            ),
-            rate(&answers),
-            hit,
-            rate(&|s| num(s, &["stats", "origin_calls"])),
-            rate(&|s| num(s, &["stats", "followers"])),
-            rate(&|s| num(s, &["stats", "own_calls"])),
-            answers(snap),
-        );
+        instance_row(&mut t, snap, before.get(admin));
     }
     let snaps: Vec<&Value> = reads.iter().filter_map(|r| r.as_ref().ok()).collect();
     hot_keys(&mut t, &snaps);
     flights(&mut t, &snaps);
     t
+}
+
+/// One instance's row: its state now, and rates since `prev`, its
+/// previous read (hit % since it started, without one).
+fn instance_row(t: &mut String, snap: &Value, prev: Option<&Value>) {
+    let since = |f: &dyn Fn(&Value) -> f64| f(snap) - prev.map_or(0.0, f);
+    let rate = |f: &dyn Fn(&Value) -> f64| -> String {
+        let dt = prev.map_or(0.0, |p| {
+            (num(snap, &["time_ms"]) - num(p, &["time_ms"])) / 1000.0
+        });
+        if dt > 0.0 {
+            format!("{:.1}", (since(f) / dt).max(0.0))
+        } else {
+            "–".into()
+        }
+    };
+    let all = since(&answers);
+    let hit = if all > 0.0 {
+        let served = since(&|s| num(s, &["stats", "hits"]) + num(s, &["stats", "stale"]));
+        format!("{:.1}", 100.0 * served / all)
+    } else {
+        "–".into()
+    };
+    let _ = writeln!(
+        t,
+        "{:<34} {:<12} {:<8} {:>9} {:>9} {:>6} {:>9} {:>11} {:>7} {:>9}",
+        clip(snap["instance"].as_str().unwrap_or("?"), 34),
+        clip(snap["redis"].as_str().unwrap_or("?"), 12),
+        clip(snap["origin"]["breaker"].as_str().unwrap_or("?"), 8),
+        format!(
+            "{}/{}",
+            num(snap, &["origin", "budget_in_use"]),
+            num(snap, &["origin", "budget_limit"])
+        ),
+        rate(&answers),
+        hit,
+        rate(&|s| num(s, &["stats", "origin_calls"])),
+        rate(&|s| num(s, &["stats", "followers"])),
+        rate(&|s| num(s, &["stats", "own_calls"])),
+        answers(snap),
+    );
 }
 
 /// The hot keys summed over every instance, by requests (then origin calls).
