@@ -37,6 +37,7 @@ mod locks;
 use herdguard_cli::proxy;
 mod announce;
 mod proxy_cmd;
+mod proxy_help;
 mod proxy_values;
 mod purge;
 mod report;
@@ -225,7 +226,7 @@ enum Command {
 fn main() -> ExitCode {
     // The proxy's `[default: …]` help comes from the values its code uses.
     let matches = Cli::command()
-        .mut_subcommand("proxy", proxy_cmd::show_defaults)
+        .mut_subcommand("proxy", proxy_help::show_defaults)
         .get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let diagnostic = match &cli.command {

@@ -1,7 +1,7 @@
 //! `herdguard proxy`: flags, environment and config file, mapped onto the
 //! shared proxy (`proxy/`). Precedence: flag, then environment variable,
 //! then the `--config` file, then the default shown in `--help` (taken from
-//! the values the code uses, by [`show_defaults`]).
+//! the values the code uses, by `proxy_help::show_defaults`).
 //! Holds no proxying logic: that is `proxy/`, which must not depend on
 //! this file (the example builds `proxy/` without clap).
 
@@ -20,7 +20,7 @@ use crate::proxy::forwarded::Cidr;
 use crate::proxy::server::{self, ServerConfig};
 use crate::proxy::upstream::UpstreamOptions;
 use crate::proxy::{parse_duration, Proxy, ProxyConfig};
-use crate::proxy_values::{de_access_log, de_bytes, de_duration, parse_bytes, show_bytes, size};
+use crate::proxy_values::{de_access_log, de_bytes, de_duration, parse_bytes, size};
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -31,17 +31,17 @@ pub(crate) enum LogFormat {
 }
 
 /// Where the proxy listens without `--listen`.
-const DEFAULT_LISTEN: SocketAddr =
+pub(crate) const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
 /// The proxy's body limit without `--max-body-bytes`.
-const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
 /// The proxy's memory for entries without `--capacity-bytes`.
-const DEFAULT_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
+pub(crate) const DEFAULT_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
 /// How long `--redis-lease-replicas` waits without
 /// `--redis-lease-replicas-timeout`: a few replication round trips.
-const DEFAULT_LEASE_REPLICAS_TIMEOUT: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_LEASE_REPLICAS_TIMEOUT: Duration = Duration::from_millis(100);
 /// The access log's destination without `--access-log`.
-const DEFAULT_ACCESS_LOG: &str = "stderr";
+pub(crate) const DEFAULT_ACCESS_LOG: &str = "stderr";
 
 /// A setting that flags or the environment may have left open, for the
 /// `--config` file to fill.
@@ -273,67 +273,6 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "HERDGUARD_HOT_KEY_FULL_URLS", num_args = 0..=1, default_missing_value = "true")]
     hot_key_full_urls: Option<bool>,
 }
-}
-
-/// The `[default: …]` that `--help` shows for each option with a value as
-/// its default, from the values the proxy and the library use.
-fn shown_defaults() -> Vec<(&'static str, String)> {
-    let server = ServerConfig::new(DEFAULT_LISTEN);
-    let upstream = UpstreamOptions::default();
-    let duration = |d: Duration| humantime::format_duration(d).to_string();
-    let bytes = |b: u64| show_bytes(b);
-    vec![
-        ("listen", DEFAULT_LISTEN.to_string()),
-        ("connect_timeout", duration(upstream.connect_timeout)),
-        ("upstream_timeout", duration(upstream.response_timeout)),
-        ("upstream_idle_timeout", duration(upstream.idle_timeout)),
-        ("upstream_max_idle", upstream.max_idle.to_string()),
-        (
-            "redis_namespace",
-            RedisOptions::DEFAULT_NAMESPACE.to_owned(),
-        ),
-        (
-            "redis_lease_replicas_timeout",
-            duration(DEFAULT_LEASE_REPLICAS_TIMEOUT),
-        ),
-        ("grace", duration(Duration::ZERO)),
-        ("origin_timeout", "1m".to_owned()),
-        ("origin_budget", "64".to_owned()),
-        ("breaker_failures", "5".to_owned()),
-        ("refresh_ahead", "0.25".to_owned()),
-        ("max_body_bytes", bytes(DEFAULT_MAX_BODY_BYTES)),
-        ("capacity_bytes", bytes(DEFAULT_CAPACITY_BYTES)),
-        ("max_connections", server.max_connections.to_string()),
-        ("header_timeout", duration(server.header_timeout)),
-        ("max_header_bytes", bytes(server.max_header_bytes as u64)),
-        ("shutdown_timeout", duration(server.shutdown_timeout)),
-        ("log_format", "text".to_owned()),
-        ("access_log", DEFAULT_ACCESS_LOG.to_owned()),
-        ("hot_keys", "64".to_owned()),
-    ]
-}
-
-/// Append `[default: …]` from [`shown_defaults`] to the help of the
-/// `proxy` subcommand's options.
-pub(crate) fn show_defaults(mut cmd: clap::Command) -> clap::Command {
-    for (id, value) in shown_defaults() {
-        cmd = cmd.mut_arg(id, |arg| {
-            let add = |h: Option<&clap::builder::StyledStr>| {
-                format!(
-                    "{} [default: {value}]",
-                    h.map(ToString::to_string).unwrap_or_default()
-                )
-            };
-            let long = arg.get_long_help().map(|h| add(Some(h)));
-            let short = add(arg.get_help());
-            let arg = arg.help(short);
-            match long {
-                Some(long) => arg.long_help(long),
-                None => arg,
-            }
-        });
-    }
-    cmd
 }
 
 impl ProxyArgs {

@@ -3,6 +3,8 @@
 use clap::{Args, Command};
 
 use super::*;
+use crate::proxy_help::show_defaults;
+use crate::proxy_values::show_bytes;
 
 fn help() -> String {
     let cmd = show_defaults(ProxyArgs::augment_args(Command::new("proxy")));
