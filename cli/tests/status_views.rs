@@ -70,6 +70,18 @@ async fn get_as(url: String, host: Option<&'static str>) -> (u16, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// `herdguard top ARGS…`, which must stop by itself within 20 s.
+async fn top(args: &[&str]) -> std::process::Output {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
+        .arg("top")
+        .args(args)
+        .output();
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("top stops after its count")
+        .expect("top runs")
+}
+
 async fn status(admin: SocketAddr) -> Value {
     let (code, body) = get(format!("http://{admin}/status.json")).await;
     assert_eq!(code, 200, "{body}");
@@ -122,21 +134,16 @@ async fn status_json_and_top_show_a_burst() {
     assert_eq!(hot["waiters"][0]["count"], (BURST - 1) as u64, "{snap}");
     assert_eq!(hot["requests"][0]["name"], "/slow", "{snap}");
 
-    let top = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
-        .args([
-            "top",
-            "--admin",
-            &format!("http://{admin}"),
-            "--count",
-            "2",
-            "--interval-ms",
-            "200",
-        ])
-        .output();
-    let top = tokio::time::timeout(Duration::from_secs(20), top)
-        .await
-        .expect("top stops after its count")
-        .unwrap();
+    let admin_url = format!("http://{admin}");
+    let top = top(&[
+        "--admin",
+        &admin_url,
+        "--count",
+        "2",
+        "--interval-ms",
+        "200",
+    ])
+    .await;
     let text = String::from_utf8_lossy(&top.stdout);
     assert!(
         top.status.success(),
@@ -171,19 +178,7 @@ async fn top_fails_when_no_instance_answers() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
-        .args([
-            "top",
-            "--admin",
-            &format!("http://{closed}"),
-            "--count",
-            "1",
-        ])
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(20), out)
-        .await
-        .unwrap()
-        .unwrap();
+    let out = top(&["--admin", &format!("http://{closed}"), "--count", "1"]).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains(&closed.to_string()));
 }
@@ -346,15 +341,7 @@ async fn top_sums_a_burst_over_four_instances_on_redis() {
     let listed = ["--admin", &admins.join(",")];
     let said = ["--redis", &url];
     for which in [&listed[..], &said[..]] {
-        let top = tokio::process::Command::new(bin)
-            .arg("top")
-            .args(which)
-            .args(["--count", "1"])
-            .output();
-        let top = tokio::time::timeout(Duration::from_secs(20), top)
-            .await
-            .expect("top stops after its count")
-            .unwrap();
+        let top = top(&[which, &["--count", "1"]].concat()).await;
         let text = String::from_utf8_lossy(&top.stdout);
         let err = String::from_utf8_lossy(&top.stderr);
         assert!(top.status.success(), "{which:?}: {text} {err}");
@@ -381,13 +368,7 @@ async fn top_sums_a_burst_over_four_instances_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_over_redis_without_instances_fails_plainly() {
     let server = herdguard_testkit::RedisServer::start();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_herdguard"))
-        .args(["top", "--redis", &server.url(), "--count", "1"])
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(20), out)
-        .await
-        .unwrap()
-        .unwrap();
+    let out = top(&["--redis", &server.url(), "--count", "1"]).await;
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no instance says its admin address"), "{err}");
