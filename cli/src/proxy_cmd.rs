@@ -33,6 +33,8 @@ pub(crate) enum LogFormat {
 /// Where the proxy listens without `--listen`.
 pub(crate) const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
+/// The library's own origin budget, which the cluster budget follows.
+pub(crate) const DEFAULT_ORIGIN_BUDGET: usize = 64;
 /// The proxy's body limit without `--max-body-bytes`.
 pub(crate) const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
 /// The proxy's memory for entries without `--capacity-bytes`.
@@ -198,8 +200,10 @@ pub(crate) struct ProxyArgs {
     /// refreshes); a miss queues up to --max-wait for one, then gets 503.
     #[arg(long, env = "HERDGUARD_ORIGIN_BUDGET")]
     origin_budget: Option<usize>,
-    /// Most origin calls at once from all instances on the same Redis
-    /// [default: none].
+    /// Most origin calls at once from all instances on the same Redis, so a
+    /// fleet of proxies in front of one origin shares its capacity; 0 gives
+    /// each instance its own --origin-budget alone [default: --origin-budget
+    /// when a Redis is given].
     #[arg(long, env = "HERDGUARD_CLUSTER_ORIGIN_BUDGET")]
     cluster_origin_budget: Option<usize>,
     /// Longest an origin call may take (a flight's response and body; a
@@ -324,15 +328,17 @@ impl ProxyArgs {
         let capacity = self.capacity_bytes.unwrap_or(DEFAULT_CAPACITY_BYTES);
         builder = builder.capacity_bytes(size("capacity-bytes", capacity)?);
         let redis = self.redis_options()?;
-        if self.cluster_origin_budget.is_some() && redis.is_none() {
+        if self.cluster_origin_budget.is_some_and(|n| n > 0) && redis.is_none() {
             return Err(
                 "--cluster-origin-budget needs --redis, --redis-cluster or --redis-sentinel"
                     .to_owned(),
             );
         }
         if let Some(mut redis) = redis {
-            if let Some(permits) = self.cluster_origin_budget {
-                redis = redis.cluster_origin_budget(permits);
+            let budget = self.origin_budget.unwrap_or(DEFAULT_ORIGIN_BUDGET);
+            match self.cluster_origin_budget.unwrap_or(budget) {
+                0 => {}
+                permits => redis = redis.cluster_origin_budget(permits),
             }
             if let Some(namespace) = &self.redis_namespace {
                 redis = redis.namespace(namespace.as_str());

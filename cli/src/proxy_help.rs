@@ -9,7 +9,7 @@ use crate::proxy::server::ServerConfig;
 use crate::proxy::upstream::UpstreamOptions;
 use crate::proxy_cmd::{
     DEFAULT_ACCESS_LOG, DEFAULT_CAPACITY_BYTES, DEFAULT_LEASE_REPLICAS_TIMEOUT, DEFAULT_LISTEN,
-    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_ORIGIN_BUDGET,
 };
 use crate::proxy_values::show_bytes;
 
@@ -36,7 +36,7 @@ fn shown_defaults() -> Vec<(&'static str, String)> {
         ),
         ("grace", duration(Duration::ZERO)),
         ("origin_timeout", "1m".to_owned()),
-        ("origin_budget", "64".to_owned()),
+        ("origin_budget", DEFAULT_ORIGIN_BUDGET.to_string()),
         ("breaker_failures", "5".to_owned()),
         ("refresh_ahead", "0.25".to_owned()),
         ("max_body_bytes", bytes(DEFAULT_MAX_BODY_BYTES)),

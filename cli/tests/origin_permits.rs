@@ -1,7 +1,8 @@
 //! The cluster origin budget across real `herdguard proxy` processes on one
 //! real redis-server: a proxy SIGKILLed while its call holds the cluster's
 //! only permit holds it until the permit expires (a second past the origin
-//! timeout), never longer; then another proxy's miss is served.
+//! timeout), never longer; then another proxy's miss is served. And a
+//! proxy on Redis shares its origin budget with the fleet unless told not to.
 
 use herdguard_testkit::proxy_process::ProxyProcess;
 use herdguard_testkit::RedisServer;
@@ -51,6 +52,58 @@ async fn permits_taken(server: &RedisServer) -> i64 {
         .unwrap()
 }
 
+/// Waits (10 s at most) until the origin has seen `n` calls.
+async fn origin_saw(calls: &AtomicUsize, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.load(Ordering::SeqCst) < n {
+        assert!(
+            Instant::now() < deadline,
+            "the slow call never reached the origin"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// With `--redis` and no `--cluster-origin-budget`, a call holds a permit
+/// of the cluster budget (sized like `--origin-budget`); with
+/// `--cluster-origin-budget 0` it holds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_shares_the_origin_budget_unless_told_not_to() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let upstream = format!("http://{}", origin(Arc::clone(&calls)).await);
+    let url = server.url();
+    let bin = env!("CARGO_BIN_EXE_herdguard");
+    let client = Client::builder(TokioExecutor::new()).build_http::<axum::body::Body>();
+    let base = [
+        "--upstream",
+        &upstream,
+        "--redis",
+        &url,
+        "--origin-budget",
+        "2",
+    ];
+    for (extra, calls_seen, permits) in [
+        (&[][..], 1, 1),
+        (&["--cluster-origin-budget", "0"][..], 2, 0),
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let proxy = ProxyProcess::start(bin, &args).await;
+        let slow = format!("http://{}/slow", proxy.listen).parse().unwrap();
+        let pending = tokio::spawn(client.get(slow));
+        origin_saw(&calls, calls_seen).await;
+        assert_eq!(permits_taken(&server).await, permits, "with {extra:?}");
+        drop(proxy);
+        let _ = pending.await;
+        let mut conn = server.connection().await;
+        let _: () = redis::cmd("DEL")
+            .arg(PERMITS)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_proxys_permit_expires() {
     let server = RedisServer::start();
@@ -74,14 +127,7 @@ async fn a_killed_proxys_permit_expires() {
     let client = Client::builder(TokioExecutor::new()).build_http::<axum::body::Body>();
     let slow = format!("http://{}/slow", doomed.listen).parse().unwrap();
     let pending = tokio::spawn(client.get(slow));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while calls.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the slow call never reached the origin"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    origin_saw(&calls, 1).await;
     assert_eq!(
         permits_taken(&server).await,
         1,

@@ -18,7 +18,7 @@ use crate::store::redis::{ProbeReply, RedisStore};
 /// How often a call somebody waits for asks again for a cluster permit,
 /// at first and at most (the pause doubles between).
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
-const MAX_PAUSE: Duration = Duration::from_millis(100);
+const MAX_PAUSE: Duration = Duration::from_millis(20);
 
 /// The cluster-wide half of the gate.
 #[derive(Debug)]
