@@ -34,7 +34,8 @@ use axum::http::{header, Request, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{CacheLayer, RequestBody};
+use herdguard::service::RequestBody;
+use herdguard::CacheLayer;
 use tower::{Layer, Service, ServiceExt};
 
 use common::hit::{body_len, origin_response, request};

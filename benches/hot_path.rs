@@ -35,9 +35,9 @@ use axum::http::{header, Request};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{
-    Cache, CacheKey, CacheLayer, FencedStore, Freshness, RedisOptions, Redlock, RequestBody,
-};
+use herdguard::redlock::{FencedStore, Redlock};
+use herdguard::service::RequestBody;
+use herdguard::{Cache, CacheKey, CacheLayer, Freshness, RedisOptions};
 use http_body_util::BodyExt;
 use tokio::runtime::Runtime;
 use tower::{Layer, ServiceExt};

@@ -572,7 +572,7 @@ fn hot_key_line<'a>(layers: impl Iterator<Item = &'a CacheLayer>) -> String {
     else {
         return "hot keys off".into();
     };
-    let sum = |pick: fn(&herdguard::HotKeys) -> &Vec<herdguard::HotKey>| -> u64 {
+    let sum = |pick: fn(&herdguard::status::HotKeys) -> &Vec<herdguard::status::HotKey>| -> u64 {
         reports
             .iter()
             .flat_map(|h| pick(h).iter())

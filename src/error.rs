@@ -239,10 +239,10 @@ impl std::error::Error for BuildError {
 }
 
 /// A Redis call that produced no answer: what [`LockError::Store`] and
-/// [`PurgeError`](crate::PurgeError) carry, so a caller can branch on
+/// [`PurgeError`](crate::purge::PurgeError) carry, so a caller can branch on
 /// [`kind`](Self::kind). Its text has credentials removed.
 ///
-/// [`LockError::Store`]: crate::LockError::Store
+/// [`LockError::Store`]: crate::redlock::LockError::Store
 #[derive(Debug, Clone)]
 pub struct StoreFailure {
     kind: StoreFailureKind,

@@ -1,16 +1,17 @@
-//! Read-only views of what the cache keeps in Redis, for the `herdguard`
-//! diagnostics CLI: key names, the entry envelope, and an awaited purge.
+//! Read-only views of what the cache keeps in Redis: an entry's key names,
+//! its fence, and what its envelope says (timing, fence token, status,
+//! tags). The `herdguard` diagnostics CLI reads Redis through these; so can
+//! any tool of yours. Nothing here writes: purge through
+//! [`CacheLayer::purge_key`](crate::CacheLayer::purge_key) and its kin.
 //!
-//! Not part of the stable API: the CLI and the crate are released together.
-
-use std::fmt;
+//! The layout they describe is versioned with the entry encoding: a
+//! release that changes it changes these functions with it, and an entry
+//! of another version decodes to a [`DecodeError`], never to a wrong view.
 
 use bytes::Bytes;
 
 use crate::engine::envelope::{decode_entry, entry_flags, KEPT_OFFSET, MAGIC, VERSION};
 use crate::error::DecodeError;
-use crate::http::layer::CacheLayer;
-use crate::http::purge::PurgeTarget;
 use crate::http::response::{CachedResponse, FLAG_RESPONSE};
 use crate::key::CacheKey;
 
@@ -137,48 +138,6 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
 fn kept_past_freshness(bytes: &[u8]) -> Option<u64> {
     let raw = bytes.get(KEPT_OFFSET..KEPT_OFFSET + 8)?;
     Some(u64::from_le_bytes(raw.try_into().ok()?))
-}
-
-/// What to purge.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Purge {
-    /// The entry with this key, or every entry of the URL whose URL key it is.
-    Key(CacheKey),
-    /// Every entry tagged with this `Surrogate-Key` tag.
-    Tag(String),
-}
-
-/// A purge that did not reach Redis.
-#[derive(Debug, Clone)]
-pub struct PurgeError(String);
-
-impl fmt::Display for PurgeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "purge failed: {}", self.0)
-    }
-}
-
-impl std::error::Error for PurgeError {}
-
-/// Purge through `layer` and wait until Redis has deleted the entries and
-/// the purge notice is published (bounded by the layer's Redis timeouts).
-/// The same path as [`CacheLayer::purge_key`] / [`CacheLayer::purge_tag`],
-/// which do this in the background.
-///
-/// Returns `false` when the layer has no Redis (only its memory was purged).
-///
-/// # Errors
-/// [`PurgeError`] when a Redis call failed or timed out.
-pub async fn purge_and_wait(layer: &CacheLayer, purge: Purge) -> Result<bool, PurgeError> {
-    let target = match purge {
-        Purge::Key(k) => PurgeTarget::Key(k),
-        Purge::Tag(t) => PurgeTarget::Tag(t.into_boxed_str()),
-    };
-    layer
-        .state
-        .purge_and_wait(target)
-        .await
-        .map_err(|e| PurgeError(e.to_string()))
 }
 
 #[cfg(test)]

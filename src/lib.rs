@@ -60,7 +60,7 @@
 //! with a fence token; the write script stores an entry only if its token is
 //! strictly newer than the newest accepted one, so a leader whose lease
 //! lapsed (GC pause, slow origin) cannot overwrite a newer value. Rejected
-//! writes are counted in [`Stats::fenced_rejections`]. A token is above the
+//! writes are counted in [`Stats::fenced_rejections`](metrics::Stats::fenced_rejections). A token is above the
 //! last one issued for the key, above its high-water mark (or, when the
 //! fence was lost, the stored entry's own token) and above the
 //! Redis server's clock in microseconds: it never repeats, not after a
@@ -168,7 +168,7 @@ mod error;
 mod hot;
 mod http;
 #[cfg(feature = "redis")]
-#[doc(hidden)]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod inspect;
 mod key;
 #[cfg(feature = "redis")]
@@ -177,38 +177,65 @@ mod lock;
 #[cfg(not(feature = "redis"))]
 #[path = "lock/no_redis.rs"]
 mod lock;
-mod metrics;
+pub mod metrics;
 mod store;
 
+// The everyday names: the HTTP layer, `Cache<V>`, their settings and errors.
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use engine::Json;
-pub use engine::{
-    Cache, CacheBuilder, Flight, Freshness, Lookup, OriginBreaker, OriginStatus, Value,
-};
+pub use engine::{Cache, CacheBuilder, Freshness, Lookup, OriginBreaker, Value};
 pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
-pub use hot::{HotKey, HotKeys};
-pub use http::body::CacheBody;
-pub use http::future::ResponseFuture;
 pub use http::layer::{CacheLayer, CacheLayerBuilder};
-pub use http::policy::host_is_valid;
-pub use http::purge::{AsUri, PurgeError, PurgeHandle, Purged};
-pub use http::request_body::RequestBody;
-pub use http::response::CachedResponse;
-pub use http::route::{DefaultPredicate, Predicate, RoutePolicy};
-pub use http::service::CacheService;
+pub use http::route::RoutePolicy;
 pub use http::state::ReloadMode;
 pub use key::CacheKey;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use lock::redlock::{
-    FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
-};
-pub use metrics::names as metric_names;
-pub use metrics::{describe_metrics, Source, Stats};
+pub use store::redis::RedisOptions;
+
+/// The Tower service [`CacheLayer`] makes and the types its signatures
+/// name: the service, its future, the bodies it answers with and reads,
+/// and a [`RoutePolicy`]'s predicate. Most users never name them; code
+/// that stores the service in a struct, or writes its own predicate, does.
+pub mod service {
+    pub use crate::http::body::CacheBody;
+    pub use crate::http::future::ResponseFuture;
+    pub use crate::http::policy::host_is_valid;
+    pub use crate::http::request_body::RequestBody;
+    pub use crate::http::route::{DefaultPredicate, Predicate};
+    pub use crate::http::service::CacheService;
+}
+
+/// Purging: what [`CacheLayer::purge_url`], [`purge_key`](CacheLayer::purge_key),
+/// [`purge_tag`](CacheLayer::purge_tag) and their soft forms return, and
+/// what they take as a URL. A [`PurgeHandle`](purge::PurgeHandle) resolves
+/// when the purge is done everywhere there is to reach.
+pub mod purge {
+    pub use crate::http::purge::{AsUri, PurgeError, PurgeHandle, Purged};
+}
+
+/// Work done once across processes: [`Redlock`](redlock::Redlock) leases
+/// on a quorum of independent Redis masters, and fencing tokens
+/// ([`FencedStore`](redlock::FencedStore)) that make a late writer
+/// harmless. For work whose double execution is unsafe; the cache itself
+/// needs neither (see the crate docs' "Work that must run once").
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::redis::RedisOptions;
+pub mod redlock {
+    pub use crate::lock::redlock::{
+        FencedStore, Guarded, LockError, Redlock, RedlockBuilder, RedlockLease, Work,
+    };
+}
+
+/// What the cache is doing now: the flights running
+/// ([`CacheLayer::flights`]), the origin's budget and breaker
+/// ([`CacheLayer::origin_status`]) and the hottest keys
+/// ([`CacheLayer::hot_keys`]). Counters are in [`metrics`].
+pub mod status {
+    pub use crate::engine::{Flight, OriginStatus};
+    pub use crate::hot::{HotKey, HotKeys};
+}
 
 /// The README's examples, compiled as doctests (some use Redis).
 #[cfg(all(doctest, feature = "redis"))]

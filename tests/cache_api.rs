@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use herdguard::{Cache, CacheKey, Freshness, Source};
+use herdguard::metrics::Source;
+use herdguard::{Cache, CacheKey, Freshness};
 
 fn secs(n: u64) -> Freshness {
     Freshness::new(Duration::from_secs(n))

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use herdguard::{Cache, CacheKey, Error, Freshness, Source};
+use herdguard::metrics::Source;
+use herdguard::{Cache, CacheKey, Error, Freshness};
 
 fn fresh(secs: u64, stale: u64) -> Freshness {
     Freshness::new(Duration::from_secs(secs)).with_stale(Duration::from_secs(stale))

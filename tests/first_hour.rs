@@ -249,7 +249,7 @@ async fn purge_url_takes_a_str_and_says_when_it_is_bad() {
             .purge_url("http://shop.test/products/7")
             .await
             .unwrap(),
-        herdguard::Purged::Local
+        herdguard::purge::Purged::Local
     );
     let e = cache.soft_purge_url("http://shop test/").await.unwrap_err();
     assert!(e.is_invalid_url(), "{e}");

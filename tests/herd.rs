@@ -18,7 +18,8 @@ use axum::http::{HeaderMap, Method, Response, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{CacheLayer, CacheLayerBuilder, OriginBreaker, RedisOptions, Redlock, ReloadMode};
+use herdguard::redlock::Redlock;
+use herdguard::{CacheLayer, CacheLayerBuilder, OriginBreaker, RedisOptions, ReloadMode};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::RedisServer;
 

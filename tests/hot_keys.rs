@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use herdguard::{CacheLayer, HotKey};
+use herdguard::status::HotKey;
+use herdguard::CacheLayer;
 use support::origin::{get_req, send, Origin};
 
 /// `n` concurrent GETs of `uri` through `app`, all answered.

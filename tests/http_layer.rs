@@ -12,7 +12,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, 
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use herdguard::{CacheBody, CacheLayer, RequestBody};
+use herdguard::service::{CacheBody, RequestBody};
+use herdguard::CacheLayer;
 use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 
@@ -632,11 +633,11 @@ async fn route_layer_and_nested_routers_keep_keys_apart() {
 
 /// Trait helper: wrap a service in a layer without ServiceBuilder noise.
 trait LayerService {
-    fn layer_service<S>(&self, inner: S) -> herdguard::CacheService<S>;
+    fn layer_service<S>(&self, inner: S) -> herdguard::service::CacheService<S>;
 }
 
 impl LayerService for CacheLayer {
-    fn layer_service<S>(&self, inner: S) -> herdguard::CacheService<S> {
+    fn layer_service<S>(&self, inner: S) -> herdguard::service::CacheService<S> {
         tower::Layer::layer(self, inner)
     }
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use bytes::Bytes;
-use herdguard::{CacheBody, CacheLayer, RequestBody};
+use herdguard::service::{CacheBody, RequestBody};
+use herdguard::CacheLayer;
 use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
 

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use herdguard::{CacheLayer, RequestBody};
+use herdguard::service::RequestBody;
+use herdguard::CacheLayer;
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

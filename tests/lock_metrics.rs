@@ -7,7 +7,8 @@ use herdguard_testkit as support;
 
 use std::time::Duration;
 
-use herdguard::{CacheLayer, RedisOptions, Redlock};
+use herdguard::redlock::Redlock;
+use herdguard::{CacheLayer, RedisOptions};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::origin::{get_req, send, Origin};
 use support::RedisServer;

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use axum::http::Method;
 use deadpool_redis::redis;
-use herdguard::{CacheLayer, Purged, RedisOptions, Redlock};
+use herdguard::purge::Purged;
+use herdguard::redlock::Redlock;
+use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::RedisServer;
 use tower::Layer;
@@ -148,7 +150,8 @@ async fn purge_error_carries_the_redis_failure() {
 /// A fenced store whose Redis is gone fails with `LockError::Store`, whose failure says how.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_store_error_carries_the_redis_failure() {
-    use herdguard::{FencedStore, LockError, StoreFailureKind};
+    use herdguard::redlock::{FencedStore, LockError};
+    use herdguard::StoreFailureKind;
     let mut server = RedisServer::start();
     let store = FencedStore::new(RedisOptions::new(server.url()).namespace("fs")).unwrap();
     server.stop();

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use axum::http::Uri;
 use deadpool_redis::redis;
-use herdguard::{CacheLayer, Purged, RedisOptions};
+use herdguard::purge::Purged;
+use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, call_of, get_req, send, Origin};
 use support::{RedisServer, SlowLink};
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use axum::http::Uri;
 use deadpool_redis::redis;
-use herdguard::{CacheKey, CacheLayer, Purged, RedisOptions};
+use herdguard::purge::Purged;
+use herdguard::{CacheKey, CacheLayer, RedisOptions};
 use support::origin::{cache_status, call_of, get_req, req, send, Origin};
 use support::{until_indexed, Monitor, RedisServer};
 

@@ -19,7 +19,9 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use deadpool_redis::redis;
-use herdguard::{Cache, CacheKey, CacheLayer, FencedStore, Freshness, Purged, RedisOptions};
+use herdguard::purge::Purged;
+use herdguard::redlock::FencedStore;
+use herdguard::{Cache, CacheKey, CacheLayer, Freshness, RedisOptions};
 use support::origin::{cache_status, req, send};
 use support::{RedisServer, Vip};
 use tokio::sync::Semaphore;
@@ -358,8 +360,8 @@ async fn purge_raises_a_lost_fence_under_a_held_lease() {
     assert_eq!((gone, held), (1, 1), "the fence is gone, the lease held");
 
     let purger = layer(server.url());
-    let purged = herdguard::inspect::purge_and_wait(&purger, herdguard::inspect::Purge::Key(key));
-    assert!(purged.await.unwrap());
+    let purged = purger.purge_key(&key).await.unwrap();
+    assert_ne!(purged, herdguard::purge::Purged::Local);
     gate.add_permits(1);
     assert_eq!(fill.await.unwrap().unwrap().value, "old");
 

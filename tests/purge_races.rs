@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use herdguard::{Cache, CacheKey, CacheLayer, FencedStore, RedisOptions};
+use herdguard::purge::Purged;
+use herdguard::redlock::FencedStore;
+use herdguard::{Cache, CacheKey, CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
 use tower::{Service, ServiceExt};
@@ -116,9 +118,8 @@ async fn purge_beats_an_in_flight_fill_across_instances() {
         async move { send(&a, get_req("/r")).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let purged =
-        herdguard::inspect::purge_and_wait(&lb, herdguard::inspect::Purge::Key(lb.url_key(&url())));
-    assert!(purged.await.unwrap(), "the purge reached redis");
+    let purged = lb.purge_key(&lb.url_key(&url())).await.unwrap();
+    assert_ne!(purged, Purged::Local, "the purge reached redis");
 
     let (status, _, body) = first.await.unwrap();
     assert_eq!(
@@ -146,8 +147,8 @@ async fn purge_raises_the_fence_in_redis() {
     let before = fenced.next_fence("r").await.unwrap();
     let key = CacheKey::new("r");
     let purger = CacheLayer::builder().redis(opts).build().unwrap();
-    let purged = herdguard::inspect::purge_and_wait(&purger, herdguard::inspect::Purge::Key(key));
-    assert!(purged.await.unwrap());
+    let purged = purger.purge_key(&key).await.unwrap();
+    assert_ne!(purged, Purged::Local);
     assert!(
         !fenced.write("r", before, b"older").await.unwrap(),
         "a write that leased before the purge is refused"
@@ -161,7 +162,7 @@ async fn purge_raises_the_fence_in_redis() {
 /// a second, storable for a minute.
 type Svc = tower::util::BoxCloneService<
     http::Request<axum::body::Body>,
-    http::Response<herdguard::CacheBody<axum::body::Body>>,
+    http::Response<herdguard::service::CacheBody<axum::body::Body>>,
     std::convert::Infallible,
 >;
 
@@ -169,7 +170,7 @@ fn slow_counted_origin() -> (Arc<AtomicUsize>, CacheLayer, Svc) {
     let calls = Arc::new(AtomicUsize::new(0));
     let c = Arc::clone(&calls);
     let inner = tower::service_fn(
-        move |_req: http::Request<herdguard::RequestBody<axum::body::Body>>| {
+        move |_req: http::Request<herdguard::service::RequestBody<axum::body::Body>>| {
             let n = c.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -189,7 +190,7 @@ fn slow_counted_origin() -> (Arc<AtomicUsize>, CacheLayer, Svc) {
     (calls, cache, Svc::new(svc))
 }
 
-async fn body_of(r: http::Response<herdguard::CacheBody<axum::body::Body>>) -> Bytes {
+async fn body_of(r: http::Response<herdguard::service::CacheBody<axum::body::Body>>) -> Bytes {
     use http_body_util::BodyExt;
     r.into_body().collect().await.unwrap().to_bytes()
 }

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use herdguard::{CacheBody, CacheLayer, RequestBody};
+use herdguard::service::{CacheBody, RequestBody};
+use herdguard::CacheLayer;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};

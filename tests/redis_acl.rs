@@ -9,7 +9,8 @@ use herdguard_testkit as support;
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use herdguard::{CacheLayer, Purged, RedisOptions};
+use herdguard::purge::Purged;
+use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
 

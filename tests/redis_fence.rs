@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use herdguard::{Cache, CacheKey, FencedStore, Freshness, RedisOptions};
+use herdguard::redlock::FencedStore;
+use herdguard::{Cache, CacheKey, Freshness, RedisOptions};
 use support::RedisServer;
 use tokio::sync::Notify;
 

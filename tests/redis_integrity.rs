@@ -9,7 +9,9 @@ use herdguard_testkit as support;
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use herdguard::{Cache, CacheKey, FencedStore, Freshness, RedisOptions, Source};
+use herdguard::metrics::Source;
+use herdguard::redlock::FencedStore;
+use herdguard::{Cache, CacheKey, Freshness, RedisOptions};
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;
 use tokio::sync::oneshot;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use axum::http::Method;
 use axum::Router;
-use herdguard::{CacheLayer, Purged, RedisOptions, RoutePolicy};
+use herdguard::purge::Purged;
+use herdguard::{CacheLayer, RedisOptions, RoutePolicy};
 use support::origin::{cache_status, get_req, req, send, Origin};
 use support::RedisServer;
 

@@ -208,7 +208,7 @@ async fn tls_cluster_with_acl_user_calls_origin_once_per_key() {
 /// Redlock nodes take the main Redis's connection options: with the private CA in `node_options`, a lease is taken on a `rediss://` node; without it, none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_nodes_use_the_private_ca_from_node_options() {
-    use herdguard::Redlock;
+    use herdguard::redlock::Redlock;
     let server = TlsRedisServer::start(PASSWORD);
     let url = server.url(PASSWORD);
     // Generous per-node bound: a TLS handshake on a loaded machine.

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use axum::Router;
 use deadpool_redis::redis;
-use herdguard::{CacheLayer, FencedStore, LockError, RedisOptions, Redlock};
+use herdguard::redlock::{FencedStore, LockError, Redlock};
+use herdguard::{CacheLayer, RedisOptions};
 use support::origin::{get_req, send, Origin};
 use support::RedisServer;
 use tokio::time::Instant;

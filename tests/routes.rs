@@ -248,7 +248,7 @@ async fn purge_by_route_key_removes_every_variant() {
     assert_eq!(origin.calls(), 3);
 
     let purged = cache.purge_key(&cache.route_key("item:7")).await;
-    assert_eq!(purged.unwrap(), herdguard::Purged::Local);
+    assert_eq!(purged.unwrap(), herdguard::purge::Purged::Local);
     send(&app, &b, &[("cookie", "u=alice")]).await;
     send(&app, &b, &[("cookie", "u=bob")]).await;
     assert_eq!(origin.calls(), 5, "both variants of item:7 were purged");

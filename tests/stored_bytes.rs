@@ -12,7 +12,8 @@ use std::convert::Infallible;
 use std::ops::Range;
 
 use bytes::Bytes;
-use herdguard::{CacheLayer, RequestBody};
+use herdguard::service::RequestBody;
+use herdguard::CacheLayer;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use herdguard::{CacheBody, CacheLayer, RequestBody};
+use herdguard::service::{CacheBody, RequestBody};
+use herdguard::CacheLayer;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, Semaphore};

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 
 use axum::http::{Request, Response};
 use bytes::Bytes;
-use herdguard::{CacheLayer, RequestBody};
+use herdguard::service::RequestBody;
+use herdguard::CacheLayer;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;

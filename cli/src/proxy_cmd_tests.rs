@@ -165,3 +165,12 @@ fn config_file_chooses_one_redis_topology() {
         toml::from_str(&format!("{sentinel}\nredis = \"redis://127.0.0.1:3\"")).unwrap();
     assert!(both.redis_options().unwrap_err().contains("one of"));
 }
+
+/// A cluster budget needs a Redis to live in; `0` (none) needs nothing.
+#[test]
+fn a_cluster_budget_without_redis_is_refused_unless_none() {
+    let some: ProxyArgs = toml::from_str("cluster-origin-budget = 8").unwrap();
+    assert!(some.cache().unwrap_err().contains("needs --redis"));
+    let none: ProxyArgs = toml::from_str("cluster-origin-budget = 0").unwrap();
+    assert!(none.cache().is_ok());
+}

@@ -1,13 +1,13 @@
 //! `herdguard purge`: deletes entries through the library's own purge path
-//! (`herdguard::inspect::purge_and_wait`), never by deleting keys itself;
-//! `--soft` marks them stale through the layer's soft purge
+//! (`CacheLayer::purge_key` / `purge_tag`, awaited), never by deleting keys
+//! itself; `--soft` marks them stale through the layer's soft purge
 //! (`CacheLayer::soft_purge_key` / `soft_purge_tag`), awaited.
 
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use herdguard::inspect::{self, Purge};
-use herdguard::{CacheLayer, RedisOptions};
+use herdguard::inspect;
+use herdguard::{CacheKey, CacheLayer, RedisOptions};
 use serde_json::{json, Value as Json};
 
 use crate::conn::{bounded, check_namespace, connect};
@@ -35,19 +35,13 @@ pub(crate) async fn purge(
     let layer = purge_layer(url, namespace, timeout).await?;
     // A purge is a handful of sequential calls, each bounded by `timeout`.
     let bound = timeout * 8;
-    let done = async {
-        if !soft {
-            return inspect::purge_and_wait(&layer, what)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string());
-        }
-        let handle = match what {
-            Purge::Key(key) => layer.soft_purge_key(&key),
-            Purge::Tag(tag) => layer.soft_purge_tag(&tag),
-        };
-        handle.await.map(|_| ()).map_err(|e| e.to_string())
+    let handle = match (what, soft) {
+        (Purge::Key(key), false) => layer.purge_key(&key),
+        (Purge::Tag(tag), false) => layer.purge_tag(&tag),
+        (Purge::Key(key), true) => layer.soft_purge_key(&key),
+        (Purge::Tag(tag), true) => layer.soft_purge_tag(&tag),
     };
+    let done = async { handle.await.map(|_| ()).map_err(|e| e.to_string()) };
     match tokio::time::timeout(bound, done).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(Failure(format!("{} ({})", redact_text(&e), redact(url)))),
@@ -71,6 +65,12 @@ pub(crate) async fn purge(
         json,
         text,
     })
+}
+
+/// What to purge: an entry's (or a URL's) key, or a tag.
+enum Purge {
+    Key(CacheKey),
+    Tag(String),
 }
 
 /// What the arguments name, and how the report describes it.

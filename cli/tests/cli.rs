@@ -9,7 +9,8 @@ use std::net::TcpListener;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis;
-use herdguard::{CacheKey, CacheLayer, RedisOptions, Redlock};
+use herdguard::redlock::Redlock;
+use herdguard::{CacheKey, CacheLayer, RedisOptions};
 use serde_json::Value as Json;
 use support::origin::{cache_status, get_req, send, Origin};
 use support::RedisServer;

@@ -4,7 +4,8 @@
 
 use herdguard_testkit as support;
 
-use herdguard::{metric_names as names, CacheLayer, RedisOptions};
+use herdguard::metrics::names;
+use herdguard::{CacheLayer, RedisOptions};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use support::RedisServer;
 

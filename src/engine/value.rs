@@ -10,7 +10,7 @@ use crate::error::DecodeError;
 /// A value the cache can hold: cheap to clone, encodable for a shared store.
 ///
 /// Implemented for [`Bytes`], [`String`], `Vec<u8>`, the HTTP layer's
-/// [`CachedResponse`](crate::CachedResponse), and, with the `serde`
+/// stored responses, and, with the `serde`
 /// feature, [`Json<T>`](crate::Json) for any serde type (no hand-written
 /// encoding). The three methods below are all a value implements.
 ///

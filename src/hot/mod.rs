@@ -41,7 +41,8 @@ pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use herdguard::{CacheLayer, HotKeys};
+/// use herdguard::CacheLayer;
+/// use herdguard::status::HotKeys;
 /// let cache = CacheLayer::builder().hot_keys(16).build().unwrap();
 /// let hot: HotKeys = cache.hot_keys();
 /// assert_eq!(hot.k, 16);

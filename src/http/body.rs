@@ -13,7 +13,7 @@ use crate::error::BoxError;
 use crate::http::stream::StreamReader;
 
 pin_project! {
-    /// Response body of [`CacheService`](crate::CacheService).
+    /// Response body of [`CacheService`](crate::service::CacheService).
     ///
     /// A hit shares the stored [`Bytes`]; a bypass streams the inner body
     /// unchanged.

@@ -451,7 +451,7 @@ impl CacheLayerBuilder {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
-    pub fn redlock(mut self, redlock: crate::Redlock) -> Self {
+    pub fn redlock(mut self, redlock: crate::lock::redlock::Redlock) -> Self {
         self.engine.redlock = Some(Arc::new(redlock));
         self
     }

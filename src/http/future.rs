@@ -21,7 +21,7 @@ use crate::http::range::RangeRequest;
 const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
 
 pin_project! {
-    /// Response future of [`CacheService`](crate::CacheService). `F`, the
+    /// Response future of [`CacheService`](crate::service::CacheService). `F`, the
     /// inner service's future, only names the type: a call that reaches
     /// the inner service runs in a box of its own.
     pub struct ResponseFuture<F, B, E> {

@@ -329,7 +329,8 @@ impl CacheLayer {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use herdguard::{CacheLayer, Purged, RoutePolicy};
+    /// use herdguard::{CacheLayer, RoutePolicy};
+    /// use herdguard::purge::Purged;
     ///
     /// let cache = CacheLayer::new();
     /// let reports = cache.with_policy(RoutePolicy::new().key(|req: &http::request::Parts| {
@@ -354,15 +355,16 @@ impl CacheLayer {
     /// (`http://shop.test/products/7`): a URL without one names only
     /// entries stored for requests without a host (see
     /// [`url_key`](Self::url_key)). A string that is not a URL purges
-    /// nothing: the handle resolves to a [`PurgeError`](crate::PurgeError)
-    /// whose [`is_invalid_url`](crate::PurgeError::is_invalid_url) is true
+    /// nothing: the handle resolves to a [`PurgeError`](crate::purge::PurgeError)
+    /// whose [`is_invalid_url`](crate::purge::PurgeError::is_invalid_url) is true
     /// (logged as a warning if the handle is dropped instead), as reqwest's
     /// `get` reports a bad URL when the request is sent.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use herdguard::{CacheLayer, Purged};
+    /// use herdguard::CacheLayer;
+    /// use herdguard::purge::Purged;
     ///
     /// let cache = CacheLayer::new();
     /// assert_eq!(cache.purge_url("http://shop.test/products/7").await.unwrap(), Purged::Local);
@@ -420,7 +422,8 @@ impl CacheLayer {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use herdguard::{CacheLayer, Purged};
+    /// use herdguard::CacheLayer;
+    /// use herdguard::purge::Purged;
     ///
     /// let cache = CacheLayer::new();
     /// assert_eq!(cache.soft_purge_url("http://example.test/products/7").await.unwrap(), Purged::Local);

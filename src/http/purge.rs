@@ -232,7 +232,8 @@ impl std::error::Error for PurgeError {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use herdguard::{CacheLayer, Purged};
+/// use herdguard::CacheLayer;
+/// use herdguard::purge::Purged;
 ///
 /// let cache = CacheLayer::new();
 /// // Without Redis only this process holds entries.
@@ -367,17 +368,6 @@ impl LayerState {
         self.purge_local(target, mode);
         PurgeHandle {
             state: HandleState::Waiting(rx),
-        }
-    }
-
-    /// [`purge`](Self::purge), awaited (for the diagnostics CLI). `Ok(false)`:
-    /// the layer has no Redis, so only this process was purged. The error is
-    /// the bare reason: the CLI words the rest.
-    #[cfg(feature = "redis")]
-    pub(crate) async fn purge_and_wait(&self, target: PurgeTarget) -> Result<bool, String> {
-        match self.purge(target).await {
-            Ok(p) => Ok(p != Purged::Local),
-            Err(e) => Err(e.reason),
         }
     }
 

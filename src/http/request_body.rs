@@ -27,7 +27,8 @@ pin_project! {
     /// use std::convert::Infallible;
     ///
     /// use http::{Request, Response};
-    /// use herdguard::{CacheLayer, RequestBody};
+    /// use herdguard::CacheLayer;
+    /// use herdguard::service::RequestBody;
     /// use tower::{Layer, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")]

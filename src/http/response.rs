@@ -26,7 +26,7 @@ const ENCODED_ROUTE: u8 = 0x80;
 ///
 /// The body is [`Bytes`]: serving a hit clones a reference count, never the body.
 #[derive(Debug, Clone)]
-pub struct CachedResponse {
+pub(crate) struct CachedResponse {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
@@ -95,19 +95,6 @@ impl Clone for ServedHead {
 }
 
 impl CachedResponse {
-    /// The stored status code.
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-    /// The stored response headers.
-    pub fn headers(&self) -> &HeaderMap {
-        &self.headers
-    }
-    /// The stored body.
-    pub fn body(&self) -> &Bytes {
-        &self.body
-    }
-
     /// Seconds of age now, given the time it has been resident.
     pub(crate) fn current_age(&self, resident: Duration) -> Duration {
         Duration::from_secs(u64::from(self.initial_age)).saturating_add(resident)

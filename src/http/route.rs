@@ -24,7 +24,8 @@ use crate::key::CacheKey;
 /// hit-for-pass marker keeps the next requests from queueing.
 ///
 /// ```
-/// use herdguard::{Predicate, RoutePolicy};
+/// use herdguard::RoutePolicy;
+/// use herdguard::service::Predicate;
 /// use http::{request, response};
 ///
 /// // Store only 200s, and never for a request that asks for a preview.

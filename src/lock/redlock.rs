@@ -123,7 +123,8 @@ impl RedlockBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use herdguard::{RedisOptions, Redlock};
+    /// use herdguard::RedisOptions;
+    /// use herdguard::redlock::Redlock;
     ///
     /// let template = RedisOptions::new("redis://ignored").connect_timeout(Duration::from_millis(300));
     /// let lock = Redlock::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
@@ -235,7 +236,8 @@ impl RedlockBuilder {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use herdguard::{FencedStore, RedisOptions, Redlock};
+/// use herdguard::RedisOptions;
+/// use herdguard::redlock::{FencedStore, Redlock};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let lock = Redlock::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])

@@ -1,7 +1,9 @@
-//! Metric names and recording, through the `metrics` facade, plus the plain
-//! counters behind [`Stats`].
-//!
-//! With no recorder installed the facade calls are a few atomic loads.
+//! What the cache counts: [`Stats`] (plain counters of one layer or
+//! [`Cache`](crate::Cache)), the [`names`] of every metric it records
+//! through the `metrics` facade (install any recorder; with none the
+//! calls are a few atomic loads), [`describe_metrics`] for their help
+//! text, and [`Source`], how a request was answered. What the cache is
+//! doing right now is in [`status`](crate::status).
 // The Redis and lease metrics are recorded only on the Redis paths.
 #![cfg_attr(not(feature = "redis"), allow(dead_code))]
 

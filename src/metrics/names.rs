@@ -1,14 +1,14 @@
 //! The name of every metric herdguard records, kept stable: dashboards
 //! depend on them. The recording code uses these constants, and every
 //! metric of a layer or [`Cache`](crate::Cache) is registered at 0 when it
-//! is built (see [`describe_metrics`](crate::describe_metrics) for the help texts), so `/metrics`
+//! is built (see [`describe_metrics`](crate::metrics::describe_metrics) for the help texts), so `/metrics`
 //! shows each name before the first request.
 //!
 //! Every metric of a layer carries the label `cache` (its
 //! [`cache_name`](crate::CacheLayerBuilder::cache_name)).
 //!
 //! ```
-//! use herdguard::metric_names;
+//! use herdguard::metrics::names;
 //! assert_eq!(metric_names::REQUESTS, "herdguard_requests_total");
 //! ```
 
@@ -48,7 +48,7 @@ pub const REDIS_AVAILABLE: &str = "herdguard_redis_available";
 /// Entries in Redis that failed their checksum or did not decode (Redis only).
 pub const CORRUPT_ENTRIES: &str = "herdguard_corrupt_entries_total";
 /// Lease elections, by `result`: acquired, contended, expired_mid_work
-/// (Redis only; also recorded by [`Redlock`](crate::Redlock), without `cache`).
+/// (Redis only; also recorded by [`Redlock`](crate::redlock::Redlock), without `cache`).
 pub const LOCK_ACQUIRE: &str = "redis_lock_acquire_total";
 /// Histogram: how long a lease was held before release (Redis only).
 pub const LOCK_HELD_SECONDS: &str = "redis_lock_held_seconds";
@@ -56,9 +56,6 @@ pub const LOCK_HELD_SECONDS: &str = "redis_lock_held_seconds";
 pub const STREAM_WAITER_TTFB: &str = "herdguard_stream_waiter_ttfb_seconds";
 /// Readers of a body too large to store cut off for holding its fill back.
 pub const STREAM_READERS_CUT_OFF: &str = "herdguard_stream_readers_cut_off_total";
-/// Access-log lines dropped because the destination was slow
-/// (`herdguard proxy` only; no `cache` label).
-pub const ACCESS_LOG_DROPPED: &str = "herdguard_access_log_dropped_lines_total";
 /// Gauge: the origin budget's permits (this instance).
 pub const ORIGIN_BUDGET_LIMIT: &str = "herdguard_origin_budget_limit";
 /// Gauge: origin budget permits in use (this instance).

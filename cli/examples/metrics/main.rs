@@ -43,12 +43,12 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS)?
         .set_buckets_for_metric(
-            Matcher::Full(herdguard::metric_names::ENTRY_BYTES.to_owned()),
+            Matcher::Full(herdguard::metrics::names::ENTRY_BYTES.to_owned()),
             BYTES,
         )?
         .install_recorder()?;
     // Help lines for every herdguard metric.
-    herdguard::describe_metrics();
+    herdguard::metrics::describe_metrics();
     Ok(handle)
 }
 

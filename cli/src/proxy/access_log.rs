@@ -30,7 +30,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// threads, one per core: the whole log holds at most that many times this.
 pub const MAX_BUFFERED: usize = 1024 * 1024;
 /// Counter of access-log lines dropped because the writer fell behind.
-pub const DROPPED_METRIC: &str = herdguard::metric_names::ACCESS_LOG_DROPPED;
+pub const DROPPED_METRIC: &str = "herdguard_access_log_dropped_lines_total";
 /// How long the last lines may take to reach the disk at exit.
 const FINISH_WAIT: Duration = Duration::from_secs(5);
 

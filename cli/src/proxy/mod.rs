@@ -15,7 +15,7 @@
 //!   userinfo (`evil@app.test`, in `Host` or h2 `:authority`), characters or
 //!   a port outside the grammar, an empty host, none on HTTP/1.1 or h2, two
 //!   `Host` headers, an absolute-form target or `:authority` that disagrees
-//!   with `Host`. (The grammar is the layer's own, [`herdguard::host_is_valid`], so the
+//!   with `Host`. (The grammar is the layer's own, [`herdguard::service::host_is_valid`], so the
 //!   proxy refuses exactly what the layer would pass by.) An HTTP/1.0 request without a
 //!   host gets the upstream's own as `Host`.
 //! - `Forwarded`, `X-Forwarded-For` / `-Proto`: from a peer in
@@ -58,7 +58,8 @@ pub mod upstream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herdguard::{CacheLayer, CacheService};
+use herdguard::service::CacheService;
+use herdguard::CacheLayer;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
@@ -374,7 +375,7 @@ fn normalize(req: Request<ProxyBody>, hop: Hop) -> Result<Request<ProxyBody>, Re
         },
         (None, None) => None,
     };
-    if !herdguard::host_is_valid(parts.version, &parts.uri, &parts.headers) {
+    if !herdguard::service::host_is_valid(parts.version, &parts.uri, &parts.headers) {
         return Err(bad(match host {
             None => "missing Host",
             Some(_) => "bad Host",
@@ -432,7 +433,7 @@ fn append_via(headers: &mut HeaderMap) {
 enum PurgeAnswer {
     Now(Response<ProxyBody>),
     /// The handle, `purged` or `soft-purged`, and what it names.
-    Wait(herdguard::PurgeHandle, &'static str, String),
+    Wait(herdguard::purge::PurgeHandle, &'static str, String),
 }
 
 /// The status of a purge that ran: 200 done everywhere, 202 done in Redis
@@ -440,12 +441,12 @@ enum PurgeAnswer {
 /// their L1 lifetime), 503 done on this instance only (Redis unreachable),
 /// 500 failed part-way or unknown.
 fn purge_status(
-    outcome: Result<herdguard::Purged, herdguard::PurgeError>,
+    outcome: Result<herdguard::purge::Purged, herdguard::purge::PurgeError>,
     done: &str,
     what: &str,
 ) -> Response<ProxyBody> {
     match outcome {
-        Ok(herdguard::Purged::Unconfirmed) => status(
+        Ok(herdguard::purge::Purged::Unconfirmed) => status(
             StatusCode::ACCEPTED,
             &format!("{done} {what} in redis; not every instance confirmed it yet (their copies end with their L1 lifetime)"),
         ),

@@ -210,7 +210,7 @@ fn strip_connection_named(headers: &mut HeaderMap) {
 
 /// Whether `host` is a plain lowercase name or IPv4 address, with or
 /// without a port: `[a-z0-9.-]+(:[0-9]*)?`. Every such host passes the
-/// layer's grammar ([`herdguard::host_is_valid`]) and needs no lowercasing;
+/// layer's grammar ([`herdguard::service::host_is_valid`]) and needs no lowercasing;
 /// anything else goes through the full check.
 pub fn plain_host(host: &[u8]) -> bool {
     let (name, port) = match host.iter().position(|&b| b == b':') {
@@ -243,7 +243,11 @@ mod tests {
         let valid = |h: &str| {
             let mut headers = HeaderMap::new();
             headers.insert(header::HOST, HeaderValue::from_str(h).unwrap());
-            herdguard::host_is_valid(http::Version::HTTP_11, &"/".parse().unwrap(), &headers)
+            herdguard::service::host_is_valid(
+                http::Version::HTTP_11,
+                &"/".parse().unwrap(),
+                &headers,
+            )
         };
         for host in [
             "app.test",

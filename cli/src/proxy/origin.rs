@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use herdguard::RequestBody;
+use herdguard::service::RequestBody;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;

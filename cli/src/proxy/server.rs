@@ -431,7 +431,7 @@ impl Admin {
 /// The layer's hot keys as the admin port's `/hot-keys` serves them: the
 /// window in seconds, K, and one list per measure of `{name, key, count,
 /// overcount}`, count first (K 0 and empty lists when they are off).
-fn hot_keys_json(hot: &herdguard::HotKeys) -> String {
+fn hot_keys_json(hot: &herdguard::status::HotKeys) -> String {
     // Plain strings and numbers: serializing cannot fail.
     let mut out = serde_json::to_string(&HotKeysDoc::of(hot)).unwrap_or_default();
     out.push('\n');
@@ -440,7 +440,7 @@ fn hot_keys_json(hot: &herdguard::HotKeys) -> String {
 
 /// The same for `/status.json`'s `hot_keys`, which `/status` and
 /// `herdguard top` read: `null` when hot keys are off.
-pub(crate) fn hot_keys_value(hot: &herdguard::HotKeys) -> serde_json::Value {
+pub(crate) fn hot_keys_value(hot: &herdguard::status::HotKeys) -> serde_json::Value {
     if hot.k == 0 {
         return serde_json::Value::Null;
     }
@@ -469,8 +469,8 @@ struct HotKeyRow<'a> {
 }
 
 impl<'a> HotKeysDoc<'a> {
-    fn of(hot: &'a herdguard::HotKeys) -> Self {
-        fn rows(list: &[herdguard::HotKey]) -> Vec<HotKeyRow<'_>> {
+    fn of(hot: &'a herdguard::status::HotKeys) -> Self {
+        fn rows(list: &[herdguard::status::HotKey]) -> Vec<HotKeyRow<'_>> {
             list.iter()
                 .map(|r| HotKeyRow {
                     name: &r.name,
@@ -511,12 +511,12 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS)
         .and_then(|b| {
             b.set_buckets_for_metric(
-                Matcher::Full(herdguard::metric_names::ENTRY_BYTES.to_owned()),
+                Matcher::Full(herdguard::metrics::names::ENTRY_BYTES.to_owned()),
                 BYTES,
             )
         })
         .and_then(|b| b.install_recorder())
         .map_err(|e| e.to_string())?;
-    herdguard::describe_metrics();
+    herdguard::metrics::describe_metrics();
     Ok(handle)
 }

@@ -78,11 +78,11 @@ pub(crate) fn request_form(
 /// let mut headers = HeaderMap::new();
 /// headers.insert("host", HeaderValue::from_static("api.example"));
 /// let uri = Uri::from_static("/users/7");
-/// assert!(herdguard::host_is_valid(Version::HTTP_11, &uri, &headers));
+/// assert!(herdguard::service::host_is_valid(Version::HTTP_11, &uri, &headers));
 ///
 /// headers.insert("host", HeaderValue::from_static("evil@api.example"));
-/// assert!(!herdguard::host_is_valid(Version::HTTP_11, &uri, &headers));
-/// assert!(!herdguard::host_is_valid(Version::HTTP_11, &uri, &HeaderMap::new()));
+/// assert!(!herdguard::service::host_is_valid(Version::HTTP_11, &uri, &headers));
+/// assert!(!herdguard::service::host_is_valid(Version::HTTP_11, &uri, &HeaderMap::new()));
 /// ```
 pub fn host_is_valid(version: Version, uri: &Uri, headers: &HeaderMap) -> bool {
     host_form(version, uri, headers).is_some()
