@@ -1,4 +1,4 @@
-//! Sentinel failover under load (issue 44): the primary a Sentinel topology
+//! Sentinel failover under load: the primary a Sentinel topology
 //! names is SIGKILLed while herdguard instances serve steady load, once with
 //! default `RedisOptions` and once with `lease_replicas(1, --wait-ms)`, each
 //! row on a topology of its own, the two rows in turn in every run; then the

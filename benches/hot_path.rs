@@ -141,7 +141,7 @@ fn service_fn_pair(t: &Timing, rt: &Runtime) {
     eprintln!("tower/L1 hit body is the stored Bytes (no copy): {shared}");
 
     // Each pair is timed in turn, sample by sample: the ratio is the goal's
-    // number (issue 25: an L1 hit at most 1.5x the bare service_fn).
+    // number (the goal: an L1 hit at most 1.5x the bare service_fn).
     let bare_fn = || {
         run(rt, async {
             let r = inner

@@ -1,4 +1,4 @@
-//! Origin load (issue 43): what the origin feels, summed over many keys,
+//! Origin load: what the origin feels, summed over many keys,
 //! behind each front, one after another in one run on the same origin.
 //!
 //! ```text

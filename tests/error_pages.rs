@@ -1,5 +1,4 @@
-//! One request never turns the cache against its users (issue 23 §1, §4,
-//! §5): an error page or an "uncacheable" answer made for one request never
+//! One request never turns the cache against its users: an error page or an "uncacheable" answer made for one request never
 //! evicts, replaces or marks what others are served; a waiter never gets an
 //! error page made for another request; and a `stale-if-error` entry holds
 //! on every instance of a Redis cluster. In memory (paused time) and on two
@@ -175,7 +174,7 @@ async fn send(app: &Router, uri: &str, headers: &[(&str, &str)]) -> Answer {
     }
 }
 
-/// The CPDoS requests of the issue: a `no-cache` reload with a 10 KB
+/// The CPDoS requests (header oversize, meta characters): a `no-cache` reload with a 10 KB
 /// header (origin 431), the same leading with a method override (405).
 fn attacks() -> [Vec<(&'static str, String)>; 2] {
     [
@@ -402,7 +401,7 @@ async fn on_redis_an_uncacheable_answer_never_marks_a_fresh_entry() {
     assert_eq!(origin.calls(), 2);
 }
 
-/// The requests of the issue's closing note that make the origin answer a
+/// Requests that make the origin answer a
 /// 200 uncacheable because of the request: a cookie (`private`), and a
 /// header it answers `no-store` to.
 fn uncacheable_for_one() -> [[(&'static str, &'static str); 1]; 2] {

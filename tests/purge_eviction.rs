@@ -1,4 +1,4 @@
-//! A purge holds on a Redis that evicts keys (issue 24, finding 4): an index
+//! A purge holds on a Redis that evicts keys: an index
 //! evicted while the entries it lists are still read must not let a purge
 //! miss them. Eviction is made exact here by deleting the index key, as an
 //! LRU policy does to an index nobody reads while its entries stay hot; the

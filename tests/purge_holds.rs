@@ -1,4 +1,4 @@
-//! A purge holds everywhere (issue 24): against fills its notice never
+//! A purge holds everywhere: against fills its notice never
 //! reaches, Vary copies, a fence that is gone, a failover to a lagging
 //! replica, and copies made while Redis was down. Real redis-server
 //! processes; an instance that "never hears" purges runs as an ACL user that

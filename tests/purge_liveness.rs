@@ -1,5 +1,5 @@
 //! Connections and the purge listener after the network or a node goes
-//! away without a word (issue 24, findings 7 and 8): a failover whose old
+//! away without a word: a failover whose old
 //! connections are blackholed behind a moved address, and a Redis Cluster
 //! that loses its first seed node. Real redis-server processes; real time,
 //! with bounds a loaded 2-core machine meets.

@@ -1,4 +1,4 @@
-//! Byte ranges served from the cache (issue 28 §1): a `Range` request is
+//! Byte ranges served from the cache: a `Range` request is
 //! answered with its slice of the complete 200 the cache stores or is
 //! filling, one origin call for a cold URL whatever mix of plain and range
 //! requests asks for it, and plain requests never see a 206. Memory-only

@@ -1,4 +1,4 @@
-//! An origin 206 answering the cache's whole-object fill (issue 28): it is
+//! An origin 206 answering the cache's whole-object fill: it is
 //! passed to the request that led, and it never switches caching off for
 //! the URL (no pass marker), so the next plain GET fills and stores a 200.
 

@@ -1,4 +1,4 @@
-//! A full Redis (`noeviction` at `maxmemory`, issue 24 finding 9): writes
+//! A full Redis (`noeviction` at `maxmemory`): writes
 //! are refused, so no lease can be taken, but what Redis holds can still be
 //! read. A stale entry is served stale while this instance refreshes it
 //! once, instead of every request waiting on the origin. The server is made

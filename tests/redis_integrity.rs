@@ -79,7 +79,7 @@ async fn read_fresh(server: &RedisServer, key: CacheKey) -> (String, Source) {
     (l.value, l.source)
 }
 
-/// The sequence: a slow leader holds fence N, FLUSHALL, a new leader writes; the old leader's write is refused and the newer value stays.
+/// A slow leader holds fence N, FLUSHALL, a new leader writes; the old leader's write is refused and the newer value stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_under_a_slow_leader_keeps_the_newer_value() {
     let server = RedisServer::start();

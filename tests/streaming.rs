@@ -1,5 +1,5 @@
 //! Streaming fills: one origin body feeds the leader's client and every
-//! coalesced waiter as it arrives (issue 14). The origin here is a service
+//! coalesced waiter as it arrives. The origin here is a service
 //! whose body the test feeds chunk by chunk, so every assertion is about
 //! order and bytes, not about timing; tokio time is paused throughout.
 

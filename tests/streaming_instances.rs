@@ -1,5 +1,5 @@
-//! Streamed fills too large to store, seen from outside the flight (issue
-//! 14, "Other instances"): no hit-for-pass after them, a first frame past the
+//! Streamed fills too large to store, seen from outside the flight and
+//! from other instances: no hit-for-pass after them, a first frame past the
 //! limit shared like a declared length, and other instances on one Redis
 //! calling the origin once each, as soon as the leader knows the body is too
 //! large. The origin's bodies are fed by hand, so assertions are about order

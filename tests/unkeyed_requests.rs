@@ -1,4 +1,4 @@
-//! Requests whose meaning the key cannot hold (issue 23 §2, §3, §6), through
+//! Requests whose meaning the key cannot hold, through
 //! the layer alone, as a library user runs it with no proxy in front: odd
 //! Host forms and method / URL override headers bypass the cache, a host
 //! with capitals reaches the service as the key has it, and Accept-Encoding

@@ -2,7 +2,7 @@
 //! samples, print the median time per call with the 10th–90th percentile.
 //!
 //! It stands in for criterion so the library's dev-dependency tree carries
-//! no command-line parser (issue 29). No regression model, no plots: the
+//! no command-line parser. No regression model, no plots: the
 //! numbers are compared side by side in one run, as every bench here is.
 
 use std::hint::black_box;

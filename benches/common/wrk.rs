@@ -1,5 +1,5 @@
 //! Load from `wrk` (when installed) instead of the in-process generator:
-//! a C load generator in its own process, as the issue measured with
+//! a C load generator in its own process, the way the peers are measured
 //! (`wrk -t2 -c64 -d4s`), so servers outside this process (nginx, Varnish,
 //! `herdguard proxy`) are driven the same way as those inside it.
 

@@ -55,7 +55,7 @@ fn shown_sizes_read_back() {
     }
 }
 
-/// Sizes and durations read as people write them, and bare numbers as before.
+/// Sizes and durations read as people write them, and bare numbers as plain seconds or bytes.
 #[test]
 fn sizes_and_durations_read_as_written() {
     assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));

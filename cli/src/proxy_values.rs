@@ -19,7 +19,7 @@ pub(crate) fn show_bytes(n: u64) -> String {
 }
 
 /// A size as people write it: `64MiB`, `512 KiB`, `1.5GB` (MB is 10^6,
-/// MiB 2^20; see `bytesize`), or bare bytes as before.
+/// MiB 2^20; see `bytesize`), or bare bytes.
 pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     s.trim()
         .parse::<bytesize::ByteSize>()

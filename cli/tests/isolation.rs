@@ -145,7 +145,7 @@ async fn burst(
 }
 
 // ---------------------------------------------------------------------------
-// The six reproductions of the issue
+// Six ways one user could be served another's answer
 // ---------------------------------------------------------------------------
 
 /// A headerless answer made for one user's cookie never reaches the other users coalesced behind it.
@@ -451,7 +451,7 @@ async fn with_the_opt_in_waiters_share_one_uncacheable_answer() {
 }
 
 // ---------------------------------------------------------------------------
-// One request cannot turn caching off for others (issue 12, item 6)
+// One request cannot turn caching off for others
 // ---------------------------------------------------------------------------
 
 async fn redis_exists(redis: &RedisServer, key: &str) -> bool {

@@ -19,7 +19,7 @@ pub(crate) const FLAG_RESPONSE: u8 = 1;
 
 /// A bit of the encoded rules' flags byte, never set in [`StoredRules`]
 /// itself: a route key (16 bytes) follows the flags. An entry without a
-/// route key encodes as before this bit existed.
+/// route key encodes with the flag clear, as entries written without routes do.
 const ENCODED_ROUTE: u8 = 0x80;
 
 /// A buffered HTTP response as the layer stores it.

@@ -492,7 +492,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// A duration as people write it (`60s`, `500ms`, `2m`, `1h 30m`, see
-/// `humantime`), or bare seconds (`60`), as before.
+/// `humantime`), or bare seconds (`60`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if let Ok(secs) = s.parse::<u64>() {
