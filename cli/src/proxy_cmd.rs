@@ -462,22 +462,10 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
     };
     let format = args.log_format.unwrap_or(LogFormat::Text);
     init_logging(format);
-    let access = match Destination::parse(args.access_log.as_deref().unwrap_or(DEFAULT_ACCESS_LOG))
-    {
-        Ok(Some(dest)) => {
-            let format = match format {
-                LogFormat::Text => access_log::Format::Text,
-                LogFormat::Json => access_log::Format::Json,
-            };
-            match access_log::start(dest, format) {
-                Ok(started) => Some(started),
-                Err(e) => return fail(e),
-            }
-        }
-        Ok(None) => None,
+    let (access, access_writer) = match start_access_log(&args, format) {
+        Ok(started) => started.unzip(),
         Err(e) => return fail(e),
     };
-    let (access, access_writer) = access.unzip();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -485,44 +473,7 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
-    let result = runtime.block_on(async {
-        let server = args.server_config()?;
-        // Before the layer, so the gauges it sets when built are recorded.
-        let metrics = if server.admin.is_some() {
-            Some(server::install_metrics()?)
-        } else {
-            None
-        };
-        let config = args.proxy_config(access)?;
-        check_upstream_name(&config.upstream).await?;
-        let upstream = config.upstream.clone();
-        let proxy = Proxy::new(config, args.cache()?)?;
-        let memory_only = proxy.cache().redis_connected().is_none();
-        server::run(server, proxy, metrics, |bound| {
-            let scheme = if args.tls_cert.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            let admin = bound
-                .admin
-                .map_or_else(|| "off".to_owned(), |a| format!("http://{a}"));
-            crate::announce::start(
-                args.redis.as_deref(),
-                args.redis_namespace.as_deref(),
-                args.admin_announce.as_deref(),
-                bound.admin,
-            );
-            // One line on stdout that scripts (and tests) can wait for.
-            println!(
-                "herdguard proxy listening on {scheme}://{} upstream {upstream} admin {admin} redis {}",
-                bound.listen,
-                if memory_only { "off" } else { "on" },
-            );
-        })
-        .await
-        .map_err(|e| e.to_string())
-    });
+    let result = runtime.block_on(serve(&args, access));
     // After the server stopped: the last requests' lines reach the log.
     if let Some(writer) = access_writer {
         writer.finish();
@@ -531,6 +482,63 @@ pub(crate) fn main(args: ProxyArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
+}
+
+/// The access log's writer, unless `--access-log off`.
+fn start_access_log(
+    args: &ProxyArgs,
+    format: LogFormat,
+) -> Result<Option<(access_log::AccessLog, access_log::Writer)>, String> {
+    let Some(dest) = Destination::parse(args.access_log.as_deref().unwrap_or(DEFAULT_ACCESS_LOG))?
+    else {
+        return Ok(None);
+    };
+    let format = match format {
+        LogFormat::Text => access_log::Format::Text,
+        LogFormat::Json => access_log::Format::Json,
+    };
+    access_log::start(dest, format).map(Some)
+}
+
+/// Build the proxy and serve until a signal; the listening line on stdout
+/// once bound.
+async fn serve(args: &ProxyArgs, access: Option<access_log::AccessLog>) -> Result<(), String> {
+    let server = args.server_config()?;
+    // Before the layer, so the gauges it sets when built are recorded.
+    let metrics = if server.admin.is_some() {
+        Some(server::install_metrics()?)
+    } else {
+        None
+    };
+    let config = args.proxy_config(access)?;
+    check_upstream_name(&config.upstream).await?;
+    let upstream = config.upstream.clone();
+    let proxy = Proxy::new(config, args.cache()?)?;
+    let memory_only = proxy.cache().redis_connected().is_none();
+    server::run(server, proxy, metrics, |bound| {
+        let scheme = if args.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let admin = bound
+            .admin
+            .map_or_else(|| "off".to_owned(), |a| format!("http://{a}"));
+        crate::announce::start(
+            args.redis.as_deref(),
+            args.redis_namespace.as_deref(),
+            args.admin_announce.as_deref(),
+            bound.admin,
+        );
+        // One line on stdout that scripts (and tests) can wait for.
+        println!(
+            "herdguard proxy listening on {scheme}://{} upstream {upstream} admin {admin} redis {}",
+            bound.listen,
+            if memory_only { "off" } else { "on" },
+        );
+    })
+    .await
+    .map_err(|e| e.to_string())
 }
 
 /// Resolve the upstream's name once at startup, so a typo fails now rather
