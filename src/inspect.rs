@@ -1,16 +1,23 @@
 //! Read-only views of what the cache keeps in Redis: an entry's key names,
 //! its fence, and what its envelope says (timing, fence token, status,
 //! tags). The `herdguard` diagnostics CLI reads Redis through these; so can
-//! any tool of yours. Nothing here writes: purge through
+//! any tool of yours. Nothing here writes to Redis: purge through
 //! [`CacheLayer::purge_key`](crate::CacheLayer::purge_key) and its kin.
+//! [`seal_envelope`] wraps any payload in a current entry, so a fuzzer or
+//! a test reaches the decoders of the current format.
 //!
 //! The layout they describe is versioned with the entry encoding: a
 //! release that changes it changes these functions with it, and an entry
 //! of another version decodes to a [`DecodeError`], never to a wrong view.
 
-use bytes::Bytes;
+use std::time::Duration;
 
-use crate::engine::envelope::{decode_entry, entry_flags, KEPT_OFFSET, MAGIC, VERSION};
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::engine::envelope::{
+    decode_entry, encode_entry, entry_flags, EntryMeta, KEPT_OFFSET, MAGIC, VERSION,
+};
+use crate::engine::{Internal, Value};
 use crate::error::DecodeError;
 use crate::http::response::{CachedResponse, FLAG_RESPONSE};
 use crate::key::CacheKey;
@@ -134,6 +141,70 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
     })
 }
 
+/// What an entry's payload is, as its envelope's flags tell a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadKind {
+    /// A value stored through [`Cache`](crate::Cache): bytes the envelope
+    /// does not look into.
+    Value,
+    /// A response stored by the HTTP layer: [`decode_envelope`] decodes the
+    /// payload as one, and a payload that does not decode is corrupt.
+    Response,
+}
+
+/// `payload` sealed in an entry envelope of the current version, as the
+/// cache's own encoder writes one (magic, version, `kind`'s flags, payload
+/// length, checksum): what a buggy or hostile writer with access to Redis
+/// could store, since only the decoder stands between such bytes and a
+/// served response. Stored at the Unix epoch, fresh for a minute, no stale
+/// window, unfenced, so the same payload always seals to the same bytes.
+///
+/// ```
+/// use herdguard::inspect::{decode_envelope, seal_envelope, PayloadKind};
+///
+/// let entry = seal_envelope(PayloadKind::Value, b"hello");
+/// let env = decode_envelope(&entry).unwrap();
+/// assert_eq!((env.payload_bytes, env.fresh_ms, env.http_status), (5, 60_000, None));
+/// // Not a stored response: the entry is corrupt.
+/// assert!(decode_envelope(&seal_envelope(PayloadKind::Response, b"hello")).is_err());
+/// ```
+pub fn seal_envelope(kind: PayloadKind, payload: &[u8]) -> Vec<u8> {
+    let meta = EntryMeta {
+        stored_at_ms: 0,
+        fresh_for: Duration::from_secs(60),
+        stale_for: Duration::ZERO,
+        fence: 0,
+    };
+    let payload = Bytes::copy_from_slice(payload);
+    match kind {
+        PayloadKind::Value => encode_entry(&meta, &payload).to_vec(),
+        PayloadKind::Response => encode_entry(&meta, &ResponsePayload(payload)).to_vec(),
+    }
+}
+
+/// Any bytes under the response flag: the envelope's flags come from the
+/// value's type, so [`seal_envelope`] needs a type of its own for them.
+#[derive(Debug, Clone)]
+struct ResponsePayload(Bytes);
+
+impl Value for ResponsePayload {
+    fn sealed_envelope_flags(_: Internal) -> u8 {
+        FLAG_RESPONSE
+    }
+
+    fn encode(&self, out: &mut BytesMut) {
+        out.put_slice(&self.0);
+    }
+
+    fn decode(bytes: Bytes) -> Result<Self, DecodeError> {
+        Ok(Self(bytes))
+    }
+
+    fn weight(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// The keep time past freshness an intact encoding carries.
 fn kept_past_freshness(bytes: &[u8]) -> Option<u64> {
     let raw = bytes.get(KEPT_OFFSET..KEPT_OFFSET + 8)?;
@@ -142,12 +213,9 @@ fn kept_past_freshness(bytes: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use http::{HeaderMap, HeaderValue, StatusCode};
 
     use super::*;
-    use crate::engine::envelope::{encode_entry, EntryMeta};
     use crate::store::redis::{RedisOptions, RedisStore};
 
     /// The names here are the ones the Redis store uses.
@@ -172,12 +240,11 @@ mod tests {
         assert_eq!(parse_key("not a key"), None);
     }
 
-    /// A stored response's envelope shows its timing, fence, status and tags.
-    #[test]
-    fn envelope_of_a_stored_response() {
+    /// A 200 `hello` tagged `a b`.
+    fn tagged_response() -> CachedResponse {
         let mut headers = HeaderMap::new();
         headers.insert("surrogate-key", HeaderValue::from_static("a b"));
-        let response = CachedResponse {
+        CachedResponse {
             status: StatusCode::OK,
             headers,
             body: Bytes::from_static(b"hello"),
@@ -189,12 +256,29 @@ mod tests {
             revalidated: false,
             not_stored: None,
             served_head: Default::default(),
-        };
+        }
+    }
+
+    /// A stored response's envelope shows its timing, fence, status and tags.
+    #[test]
+    fn envelope_of_a_stored_response() {
         let meta = EntryMeta::now(Duration::from_secs(5), Duration::from_secs(30), 7);
-        let env = decode_envelope(&encode_entry(&meta, &response)).unwrap();
+        let env = decode_envelope(&encode_entry(&meta, &tagged_response())).unwrap();
         assert_eq!((env.fresh_ms, env.stale_ms, env.fence), (5000, 30000, 7));
         assert_eq!(env.http_status, Some(200));
         assert_eq!(env.tags, ["a", "b"]);
+    }
+
+    /// A response's payload sealed as one reads back as that response; sealed as a plain value, as bytes.
+    #[test]
+    fn sealed_payloads_decode_as_their_kind() {
+        let mut payload = BytesMut::new();
+        tagged_response().encode(&mut payload);
+        let env = decode_envelope(&seal_envelope(PayloadKind::Response, &payload)).unwrap();
+        assert_eq!(env.http_status, Some(200));
+        assert_eq!(env.tags, ["a", "b"]);
+        let env = decode_envelope(&seal_envelope(PayloadKind::Value, &payload)).unwrap();
+        assert_eq!((env.http_status, env.payload_bytes), (None, payload.len()));
     }
 
     /// Garbage and truncated envelopes are errors, not panics.
