@@ -59,36 +59,39 @@ pub(crate) enum Usable {
     Revalidate,
 }
 
-/// `grace` is the operator's stale-while-updating allowance
+/// How a stored answer with `rules`, `age` old, may serve a request that
+/// `asked` these directives. `grace` is the operator's stale-while-updating allowance
 /// ([`CacheLayerBuilder::grace`](crate::CacheLayerBuilder::grace)); zero when off.
 pub(crate) fn usability(
-    rd: &RequestDirectives,
+    asked: &RequestDirectives,
     rules: StoredRules,
     age: Duration,
     grace: Duration,
 ) -> Usable {
-    if rd.no_cache || rules.has(StoredRules::NO_CACHE) {
+    if asked.no_cache || rules.has(StoredRules::NO_CACHE) {
         return Usable::Revalidate;
     }
-    if rd.max_age.is_some_and(|max| age.as_secs() > max) {
+    if asked.max_age.is_some_and(|max| age.as_secs() > max) {
         return Usable::Revalidate;
     }
     let lifetime = rules.lifetime();
     if age < lifetime {
         let left = (lifetime - age).as_secs();
-        if rd.min_fresh.is_some_and(|min| left < min) {
+        if asked.min_fresh.is_some_and(|min| left < min) {
             return Usable::Revalidate;
         }
         return Usable::Fresh;
     }
     let staleness = age - lifetime;
     if !rules.has(StoredRules::NO_STALE)
-        && rd.max_stale.is_some_and(|max| staleness.as_secs() <= max)
+        && asked
+            .max_stale
+            .is_some_and(|max| staleness.as_secs() <= max)
     {
         return Usable::StaleAccepted;
     }
     // `swr` is already zero when the origin forbade stale.
-    if rd.min_fresh.is_some() {
+    if asked.min_fresh.is_some() {
         return Usable::Revalidate;
     }
     if staleness < Duration::from_secs(u64::from(rules.swr)) {
