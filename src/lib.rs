@@ -105,6 +105,8 @@
 //!     fill.rs          the origin's answer and verdict turned into a fill
 //!     direct.rs        calls outside any flight (Honor reloads, released)
 //!     respond.rs       building answers from entries; the layer's own answers
+//!     fields.rs        the fields a fill drops and a store never keeps; a
+//!                      plain GET, a body; the hit-for-miss permit (a leaf)
 //!   policy/          RFC 9111: directives, request, freshness, storability,
 //!                    targeted (RFC 9213)
 //!   stream/          a streaming fill's shared body: window, pace (cut-off

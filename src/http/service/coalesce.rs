@@ -24,7 +24,7 @@ use super::direct::{
     direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, refresh_request, released,
     spare_call,
 };
-use super::hit_for_miss_permit;
+use super::fields::hit_for_miss_permit;
 use super::origin::{take_error, take_spare, OriginCall, SlotRef};
 use super::respond::{served_from_flight, StandIn, View};
 use super::streamed::{Handoff, Passthrough};

@@ -23,7 +23,7 @@ use super::bounds::{Origin, OriginBody};
 use super::fill::is_error;
 use super::responding::{Read, Responding};
 use super::streamed::{stream_head, Handoff, Passthrough};
-use super::{CONDITIONAL, NOT_STORED};
+use super::fields::{CONDITIONAL, NOT_STORED};
 use crate::http::keys::{url_of, Target};
 
 /// What only the request that started a flight receives.
