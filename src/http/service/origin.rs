@@ -20,10 +20,10 @@ use crate::http::vary::stored_values;
 use crate::key::CacheKey;
 
 use super::bounds::{Origin, OriginBody};
+use super::fields::{CONDITIONAL, NOT_STORED};
 use super::fill::is_error;
 use super::responding::{Read, Responding};
 use super::streamed::{stream_head, Handoff, Passthrough};
-use super::fields::{CONDITIONAL, NOT_STORED};
 use crate::http::keys::{url_of, Target};
 
 /// What only the request that started a flight receives.
@@ -294,17 +294,6 @@ where
             return Ok(Fill::Share(value));
         }
         Ok(state.finish(target, value, verdict, &asked.headers))
-    }
-}
-
-impl LayerState {
-    /// The copy kept aside for `target` that the request's varied fields
-    /// match, to revalidate.
-    fn kept_aside(&self, target: &Target, request: &HeaderMap) -> Option<CachedResponse> {
-        self.retained
-            .get(&target.key)
-            .filter(|e| e.value.vary_matches(request))
-            .map(|e| e.value.clone())
     }
 }
 
