@@ -97,6 +97,7 @@
 //!     mod.rs           classify the request, find the candidate, pick the path
 //!     lookup.rs        route's steps: admit, the stored candidate, its use
 //!     coalesce.rs      miss: lead or follow the key's flight, or be released
+//!     miss_status.rs   the states a miss can be in (what it wants, hears)
 //!     follow.rs        miss with the key's flight running: join it, answer
 //!                      a plain outcome at once, the rest as coalesce.rs
 //!     origin.rs        one origin request as the flight's computation

@@ -25,25 +25,11 @@ use super::direct::{
     spare_call,
 };
 use super::fields::hit_for_miss_permit;
+use super::miss_status::{First, Wants};
 use super::origin::{take_error, take_spare, OriginCall, SlotRef};
 use super::respond::{served_from_flight, StandIn, View};
 use super::streamed::{Handoff, Passthrough};
 use crate::http::keys::Target;
-
-/// What a request in [`miss`] takes from its flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Wants {
-    /// A usable stored entry, or the flight's answer.
-    Entry,
-    /// Only a refresh: it refuses the stored response (`no-cache`, `max-age` …).
-    Refresh,
-    /// It met a pass marker in memory, with Redis reachable: the flight
-    /// looks in Redis, where another instance's hit-for-miss may have
-    /// stored the entry since. While Redis still holds the marker, it is a
-    /// request under a marker as in `route()`: never coalesced on an
-    /// origin call, never queued for a permit.
-    PastMarker,
-}
 
 /// Lead or follow the flight for `key`, then answer from its outcome.
 /// `stale` is the stored response to revalidate, if there is one; `wants`:
@@ -566,13 +552,6 @@ where
         // The answer was not for everyone: each waiter asks for its own.
         self.release(Detail::Uncacheable).await
     }
-}
-
-/// What a request in [`miss`] learns first.
-pub(super) enum First<V, H> {
-    Resolved(V),
-    Handoff(H),
-    Stream(Arc<Stream>),
 }
 
 /// A request that refuses the stored response (`no-cache`, `max-age` …):

@@ -23,7 +23,8 @@ use crate::store::memory::Stored;
 
 use super::acceptance::{acceptable, plainly_answers};
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{followed, miss, First, Wants};
+use super::coalesce::{followed, miss};
+use super::miss_status::{First, Wants};
 use super::respond::{served_from_flight, View};
 
 /// An entry stored in the engine or kept aside.

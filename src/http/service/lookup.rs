@@ -11,10 +11,11 @@ use http::header::HeaderValue;
 use http::{Request, Response};
 
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{miss, reload, Wants};
+use super::coalesce::{miss, reload};
 use super::direct::{hit_for_miss, refresh_request};
 use super::fields::{has_body, hit_for_miss_permit, plain_get};
 use super::follow::{follow, running};
+use super::miss_status::Wants;
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, StandIn, View};
 use crate::engine::{Priority, Refusal};

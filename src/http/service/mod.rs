@@ -44,8 +44,8 @@ use crate::store::memory::Probe;
 
 use crate::http::keys::{lowercase_host, HostSeen};
 use bounds::{Origin, OriginBody};
-use coalesce::Wants;
 use lookup::{request_span, Found, Gate, Past, Use};
+use miss_status::Wants;
 
 mod acceptance;
 mod bounds;
@@ -55,6 +55,7 @@ mod fields;
 mod fill;
 mod follow;
 mod lookup;
+mod miss_status;
 mod origin;
 mod respond;
 mod responding;
