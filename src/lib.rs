@@ -101,6 +101,8 @@
 //!     follow.rs        miss with the key's flight running: join it, answer
 //!                      a plain outcome at once, the rest as coalesce.rs
 //!     origin.rs        one origin request as the flight's computation
+//!     returned.rs      what that call sends back to the request that made
+//!                      it (Returned: spare, handoff, error), on one channel
 //!     responding.rs    its answer's body read: buffered, streamed or passed on
 //!     streamed.rs      a fill that spans frames, read once by every reader
 //!     fill.rs          the origin's answer and verdict turned into a fill

@@ -4,7 +4,11 @@
 
 use std::sync::Arc;
 
+use crate::engine::Resolved;
+use crate::http::response::CachedResponse;
 use crate::http::stream::Stream;
+
+use super::streamed::Handoff;
 
 /// What a request in [`miss`](super::coalesce::miss) takes from its flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,9 +25,21 @@ pub(super) enum Wants {
     PastMarker,
 }
 
-/// What a request in [`miss`](super::coalesce::miss) learns first.
-pub(super) enum First<V, H> {
-    Resolved(V),
-    Handoff(H),
-    Stream(Arc<Stream>),
+/// Where a request in [`miss`](super::coalesce::miss) stands once it
+/// first hears of its flight, named as pingora-cache names a waiter's
+/// `LockStatus` and moka its `WaiterValue`. Till then it waits, bounded by
+/// the engine.
+pub(super) enum MissStatus<ResB> {
+    /// Its own call handed its answer over ([`Returned::Handoff`]): it led,
+    /// and the answer is its alone.
+    ///
+    /// [`Returned::Handoff`]: super::returned::Returned::Handoff
+    HandedOff(Handoff<ResB>),
+    /// Another request's call streams an answer this one may read from its
+    /// first byte.
+    Streaming(Arc<Stream>),
+    /// The flight is over, and [`Resolved`] says how for this request: a
+    /// value, nothing shared, failed, its wait ran out (with a fallback
+    /// permit), or no flight could start (overloaded).
+    Done(Resolved<CachedResponse>),
 }

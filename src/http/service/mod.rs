@@ -59,6 +59,7 @@ mod miss_status;
 mod origin;
 mod respond;
 mod responding;
+mod returned;
 mod streamed;
 
 /// The caching service produced by [`CacheLayer`](crate::CacheLayer).
