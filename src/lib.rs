@@ -97,14 +97,19 @@
 //!     mod.rs           classify the request, find the candidate, pick the path
 //!     lookup.rs        route's steps: admit, the stored candidate, its use
 //!     coalesce.rs      miss: lead or follow the key's flight, or be released
+//!     miss_status.rs   the states a miss can be in (what it wants, hears)
 //!     follow.rs        miss with the key's flight running: join it, answer
 //!                      a plain outcome at once, the rest as coalesce.rs
 //!     origin.rs        one origin request as the flight's computation
+//!     returned.rs      what that call sends back to the request that made
+//!                      it (Returned: spare, handoff, error), on one channel
 //!     responding.rs    its answer's body read: buffered, streamed or passed on
 //!     streamed.rs      a fill that spans frames, read once by every reader
 //!     fill.rs          the origin's answer and verdict turned into a fill
 //!     direct.rs        calls outside any flight (Honor reloads, released)
 //!     respond.rs       building answers from entries; the layer's own answers
+//!     fields.rs        the fields a fill drops and a store never keeps; a
+//!                      plain GET, a body; the hit-for-miss permit (a leaf)
 //!   policy/          RFC 9111: directives, request, freshness, storability,
 //!                    targeted (RFC 9213)
 //!   stream/          a streaming fill's shared body: window, pace (cut-off

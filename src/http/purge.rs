@@ -414,6 +414,16 @@ impl LayerState {
         self.engine.purge_where(move |k, v| t.matches(k, v));
         self.retained.purge_where(move |k, v| target.matches(k, v));
     }
+
+    /// What a successful unsafe request to this URI invalidates.
+    pub(crate) fn invalidation_for<B>(self: &Arc<Self>, req: &Request<B>) -> Invalidation {
+        let uri = effective_uri(req);
+        let authority = request_authority(req, uri).and_then(|a| std::str::from_utf8(a).ok());
+        let path = uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        Invalidation::new(Arc::clone(self), authority, path)
+    }
 }
 
 /// Delete (or soft-purge) what `target` names from Redis, then tell every
@@ -531,17 +541,5 @@ fn split_query(s: &str) -> (&str, Option<&[u8]>) {
     match s.split_once('?') {
         Some((p, q)) => (p, Some(q.as_bytes())),
         None => (s, None),
-    }
-}
-
-impl LayerState {
-    /// What a successful unsafe request to this URI invalidates.
-    pub(crate) fn invalidation_for<B>(self: &Arc<Self>, req: &Request<B>) -> Invalidation {
-        let uri = effective_uri(req);
-        let authority = request_authority(req, uri).and_then(|a| std::str::from_utf8(a).ok());
-        let path = uri
-            .path_and_query()
-            .map_or("/", http::uri::PathAndQuery::as_str);
-        Invalidation::new(Arc::clone(self), authority, path)
     }
 }

@@ -127,6 +127,18 @@ impl MemoryBudget {
 }
 
 /// What every clone of a layer, and every service it makes, shares.
+///
+/// Its methods live with their job, one `impl` block per file:
+/// - here: its settings applied (the counters, the route's key and
+///   verdict, range requests sent on, the no-freshness warning);
+/// - `keys.rs`: a request's [`Target`](crate::http::keys::Target);
+/// - `hot.rs`: what it feeds the hot keys;
+/// - `cache_status.rs`: `Cache-Status` values;
+/// - `purge.rs`: purges and the invalidation an unsafe method makes;
+/// - `service/lookup.rs`: admitting a request, the stored candidate;
+/// - `service/fill.rs`: an origin answer turned into a fill, the copies
+///   kept aside, Vary variants;
+/// - `service/respond.rs`: answers built from entries, and its own.
 #[derive(Debug)]
 pub(crate) struct LayerState {
     pub(crate) engine: Arc<Engine<CachedResponse>>,
@@ -165,9 +177,7 @@ impl LayerState {
         }
         self.http.rules.own_cache_control.clone()
     }
-}
 
-impl LayerState {
     /// The request, and the route's key for it when the route has a key
     /// function (the request is taken apart and put back: no copy).
     pub(crate) fn route_key<B>(
@@ -200,9 +210,7 @@ impl LayerState {
             _ => verdict,
         }
     }
-}
 
-impl LayerState {
     /// Whether `req` is a range request for a key known to be too large to
     /// store: it goes to the origin untouched, `Range` and all.
     pub(crate) fn range_to_origin<B>(&self, req: &Request<B>, key: &CacheKey) -> bool {
@@ -210,9 +218,7 @@ impl LayerState {
             && req.headers().contains_key(header::RANGE)
             && self.too_large.contains(key)
     }
-}
 
-impl LayerState {
     /// An answer was not stored only because it carries no freshness and no
     /// TTL applies: warn once per route (per [`ROUTE_INTERVAL`]), naming
     /// the fix.

@@ -24,26 +24,13 @@ use super::direct::{
     direct, direct_with, hit_for_miss, honor_reload, pass_uncapped, refresh_request, released,
     spare_call,
 };
-use super::hit_for_miss_permit;
-use super::origin::{take_error, take_spare, OriginCall, SlotRef};
+use super::fields::hit_for_miss_permit;
+use super::miss_status::{MissStatus, Wants};
+use super::origin::OriginCall;
 use super::respond::{served_from_flight, StandIn, View};
-use super::streamed::{Handoff, Passthrough};
+use super::returned::Returns;
+use super::streamed::Handoff;
 use crate::http::keys::Target;
-
-/// What a request in [`miss`] takes from its flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Wants {
-    /// A usable stored entry, or the flight's answer.
-    Entry,
-    /// Only a refresh: it refuses the stored response (`no-cache`, `max-age` …).
-    Refresh,
-    /// It met a pass marker in memory, with Redis reachable: the flight
-    /// looks in Redis, where another instance's hit-for-miss may have
-    /// stored the entry since. While Redis still holds the marker, it is a
-    /// request under a marker as in `route()`: never coalesced on an
-    /// origin call, never queued for a permit.
-    PastMarker,
-}
 
 /// Lead or follow the flight for `key`, then answer from its outcome.
 /// `stale` is the stored response to revalidate, if there is one; `wants`:
@@ -89,7 +76,7 @@ pub(super) async fn followed<S, ReqB, ResB>(
     call: (S, Request<ReqB>),
     stale: Option<Arc<Stored<CachedResponse>>>,
     arrived: std::time::Instant,
-    first: First<Resolved<CachedResponse>, Handoff<ResB>>,
+    first: MissStatus<ResB>,
 ) -> Result<Response<CacheBody<ResB>>, S::Error>
 where
     S: Origin<ReqB, ResB> + Clone,
@@ -122,11 +109,11 @@ struct Miss<S, ReqB, ResB, E> {
     fwd: Forward,
     compute: Option<OriginCall<S, ReqB, ResB, E>>,
     /// A spare call for after the flight, made only if this request leads
-    /// (its call is spent then): taken from the call's slot after each
-    /// resolve. A follower keeps its own call unspent and copies nothing.
+    /// (its call is spent then): taken from what the call returns after
+    /// each resolve. A follower keeps its own call unspent and copies nothing.
     spare: Option<(S, Request<ReqB>)>,
-    passthrough_rx: Passthrough<ResB>,
-    error_slot: SlotRef<S, ReqB, E>,
+    /// What the call sends back to this request alone.
+    returns: Returns<S, ReqB, ResB, E>,
     arrived: std::time::Instant,
     grace: Duration,
     /// It has gone round the key's flights once more after coming too late
@@ -150,7 +137,7 @@ where
         arrived: std::time::Instant,
     ) -> Self {
         let stored = stale.as_ref().map(|e| e.value.clone());
-        let (leader, passthrough_rx, error_slot) =
+        let (leader, returns) =
             OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
         // Read here while the call is unspent, copied only if it is made.
         let (leader, headers) = leader.keeping_spare(spare_call).lending_headers();
@@ -172,8 +159,7 @@ where
             fwd,
             compute: Some(leader),
             spare: None,
-            passthrough_rx,
-            error_slot,
+            returns,
             arrived,
             grace,
             went_round: false,
@@ -183,12 +169,12 @@ where
     /// What [`miss`] makes of the flight's first news.
     async fn after(
         mut self: Box<Self>,
-        first: First<Resolved<CachedResponse>, Handoff<ResB>>,
+        first: MissStatus<ResB>,
     ) -> Result<Response<CacheBody<ResB>>, S::Error> {
         let resolved = match first {
-            First::Resolved(r) => r,
-            First::Handoff(handoff) => return Ok(self.handed_off(handoff)),
-            First::Stream(stream) => return self.join_stream(stream).await,
+            MissStatus::Done(r) => r,
+            MissStatus::HandedOff(handoff) => return Ok(self.handed_off(handoff)),
+            MissStatus::Streaming(stream) => return self.join_stream(stream).await,
         };
         let resolved = self.follow_variant(resolved).await;
         let resolved = match self.again_if_expired(resolved).await {
@@ -218,7 +204,7 @@ where
                 }
                 self.state.counters().record_error();
                 // The inner service's own error goes back to the caller that made it.
-                if let Some(e) = take_error(&self.error_slot) {
+                if let Some(e) = self.returns.take_error() {
                     return Err(e);
                 }
                 Ok(self.state.error_response(&error))
@@ -290,20 +276,20 @@ where
 
     fn take_spare(&mut self) {
         if self.spare.is_none() {
-            self.spare = take_spare(&self.error_slot);
+            self.spare = self.returns.take_spare();
         }
     }
 
     /// The flight's outcome, or before it: this request's own handoff if it
     /// leads, or the leader's stream if the cache could have served it here.
-    async fn first(&mut self) -> First<Resolved<CachedResponse>, Handoff<ResB>> {
+    async fn first(&mut self) -> MissStatus<ResB> {
         let reload = self.reload();
         let Self {
             state,
             target,
             headers,
             compute,
-            passthrough_rx,
+            returns,
             grace,
             ..
         } = self;
@@ -323,11 +309,11 @@ where
         });
         let first = tokio::select! {
             biased;
-            Ok(handoff) = passthrough_rx => First::Handoff(handoff),
+            Some(handoff) = returns.handoff() => MissStatus::HandedOff(handoff),
             // A reload refuses what other requests are served; it waits for
             // its refresh's outcome.
-            stream = streaming, if !reload => First::Stream(stream),
-            resolved = resolving => First::Resolved(resolved),
+            stream = streaming, if !reload => MissStatus::Streaming(stream),
+            resolved = resolving => MissStatus::Done(resolved),
         };
         self.take_spare();
         first
@@ -378,10 +364,9 @@ where
                 Some(call)
             }
             None => self.spare.take().map(|(inner, req)| {
-                let (call, rx, slot) =
+                let (call, returns) =
                     OriginCall::initiated(inner, req, Arc::clone(&self.state), next, None);
-                self.passthrough_rx = rx;
-                self.error_slot = slot;
+                self.returns = returns;
                 call
             }),
         };
@@ -419,15 +404,14 @@ where
             if let Some((inner, req)) = self.spare.take() {
                 self.spare = spare_call(&inner, &req);
                 let revalidate = Some(entry.value.clone());
-                let (call, rx, slot) = OriginCall::initiated(
+                let (call, returns) = OriginCall::initiated(
                     inner,
                     req,
                     Arc::clone(&self.state),
                     self.target,
                     revalidate,
                 );
-                self.passthrough_rx = rx;
-                self.error_slot = slot;
+                self.returns = returns;
                 self.compute = Some(call);
             }
         }
@@ -438,13 +422,13 @@ where
             state,
             target,
             compute,
-            passthrough_rx,
+            returns,
             ..
         } = self;
         let again = state.engine.resolve(target.key, compute);
         let resolved = tokio::select! {
             biased;
-            Ok(handoff) = passthrough_rx => return Err(handoff),
+            Some(handoff) = returns.handoff() => return Err(handoff),
             resolved = again => resolved,
         };
         self.take_spare();
@@ -529,7 +513,7 @@ where
     /// No answer for everyone: its own handoff, hit-for-miss under a pass
     /// marker, or its own call.
     async fn answer_unshared(mut self: Box<Self>) -> Result<Response<CacheBody<ResB>>, S::Error> {
-        if let Ok(handoff) = self.passthrough_rx.try_recv() {
+        if let Some(handoff) = self.returns.try_handoff() {
             return Ok(self.handed_off(handoff));
         }
         // It led, and its flight found a pass marker (in Redis, or here)
@@ -566,13 +550,6 @@ where
         // The answer was not for everyone: each waiter asks for its own.
         self.release(Detail::Uncacheable).await
     }
-}
-
-/// What a request in [`miss`] learns first.
-pub(super) enum First<V, H> {
-    Resolved(V),
-    Handoff(H),
-    Stream(Arc<Stream>),
 }
 
 /// A request that refuses the stored response (`no-cache`, `max-age` …):

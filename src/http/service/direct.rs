@@ -23,7 +23,7 @@ use crate::http::state::LayerState;
 use crate::metrics::Source;
 
 use super::bounds::{Origin, OriginBody};
-use super::origin::{strip_framing, take_error, OriginCall};
+use super::origin::{strip_framing, OriginCall};
 use super::respond::{Served, View};
 use crate::http::cache_status::CACHE_STATUS;
 use crate::http::keys::Target;
@@ -118,8 +118,7 @@ where
         headers: &request_headers,
         validators: true,
     };
-    let (call, mut passthrough_rx, error_slot) =
-        OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
+    let (call, mut returns) = OriginCall::initiated(inner, req, Arc::clone(&state), target, stored);
     let (fwd, under_marker) = why.forward();
     let call = call.passing_unstored(under_marker);
     let counters = state.counters();
@@ -160,19 +159,19 @@ where
             }
             Ok(state.respond_uncached(value, &view, fwd))
         }
-        Ok(Fill::Pass(None) | Fill::Unbuffered) => match passthrough_rx.try_recv() {
-            Ok(handoff) => {
+        Ok(Fill::Pass(None) | Fill::Unbuffered) => match returns.try_handoff() {
+            Some(handoff) => {
                 state.hot_outcome(Source::Bypass, &target.key);
                 Ok(state.handed_off(handoff, &view, fwd, Source::Bypass))
             }
-            Err(_) => {
+            None => {
                 counters.record_error();
                 Ok(state.error_response(&Error::Aborted))
             }
         },
         Err(error) => {
             counters.record_error();
-            if let Some(e) = take_error(&error_slot) {
+            if let Some(e) = returns.take_error() {
                 return Err(e);
             }
             Ok(state.error_response(&error))

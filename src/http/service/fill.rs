@@ -93,9 +93,7 @@ impl LayerState {
             }
         }
     }
-}
 
-impl LayerState {
     /// The fill of a stored response: the variant it is filed under, its
     /// copy kept aside, and the base key's copy carrying the Vary names.
     fn store_fill(
@@ -143,9 +141,7 @@ impl LayerState {
             copies,
         }
     }
-}
 
-impl LayerState {
     /// The fill of a response whose body was not buffered (too large, or
     /// past the fill budget): a pass marker only where [`finish`] would set
     /// one, for a response uncacheable for everyone. Too large alone is not
@@ -171,6 +167,19 @@ impl LayerState {
         } else {
             Fill::Unbuffered
         }
+    }
+
+    /// The copy kept aside for `target` that the request's varied fields
+    /// match, to revalidate.
+    pub(super) fn kept_aside(
+        &self,
+        target: &Target,
+        request: &HeaderMap,
+    ) -> Option<CachedResponse> {
+        self.retained
+            .get(&target.key)
+            .filter(|e| e.value.vary_matches(request))
+            .map(|e| e.value.clone())
     }
 
     /// Whether an entry for `target` that other requests may still be

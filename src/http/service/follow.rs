@@ -1,6 +1,6 @@
 //! A request with no usable entry whose key's flight is already running:
 //! it joins that flight straight away. Nothing of a leader's is set up (no
-//! origin call, no spare copy, no slot for the inner service's error): its
+//! origin call, no spare copy, no channel for what the call returns): its
 //! service and request stay as they came, unspent. When the flight's
 //! outcome is a plain answer for it, it is answered here; anything else
 //! (the leader's stream, another variant, an error, a pass, a wait that
@@ -23,7 +23,8 @@ use crate::store::memory::Stored;
 
 use super::acceptance::{acceptable, plainly_answers};
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{followed, miss, First, Wants};
+use super::coalesce::{followed, miss};
+use super::miss_status::{MissStatus, Wants};
 use super::respond::{served_from_flight, View};
 
 /// An entry stored in the engine or kept aside.
@@ -84,8 +85,8 @@ where
                 s.body.attachable()
                     && s.head.value.vary_matches(headers)
                     && acceptable(headers, &s.head, state.http.rules.grace)
-            }) => First::Stream(stream),
-            resolved = state.engine.follow(target.key, joined) => First::Resolved(resolved),
+            }) => MissStatus::Streaming(stream),
+            resolved = state.engine.follow(target.key, joined) => MissStatus::Done(resolved),
         };
         let fwd = if stale.is_some() {
             Forward::Stale
@@ -95,11 +96,11 @@ where
         // A copy a purge marked after the flight ended (and before this
         // waiter woke) is not served: the purge has answered "purged"; this
         // request goes the whole way, as if it came after the purge.
-        if matches!(&first, First::Resolved(Resolved::Value { entry, .. }) if entry.is_purged()) {
+        if matches!(&first, MissStatus::Done(Resolved::Value { entry, .. }) if entry.is_purged()) {
             let again = Box::pin(miss(state, target, head, inner, req, stale, Wants::Entry));
             return again.await;
         }
-        if let First::Resolved(Resolved::Value { entry, source }) = &first {
+        if let MissStatus::Done(Resolved::Value { entry, source }) = &first {
             if plainly_answers(&state, &target, req.headers(), entry, *source) {
                 state.record_for(*source, &target.key);
                 let served = served_from_flight(entry, *source, fwd, state.http.rules.grace);

@@ -11,12 +11,13 @@ use http::header::HeaderValue;
 use http::{Request, Response};
 
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{miss, reload, Wants};
+use super::coalesce::{miss, reload};
 use super::direct::{hit_for_miss, refresh_request};
+use super::fields::{has_body, hit_for_miss_permit, plain_get};
 use super::follow::{follow, running};
+use super::miss_status::Wants;
 use super::origin::OriginCall;
 use super::respond::{stale_detail, Served, StandIn, View};
-use super::{has_body, hit_for_miss_permit, plain_get};
 use crate::engine::{Priority, Refusal};
 use crate::http::body::CacheBody;
 use crate::http::cache_status::Detail;

@@ -27,14 +27,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
-use crate::http::cache_status::{Detail, CACHE_STATUS};
+use crate::http::cache_status::Detail;
 use crate::http::future::ResponseFuture;
 use crate::http::policy::{Forward, RequestScan};
 use crate::http::range::RangeRequest;
@@ -45,47 +44,23 @@ use crate::store::memory::Probe;
 
 use crate::http::keys::{lowercase_host, HostSeen};
 use bounds::{Origin, OriginBody};
-use coalesce::Wants;
 use lookup::{request_span, Found, Gate, Past, Use};
+use miss_status::Wants;
 
 mod acceptance;
 mod bounds;
 mod coalesce;
 mod direct;
+mod fields;
 mod fill;
 mod follow;
 mod lookup;
+mod miss_status;
 mod origin;
 mod respond;
 mod responding;
+mod returned;
 mod streamed;
-
-/// Request headers dropped from the leader's origin request, so the stored
-/// response is a complete one rather than a 304 or a fragment. The cache
-/// adds its own validators when it revalidates; a `Range` is cut from the
-/// complete answer ([`crate::http::range`]).
-const CONDITIONAL: [HeaderName; 6] = [
-    header::IF_NONE_MATCH,
-    header::IF_MODIFIED_SINCE,
-    header::IF_MATCH,
-    header::IF_UNMODIFIED_SINCE,
-    header::IF_RANGE,
-    header::RANGE,
-];
-
-/// Hop-by-hop and per-response headers never stored with an entry. The
-/// origin's `Age` is kept: it goes out unchanged with the response that was
-/// just fetched, and every response served from storage replaces it with
-/// the age the cache computes.
-const NOT_STORED: [HeaderName; 7] = [
-    header::CONNECTION,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::TE,
-    header::TRAILER,
-    header::PROXY_AUTHENTICATE,
-    CACHE_STATUS,
-];
 
 /// The caching service produced by [`CacheLayer`](crate::CacheLayer).
 ///
@@ -249,35 +224,4 @@ impl<S> CacheService<S> {
             Use::Answer(a) => past.answer(a, &req, scan, found, target, inner),
         }
     }
-}
-
-/// A fallback permit for a request under a pass marker to ask the origin
-/// again ([`hit_for_miss`](direct::hit_for_miss)), if one is free and the request is a plain GET:
-/// a HEAD, a `Range` or a conditional request needs the origin's own answer
-/// to it (a 206, a 304), which a fill request would not carry. `None`: it
-/// passes as before.
-fn hit_for_miss_permit(
-    state: &LayerState,
-    request_headers: &HeaderMap,
-    head: bool,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    if !plain_get(request_headers, head) {
-        return None;
-    }
-    state.engine.try_fallback_permit()
-}
-
-/// A GET with no conditional or `Range` header: what a fill request would ask.
-fn plain_get(request_headers: &HeaderMap, head: bool) -> bool {
-    !head && !CONDITIONAL.iter().any(|n| request_headers.contains_key(n))
-}
-
-/// A GET or HEAD that carries a body (RFC 9112 §6.3: Transfer-Encoding, or a
-/// Content-Length other than 0).
-fn has_body(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::TRANSFER_ENCODING)
-        || headers
-            .get_all(header::CONTENT_LENGTH)
-            .iter()
-            .any(|v| v.as_bytes().iter().any(|&b| b != b'0'))
 }

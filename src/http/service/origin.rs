@@ -3,12 +3,11 @@
 //! `streamed` when it spans frames). It decides nothing about waiters.
 
 use std::future::poll_fn;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use tokio::sync::oneshot;
 
 use crate::engine::{Compute, ComputeFuture, Fill};
 use crate::error::BoxError;
@@ -20,24 +19,25 @@ use crate::http::vary::stored_values;
 use crate::key::CacheKey;
 
 use super::bounds::{Origin, OriginBody};
+use super::fields::{CONDITIONAL, NOT_STORED};
 use super::fill::is_error;
 use super::responding::{Read, Responding};
-use super::streamed::{stream_head, Handoff, Passthrough};
-use super::{CONDITIONAL, NOT_STORED};
+use super::returned::{ReturnTo, Returns};
+use super::streamed::stream_head;
 use crate::http::keys::{url_of, Target};
 
 /// What only the request that started a flight receives.
 pub(super) struct Initiator<S, ReqB, ResB, E> {
-    /// A response too large to buffer, streamed to this request alone, or
-    /// this request's reader of a streamed fill.
-    pub(super) passthrough: oneshot::Sender<Handoff<ResB>>,
-    /// The inner service's error, and the spare call, handed back.
-    pub(super) slot: Arc<Mutex<Slot<S, ReqB, E>>>,
+    /// Where the call sends what is this request's alone: its spare, its
+    /// answer handed over, the inner service's error
+    /// ([`Returned`](super::returned::Returned)).
+    pub(super) return_to: ReturnTo<S, ReqB, ResB, E>,
     /// Hand a 2xx or 3xx the cache will not store to this request as it
-    /// arrives ([`Handoff::Passed`]) instead of buffering its body: set for
-    /// a request under a pass marker, which nobody else waits on.
+    /// arrives ([`Handoff::Passed`](super::streamed::Handoff::Passed))
+    /// instead of buffering its body: set for a request under a pass
+    /// marker, which nobody else waits on.
     pub(super) pass_unstored: bool,
-    /// Makes a spare copy of the service and request into the slot when the
+    /// Makes a spare copy of the service and request, sent back when the
     /// call starts ([`OriginCall::keeping_spare`]).
     pub(super) spare: Option<MakeSpare<S, ReqB>>,
     /// The request's headers, lent to the request waiting on this call
@@ -47,34 +47,6 @@ pub(super) struct Initiator<S, ReqB, ResB, E> {
 
 /// Copies an inner service and request (`direct::spare_call`).
 pub(super) type MakeSpare<S, ReqB> = fn(&S, &Request<ReqB>) -> Option<(S, Request<ReqB>)>;
-
-/// What a started call hands back to the request that made it.
-pub(super) struct Slot<S, ReqB, E> {
-    /// The inner service's error, as-is.
-    pub(super) error: Option<E>,
-    /// A spare service and request, made as the call started: the call
-    /// itself is spent then (see [`OriginCall::keeping_spare`]).
-    pub(super) spare: Option<(S, Request<ReqB>)>,
-}
-
-/// Shared between a call and the request that made it.
-pub(super) type SlotRef<S, ReqB, E> = Arc<Mutex<Slot<S, ReqB, E>>>;
-
-/// The slot's spare, if the call started and made one.
-pub(super) fn take_spare<S, ReqB, E>(slot: &SlotRef<S, ReqB, E>) -> Option<(S, Request<ReqB>)> {
-    slot.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .spare
-        .take()
-}
-
-/// The slot's error, if the inner service returned one.
-pub(super) fn take_error<S, ReqB, E>(slot: &SlotRef<S, ReqB, E>) -> Option<E> {
-    slot.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .error
-        .take()
-}
 
 /// One origin request, run as a flight's computation or directly.
 pub(super) struct OriginCall<S, ReqB, ResB, E> {
@@ -107,34 +79,29 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
         }
     }
 
-    /// A call made for the request that is waiting on it: a response too
-    /// large to store comes back through the receiver, and the inner
-    /// service's own error through the slot.
+    /// A call made for the request that is waiting on it: what is that
+    /// request's alone (a response too large to store, the inner service's
+    /// own error, a spare) comes back through the [`Returns`].
     pub(super) fn initiated(
         inner: S,
         req: Request<ReqB>,
         state: Arc<LayerState>,
         target: Target,
         stale: Option<CachedResponse>,
-    ) -> (Self, Passthrough<ResB>, SlotRef<S, ReqB, E>) {
-        let (passthrough, passthrough_rx) = oneshot::channel();
-        let slot = Arc::new(Mutex::new(Slot {
-            error: None,
-            spare: None,
-        }));
+    ) -> (Self, Returns<S, ReqB, ResB, E>) {
+        let (return_to, returns) = Returns::channel();
         let initiator = Initiator {
-            passthrough,
-            slot: Arc::clone(&slot),
+            return_to,
             pass_unstored: false,
             spare: None,
             headers: None,
         };
         let call = Self::new(inner, req, state, Some(initiator), target, stale);
-        (call, passthrough_rx, slot)
+        (call, returns)
     }
 
     /// An initiated call that, when it starts as a flight's computation,
-    /// leaves a spare copy of its service and request in its slot (made by
+    /// sends back a spare copy of its service and request (made by
     /// `make`): the request that led then still has a call of its own for
     /// after the flight, and one that follows, whose call is never spent,
     /// makes no copy.
@@ -173,7 +140,8 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
     }
 
     /// With `on`, an initiated call whose answer, if it will not be stored
-    /// and is no error, streams straight to its request ([`Handoff::Passed`]).
+    /// and is no error, streams straight to its request
+    /// ([`Handoff::Passed`](super::streamed::Handoff::Passed)).
     pub(super) fn passing_unstored(mut self, on: bool) -> Self {
         if let Some(i) = &mut self.initiator {
             i.pass_unstored = on;
@@ -202,10 +170,9 @@ where
 {
     fn start(mut self) -> ComputeFuture<CachedResponse> {
         self.restore_headers();
-        if let Some(make) = self.initiator.as_ref().and_then(|i| i.spare) {
-            let spare = make(&self.inner, &self.req);
-            if let Some(i) = &self.initiator {
-                i.slot.lock().unwrap_or_else(PoisonError::into_inner).spare = spare;
+        if let Some(i) = &self.initiator {
+            if let Some(spare) = i.spare.and_then(|make| make(&self.inner, &self.req)) {
+                i.return_to.spare(spare);
             }
         }
         Box::pin(self.run())
@@ -228,9 +195,9 @@ where
             target,
             mut stale,
         } = self;
-        let (passthrough, error_slot, pass_unstored) = match initiator {
-            Some(i) => (Some(i.passthrough), Some(i.slot), i.pass_unstored),
-            None => (None, None, false),
+        let (return_to, pass_unstored) = match initiator {
+            Some(i) => (Some(i.return_to), i.pass_unstored),
+            None => (None, false),
         };
         // A copy kept aside since the call was made (read from Redis past its
         // stale grace, by another instance's write): revalidate it, and an
@@ -241,8 +208,8 @@ where
             Ok(Exchange::Answered(a)) => a,
             Ok(Exchange::Revalidated(fill)) => return Ok(*fill),
             Err(e) => {
-                if let Some(slot) = error_slot {
-                    slot.lock().unwrap_or_else(PoisonError::into_inner).error = Some(e);
+                if let Some(r) = return_to {
+                    r.failed(e);
                 }
                 return Err(Box::new(OriginFailed));
             }
@@ -263,7 +230,7 @@ where
             key: target.key,
             verdict,
             head,
-            passthrough,
+            hand_to: return_to.map(ReturnTo::handing),
             parts,
         };
         let (parts, verdict, body) = match responding.read(Box::pin(body), pass_unstored).await? {
@@ -294,17 +261,6 @@ where
             return Ok(Fill::Share(value));
         }
         Ok(state.finish(target, value, verdict, &asked.headers))
-    }
-}
-
-impl LayerState {
-    /// The copy kept aside for `target` that the request's varied fields
-    /// match, to revalidate.
-    fn kept_aside(&self, target: &Target, request: &HeaderMap) -> Option<CachedResponse> {
-        self.retained
-            .get(&target.key)
-            .filter(|e| e.value.vary_matches(request))
-            .map(|e| e.value.clone())
     }
 }
 

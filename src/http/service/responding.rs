@@ -4,6 +4,7 @@
 
 use super::bounds::OriginBody;
 use super::fill::is_error;
+use super::returned::HandTo;
 use super::streamed::{join, stream_rest, Handoff, StreamStart};
 use crate::engine::Fill;
 use crate::error::BoxError;
@@ -21,7 +22,7 @@ use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
 /// An answer whose body is being read: buffered for storing, streamed to
 /// every reader, or handed to its own request alone.
@@ -31,7 +32,8 @@ pub(super) struct Responding<ResB> {
     pub(super) verdict: policy::ResponseVerdict,
     /// Set while the answer could be stored: it may stream to waiters.
     pub(super) head: Option<Arc<Stored<CachedResponse>>>,
-    pub(super) passthrough: Option<oneshot::Sender<Handoff<ResB>>>,
+    /// Hands the answer to the request that started the call, if one did.
+    pub(super) hand_to: Option<HandTo<ResB>>,
     pub(super) parts: http::response::Parts,
 }
 
@@ -53,7 +55,7 @@ impl<ResB: OriginBody> Responding<ResB> {
         // request as it comes, never buffered: an event stream streams. An
         // error status goes the usual way below (an origin error never
         // replaces what stale-if-error may still serve).
-        if pass_unstored && self.head.is_none() && !is_error(status) && self.passthrough.is_some() {
+        if pass_unstored && self.head.is_none() && !is_error(status) && self.hand_to.is_some() {
             return Ok(Read::Done(Box::new(self.pass_on(body))));
         }
         let declared = self
@@ -84,10 +86,10 @@ impl<ResB: OriginBody> Responding<ResB> {
             policy::ResponseVerdict::Store { .. } => {}
         }
         let fill = self.state.unbuffered_fill(&self.verdict, self.parts.status);
-        if let Some(tx) = self.passthrough.take() {
+        if let Some(tx) = self.hand_to.take() {
             let response =
                 Response::from_parts(self.parts, CacheBody::prefixed(VecDeque::new(), body));
-            let _ = tx.send(Handoff::Passed(response));
+            tx.send(Handoff::Passed(response));
         }
         fill
     }
@@ -95,9 +97,9 @@ impl<ResB: OriginBody> Responding<ResB> {
     /// Too large to store, and not shared: what has been read and the rest
     /// go to the request that started the call, alone.
     fn alone(self, chunks: VecDeque<Bytes>, body: Pin<Box<ResB>>) {
-        if let Some(tx) = self.passthrough {
+        if let Some(tx) = self.hand_to {
             let response = Response::from_parts(self.parts, CacheBody::prefixed(chunks, body));
-            let _ = tx.send(Handoff::TooLarge(response));
+            tx.send(Handoff::TooLarge(response));
         }
     }
 
@@ -109,7 +111,7 @@ impl<ResB: OriginBody> Responding<ResB> {
         start: StreamStart,
         body: Pin<Box<ResB>>,
     ) -> Result<Option<Bytes>, BoxError> {
-        let leader = self.passthrough.take();
+        let leader = self.hand_to.take();
         stream_rest(&self.state, self.key, head, leader, start, body).await
     }
 

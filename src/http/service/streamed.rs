@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::Response;
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::BoxError;
 use crate::http::body::CacheBody;
@@ -23,6 +23,7 @@ use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
 use super::bounds::OriginBody;
+use super::returned::HandTo;
 
 /// The frames a fill had read when it began to stream.
 pub(super) struct StreamStart {
@@ -90,7 +91,7 @@ pub(super) async fn stream_rest<ResB: OriginBody>(
     state: &Arc<LayerState>,
     key: CacheKey,
     head: Arc<Stored<CachedResponse>>,
-    leader: Option<oneshot::Sender<Handoff<ResB>>>,
+    leader: Option<HandTo<ResB>>,
     mut start: StreamStart,
     mut body: Pin<Box<ResB>>,
 ) -> Result<Option<Bytes>, BoxError> {
@@ -147,7 +148,7 @@ impl StreamStart {
         state: &Arc<LayerState>,
         key: CacheKey,
         head: Arc<Stored<CachedResponse>>,
-        leader: Option<oneshot::Sender<Handoff<ResB>>>,
+        leader: Option<HandTo<ResB>>,
     ) -> (Arc<SharedBody>, Writer) {
         let stall = state.engine.config.origin_timeout;
         let shared = SharedBody::new(state.engine.counters.cache_name(), stall);
@@ -172,7 +173,7 @@ impl StreamStart {
                 } else {
                     Detail::TooLarge
                 };
-                let _ = tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
+                tx.send(Handoff::Streaming(Arc::clone(&stream), reader, detail));
             }
         }
         let writer = Writer {
@@ -266,9 +267,6 @@ async fn feed(shared: &SharedBody, data: Bytes) -> bool {
     shared.push(data);
     !shared.abandoned()
 }
-
-/// Where the initiating request receives a response streamed past the cache.
-pub(super) type Passthrough<ResB> = oneshot::Receiver<Handoff<ResB>>;
 
 /// What the initiating request is handed before the flight's outcome.
 pub(super) enum Handoff<ResB> {
