@@ -19,7 +19,7 @@ pub(crate) enum Fill<V> {
         /// Further keys the same answer is filed under. Written only after
         /// the fill's own fenced write is accepted, under its fence token
         /// and its purge checks: never outside the fence.
-        copies: Vec<Copy>,
+        copies: Vec<AlsoStored>,
     },
     /// Share it with the callers waiting right now, but do not store it.
     Share(V),
@@ -46,7 +46,7 @@ pub(crate) enum Fill<V> {
 /// at fill time, or a URL's base key (which carries the Vary names for
 /// instances that have not learned them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Copy {
+pub(crate) struct AlsoStored {
     pub(crate) key: crate::key::CacheKey,
     /// Also kept in this process's memory (else in Redis only).
     pub(crate) memory: bool,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::compute::{Copy, Fill};
+use super::compute::{AlsoStored, Fill};
 use super::envelope::EntryMeta;
 use super::flight::Outcome;
 use super::purge_log::key_name;
@@ -210,7 +210,7 @@ impl<V: Value> Engine<V> {
         &self,
         key: CacheKey,
         entry: &Arc<Stored<V>>,
-        copies: &[Copy],
+        copies: &[AlsoStored],
         since: Option<u64>,
     ) {
         let kept = || copies.iter().filter(|c| c.memory).map(|c| c.key);

@@ -49,7 +49,7 @@ pub(crate) mod retained;
 mod value;
 
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
-pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill, Work};
+pub(crate) use compute::{AlsoStored, Compute, ComputeFuture, Fill, Work};
 pub(crate) use config::EngineConfig;
 pub use flight::Flight;
 pub(crate) use flight::Joined;

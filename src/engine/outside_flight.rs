@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::cache::Freshness;
 use tokio::time::Instant;
 
-use super::compute::{Copy, Fill};
+use super::compute::{AlsoStored, Fill};
 use super::flight::Outcome;
 use super::purge_log::key_name;
 use super::resolve::{spawn_detached, Engine};
@@ -43,7 +43,7 @@ impl<V: Value> Engine<V> {
         key: CacheKey,
         value: V,
         freshness: Freshness,
-        copies: Vec<Copy>,
+        copies: Vec<AlsoStored>,
         started: OutsideStart,
     ) -> Option<Arc<Stored<V>>> {
         let fill = Fill::Store {

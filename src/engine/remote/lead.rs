@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use futures_util::future::join_all;
 
-use crate::engine::compute::{Copy, Fill, Work};
+use crate::engine::compute::{AlsoStored, Fill, Work};
 use crate::engine::envelope::{encode_kept, EntryMeta};
 use crate::engine::fill::unstored;
 use crate::engine::flight::Outcome;
@@ -170,7 +170,7 @@ impl<V: Value> Engine<V> {
         key: CacheKey,
         fence: FenceToken,
         took: Duration,
-        (value, copies): (V, Vec<Copy>),
+        (value, copies): (V, Vec<AlsoStored>),
         meta: EntryMeta,
     ) -> Outcome<V> {
         self.counters.entry_bytes(value.weight());
@@ -375,8 +375,8 @@ impl<V: Value> Engine<V> {
         fence: FenceToken,
         meta: &EntryMeta,
         value: &V,
-        copies: Vec<Copy>,
-    ) -> Vec<Copy> {
+        copies: Vec<AlsoStored>,
+    ) -> Vec<AlsoStored> {
         if copies.is_empty() {
             return copies;
         }

@@ -18,16 +18,16 @@ use super::fill::{is_error, is_stored};
 
 /// Whether a request refuses `entry`, a stored copy the flight shared with
 /// it. The leader's own answer is for it, and so is a refresh's to a request
-/// that refused the stored one (a refresh's answer is never the entry it
+/// that refused the stored one (`refresh`) (a refresh's answer is never the entry it
 /// refused).
 pub(super) fn refuses(
     state: &LayerState,
-    reload: bool,
+    refresh: bool,
     request_headers: &HeaderMap,
     entry: &Stored<CachedResponse>,
     source: Source,
 ) -> bool {
-    !reload
+    !refresh
         && state.http.reload != ReloadMode::Ignore
         && source != Source::Miss
         && is_stored(entry)

@@ -239,11 +239,13 @@ where
             && self.state.too_large.contains(&self.target.key)
     }
 
-    fn reload(&self) -> bool {
+    /// It refuses the stored response: only a refresh answers it.
+    fn wants_refresh(&self) -> bool {
         self.wants == Wants::Refresh
     }
 
-    /// Not on the hit path: the validators are looked up as before.
+    /// Not on the hit path: the stored validators are looked up (a hit
+    /// skips that).
     fn view(&self) -> View<'_> {
         View {
             head: self.head,
@@ -283,7 +285,7 @@ where
     /// The flight's outcome, or before it: this request's own handoff if it
     /// leads, or the leader's stream if the cache could have served it here.
     async fn first(&mut self) -> MissStatus<ResB> {
-        let reload = self.reload();
+        let refresh = self.wants_refresh();
         let Self {
             state,
             target,
@@ -294,7 +296,7 @@ where
             ..
         } = self;
         let resolving = async {
-            if reload {
+            if refresh {
                 state.engine.resolve_refresh(target.key, compute).await
             } else {
                 state.engine.resolve(target.key, compute).await
@@ -312,7 +314,7 @@ where
             Some(handoff) = returns.handoff() => MissStatus::HandedOff(handoff),
             // A reload refuses what other requests are served; it waits for
             // its refresh's outcome.
-            stream = streaming, if !reload => MissStatus::Streaming(stream),
+            stream = streaming, if !refresh => MissStatus::Streaming(stream),
             resolved = resolving => MissStatus::Done(resolved),
         };
         self.take_spare();
@@ -373,7 +375,7 @@ where
         if self.compute.is_none() {
             return Resolved::Pass(None);
         }
-        self.resolve(self.reload()).await
+        self.resolve(self.wants_refresh()).await
     }
 
     /// A copy the flight handed out fresh by the engine's clock (Redis's
@@ -389,8 +391,13 @@ where
     ) -> Result<Resolved<CachedResponse>, Handoff<ResB>> {
         let expired = match &resolved {
             Resolved::Value { entry, source } => {
-                (refuses(&self.state, self.reload(), &self.headers, entry, *source)
-                    && expired_since_handed_out(&self.headers, entry, *source, self.grace))
+                (refuses(
+                    &self.state,
+                    self.wants_refresh(),
+                    &self.headers,
+                    entry,
+                    *source,
+                ) && expired_since_handed_out(&self.headers, entry, *source, self.grace))
                 .then(|| Arc::clone(entry))
             }
             _ => None,
@@ -492,7 +499,13 @@ where
         // A stored copy shared by the flight may still be refused by this
         // request's own directives (max-age, min-fresh): such a request
         // goes to the origin itself.
-        if refuses(&self.state, self.reload(), &self.headers, &entry, source) {
+        if refuses(
+            &self.state,
+            self.wants_refresh(),
+            &self.headers,
+            &entry,
+            source,
+        ) {
             let call = self.own_call();
             let state = Arc::clone(&self.state);
             return direct(&state, call, state.own_call_status(Forward::Request, None)).await;
@@ -556,7 +569,7 @@ where
 /// by default it shares one refresh per key ([`ReloadMode::Coalesce`]); in
 /// [`ReloadMode::Honor`] it calls the origin on its own while a fallback
 /// permit is free, and shares a refresh beyond that.
-pub(super) async fn reload<S, ReqB, ResB>(
+pub(super) async fn answer_reload<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
     head: bool,

@@ -75,7 +75,7 @@ where
 
 /// A request under a pass marker ([`OwnFill::UnderPassMarker`]): its own
 /// origin call under `permit`, never coalesced. The caller takes the
-/// permit only if one is free; with none, the request passes as before.
+/// permit only if one is free; with none, the request passes on uncached.
 pub(super) async fn hit_for_miss<S, ReqB, ResB>(
     state: Arc<LayerState>,
     target: Target,
@@ -112,7 +112,8 @@ where
     ResB: OriginBody,
 {
     let request_headers = req.headers().clone();
-    // Not on the hit path: the validators are looked up as before.
+    // Not on the hit path: the stored validators are looked up (a hit
+    // skips that).
     let view = View {
         head,
         headers: &request_headers,

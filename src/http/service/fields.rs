@@ -40,7 +40,7 @@ pub(super) const NOT_STORED: [HeaderName; 7] = [
 /// again ([`hit_for_miss`](super::direct::hit_for_miss)), if one is free and the request is a plain GET:
 /// a HEAD, a `Range` or a conditional request needs the origin's own answer
 /// to it (a 206, a 304), which a fill request would not carry. `None`: it
-/// passes as before.
+/// passes on uncached.
 pub(super) fn hit_for_miss_permit(
     state: &LayerState,
     request_headers: &HeaderMap,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 
-use crate::engine::{Copy, Fill};
+use crate::engine::{AlsoStored, Fill};
 use crate::http::keys::variant_key;
 use crate::http::policy::{self, Forward, NotStored, RequestDirectives, ResponseVerdict, Usable};
 use crate::http::response::CachedResponse;
@@ -115,7 +115,7 @@ impl LayerState {
         let key = variant_key(&target.base, &names, request_headers);
         let mut copies = Vec::new();
         if key != target.key {
-            copies.push(Copy { key, memory: true });
+            copies.push(AlsoStored { key, memory: true });
         }
         // Kept past its stale grace: to revalidate it (validators),
         // for stale-if-error, and for clients that accept max-stale.
@@ -129,7 +129,7 @@ impl LayerState {
         // the Vary names: an instance that has not learned them yet
         // looks the base key up first and learns them there.
         if !names.is_empty() && target.base != target.key && target.base != key {
-            copies.push(Copy {
+            copies.push(AlsoStored {
                 key: target.base,
                 memory: false,
             });

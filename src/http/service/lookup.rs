@@ -11,7 +11,7 @@ use http::header::HeaderValue;
 use http::{Request, Response};
 
 use super::bounds::{Origin, OriginBody};
-use super::coalesce::{miss, reload};
+use super::coalesce::{answer_reload, miss};
 use super::direct::{hit_for_miss, refresh_request};
 use super::fields::{has_body, hit_for_miss_permit, plain_get};
 use super::follow::{follow, running};
@@ -125,9 +125,9 @@ pub(super) fn request_span(key: &CacheKey) -> tracing::Span {
     )
 }
 
-/// What every answer past the gate shares.
+/// A request admitted past the gate: what every answer to it shares.
 #[derive(Clone, Copy)]
-pub(super) struct Past<'a> {
+pub(super) struct Admitted<'a> {
     state: &'a Arc<LayerState>,
     /// The request is a HEAD.
     head: bool,
@@ -162,8 +162,8 @@ impl Found {
 /// What a stored candidate that matches the request's variant is used for.
 #[derive(Clone, Copy)]
 pub(super) enum Use {
-    /// Answered from it.
-    Answer(Answer),
+    /// Served from it.
+    Serve(FromStore),
     /// Fresh for everyone else, but this request's directives refuse it
     /// (max-age, min-fresh): refresh it, as for no-cache.
     Reload,
@@ -173,7 +173,7 @@ pub(super) enum Use {
 
 /// How a stored candidate answers the request itself.
 #[derive(Clone, Copy)]
-pub(super) enum Answer {
+pub(super) enum FromStore {
     /// A hit (with a refresh-ahead when it is the one to start it).
     Hit,
     /// Served stale while a background refresh runs: `StaleWhileRevalidate`
@@ -185,7 +185,7 @@ pub(super) enum Answer {
     OnlyIfCached,
 }
 
-impl<'a> Past<'a> {
+impl<'a> Admitted<'a> {
     pub(super) fn new(state: &'a Arc<LayerState>, head: bool, span: &'a tracing::Span) -> Self {
         Self { state, head, span }
     }
@@ -279,7 +279,7 @@ impl<'a> Past<'a> {
     }
 
     /// Refresh, with the stored response's validators when there is one.
-    pub(super) fn reload<S, ReqB, ResB>(
+    pub(super) fn answer_reload<S, ReqB, ResB>(
         self,
         target: Target,
         inner: S,
@@ -292,7 +292,7 @@ impl<'a> Past<'a> {
         ResB: OriginBody,
     {
         let state = Arc::clone(self.state);
-        let fut = reload(state, target, self.head, inner, req, stored);
+        let fut = answer_reload(state, target, self.head, inner, req, stored);
         self.boxed(fut)
     }
 
@@ -321,7 +321,7 @@ impl<'a> Past<'a> {
             }
             other => (target, other),
         };
-        self.reload(target, inner, req, stored)
+        self.answer_reload(target, inner, req, stored)
     }
 
     /// Another variant is stored here (this instance did not know the URL
@@ -397,12 +397,12 @@ impl<'a> Past<'a> {
         match policy::usability(rd, rules, found.age, self.state.http.rules.grace) {
             // The engine's own clock may end freshness earlier (an L1
             // bound in front of a shared store): then ask the flight.
-            Usable::Fresh if found.engine_fresh => Use::Answer(Answer::Hit),
+            Usable::Fresh if found.engine_fresh => Use::Serve(FromStore::Hit),
             usable @ (Usable::StaleWhileRevalidate | Usable::Grace) => {
-                Use::Answer(Answer::Revalidating(usable))
+                Use::Serve(FromStore::Revalidating(usable))
             }
-            Usable::StaleAccepted => Use::Answer(Answer::StaleAccepted),
-            _ if rd.only_if_cached => Use::Answer(Answer::OnlyIfCached),
+            Usable::StaleAccepted => Use::Serve(FromStore::StaleAccepted),
+            _ if rd.only_if_cached => Use::Serve(FromStore::OnlyIfCached),
             Usable::Revalidate if found.engine_fresh => Use::Reload,
             Usable::Fresh | Usable::Revalidate => Use::Flight,
         }
@@ -410,9 +410,9 @@ impl<'a> Past<'a> {
 
     /// The answer from the stored candidate. Inlined: it is the hit path.
     #[inline(always)]
-    pub(super) fn answer<S, ReqB, ResB>(
+    pub(super) fn serve<S, ReqB, ResB>(
         self,
-        used: Answer,
+        used: FromStore,
         req: &Request<ReqB>,
         scan: &RequestScan,
         found: Found,
@@ -428,7 +428,7 @@ impl<'a> Past<'a> {
         let entry = &found.entry;
         let view = View::scanned(req, self.head, scan);
         match used {
-            Answer::Hit => {
+            FromStore::Hit => {
                 state.counters().count(Source::Hit);
                 // Looking the field up by name is most of a record's cost.
                 if !self.span.is_disabled() {
@@ -448,7 +448,7 @@ impl<'a> Past<'a> {
                     .respond_aged(entry, found.stored_age, &view, Served::Hit)
                     .ready()
             }
-            Answer::Revalidating(usable) => {
+            FromStore::Revalidating(usable) => {
                 state.record_for(Source::Stale, &target.key);
                 let stale = Some(entry.value.clone());
                 let req = refresh_request(req);
@@ -461,12 +461,12 @@ impl<'a> Past<'a> {
                 let served = Served::Stale(stale_detail(usable));
                 ResponseFuture::ready(state.respond(entry, &view, served))
             }
-            Answer::StaleAccepted => {
+            FromStore::StaleAccepted => {
                 state.record_for(Source::Stale, &target.key);
                 let served = Served::Stale("max-stale");
                 ResponseFuture::ready(state.respond(entry, &view, served))
             }
-            Answer::OnlyIfCached => ResponseFuture::ready(state.only_if_cached()),
+            FromStore::OnlyIfCached => ResponseFuture::ready(state.only_if_cached()),
         }
     }
 }

@@ -44,7 +44,7 @@ use crate::store::memory::Probe;
 
 use crate::http::keys::{lowercase_host, HostSeen};
 use bounds::{Origin, OriginBody};
-use lookup::{request_span, Found, Gate, Past, Use};
+use lookup::{request_span, Admitted, Found, Gate, Use};
 use miss_status::Wants;
 
 mod acceptance;
@@ -191,18 +191,18 @@ impl<S> CacheService<S> {
         }
         let span = request_span(&target.key);
         let _entered = span.enter();
-        let past = Past::new(state, head, &span);
+        let admitted = Admitted::new(state, head, &span);
         if rd.no_cache && !rd.only_if_cached {
-            return past.refresh(target, inner.clone(), req);
+            return admitted.refresh(target, inner.clone(), req);
         }
         let (entry, engine_fresh) = match state.engine.probe_at(&target.key, now) {
             Probe::Fresh(e) | Probe::Stale(e) if !e.value.vary_matches(req.headers()) => {
                 if rd.only_if_cached {
                     return ResponseFuture::ready(state.only_if_cached());
                 }
-                return match past.own_variant(&rd, target, &e, &req, scan) {
+                return match admitted.own_variant(&rd, target, &e, &req, scan) {
                     Ok(hit) => hit,
-                    Err((t, stale)) => past.miss(t, inner.clone(), req, stale, Wants::Entry),
+                    Err((t, stale)) => admitted.miss(t, inner.clone(), req, stale, Wants::Entry),
                 };
             }
             Probe::Fresh(e) => (e, true),
@@ -210,18 +210,20 @@ impl<S> CacheService<S> {
             Probe::Pass if rd.only_if_cached => {
                 return ResponseFuture::ready(state.only_if_cached())
             }
-            Probe::Pass => return past.under_marker(target, inner.clone(), req),
+            Probe::Pass => return admitted.under_marker(target, inner.clone(), req),
             Probe::Miss => match state.retained.get(&target.key) {
                 Some(e) if e.value.vary_matches(req.headers()) => (e, false),
                 _ if rd.only_if_cached => return ResponseFuture::ready(state.only_if_cached()),
-                _ => return past.miss(target, inner.clone(), req, None, Wants::Entry),
+                _ => return admitted.miss(target, inner.clone(), req, None, Wants::Entry),
             },
         };
         let found = Found::new(entry, engine_fresh, now);
-        match past.judge(&rd, &found) {
-            Use::Reload => past.reload(target, inner.clone(), req, Some(found.entry)),
-            Use::Flight => past.miss(target, inner.clone(), req, Some(found.entry), Wants::Entry),
-            Use::Answer(a) => past.answer(a, &req, scan, found, target, inner),
+        match admitted.judge(&rd, &found) {
+            Use::Reload => admitted.answer_reload(target, inner.clone(), req, Some(found.entry)),
+            Use::Flight => {
+                admitted.miss(target, inner.clone(), req, Some(found.entry), Wants::Entry)
+            }
+            Use::Serve(a) => admitted.serve(a, &req, scan, found, target, inner),
         }
     }
 }

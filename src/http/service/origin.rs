@@ -214,7 +214,7 @@ where
                 return Err(Box::new(OriginFailed));
             }
         };
-        let Answer {
+        let OriginHead {
             mut parts,
             body,
             request_time,
@@ -299,7 +299,7 @@ impl Asked {
 }
 
 /// The origin's answer, its body not read yet.
-struct Answer<ResB> {
+struct OriginHead<ResB> {
     parts: http::response::Parts,
     body: ResB,
     request_time: SystemTime,
@@ -309,7 +309,7 @@ struct Answer<ResB> {
 enum Exchange<ResB> {
     /// A 304 freshened the stale copy: the call's fill.
     Revalidated(Box<Fill<CachedResponse>>),
-    Answered(Answer<ResB>),
+    Answered(OriginHead<ResB>),
 }
 
 /// Ask the origin: at most two requests, a conditional one, and a plain one
@@ -349,7 +349,7 @@ where
                 }
             }
         }
-        return Ok(Exchange::Answered(Answer {
+        return Ok(Exchange::Answered(OriginHead {
             parts,
             body,
             request_time,

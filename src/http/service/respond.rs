@@ -48,12 +48,12 @@ impl<'a> View<'a> {
 /// A response built from an entry, and whether its head already went
 /// without the headers the layer strips on the way out (a served head
 /// built for this layer's [`Strip`]), so its exit need not look again.
-pub(super) struct Answer<B> {
+pub(super) struct Built<B> {
     pub(super) response: Response<CacheBody<B>>,
     pub(super) stripped: bool,
 }
 
-impl<B> Answer<B> {
+impl<B> Built<B> {
     fn unstripped(
         mut response: Response<CacheBody<B>>,
         age: Option<u64>,
@@ -217,7 +217,7 @@ impl LayerState {
         stored_age: std::time::Duration,
         view: &View<'_>,
         served: Served,
-    ) -> Answer<B> {
+    ) -> Built<B> {
         let value = &entry.value;
         let age = value.current_age(stored_age).as_secs();
         // The entry's own remaining freshness (RFC 9211), not how long this
@@ -357,12 +357,12 @@ impl LayerState {
         view: &View<'_>,
         status: HeaderValue,
         age: Option<u64>,
-    ) -> Answer<B> {
+    ) -> Built<B> {
         if view.validators && conditional::not_modified(view.headers, value) {
             let mut r = Response::new(CacheBody::empty());
             *r.status_mut() = StatusCode::NOT_MODIFIED;
             *r.headers_mut() = conditional::not_modified_headers(&value.headers);
-            return Answer::unstripped(r, age, status);
+            return Built::unstripped(r, age, status);
         }
         let body = if view.head {
             CacheBody::empty()
@@ -379,14 +379,14 @@ impl LayerState {
             Some((age, head)) => {
                 *r.headers_mut() = head.clone();
                 fill_served(r.headers_mut(), age_value(age), status);
-                Answer {
+                Built {
                     response: r,
                     stripped: true,
                 }
             }
             None => {
                 *r.headers_mut() = value.headers.clone();
-                Answer::unstripped(r, age, status)
+                Built::unstripped(r, age, status)
             }
         }
     }

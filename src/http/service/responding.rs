@@ -200,7 +200,7 @@ impl<ResB: OriginBody> Responding<ResB> {
                 return self.outgrown(chunks, total, buffered, body).await;
             }
             // More than one frame: every reader gets the rest as it arrives
-            // (a body in one frame is answered whole, as before).
+            // (a body in one frame is answered whole).
             if !body.is_end_stream() {
                 if let Some(head) = self.head.take() {
                     let start = StreamStart {
