@@ -103,7 +103,7 @@
 //!     origin.rs        one origin request as the flight's computation
 //!     returned.rs      what that call sends back to the request that made
 //!                      it (Returned: spare, handoff, error), on one channel
-//!     responding.rs    its answer's body read: buffered, streamed or passed on
+//!     origin_body.rs   its answer's body read: buffered, streamed or passed on
 //!     streamed.rs      a fill that spans frames, read once by every reader
 //!     fill.rs          the origin's answer and verdict turned into a fill
 //!     direct.rs        calls outside any flight (Honor reloads, released)

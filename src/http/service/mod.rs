@@ -57,8 +57,8 @@ mod follow;
 mod lookup;
 mod miss_status;
 mod origin;
+mod origin_body;
 mod respond;
-mod responding;
 mod returned;
 mod streamed;
 

@@ -21,7 +21,7 @@ use crate::key::CacheKey;
 use super::bounds::{Origin, OriginBody};
 use super::fields::{CONDITIONAL, NOT_STORED};
 use super::fill::is_error;
-use super::responding::{Read, Responding};
+use super::origin_body::{Read, Responding};
 use super::returned::{ReturnTo, Returns};
 use super::streamed::stream_head;
 use crate::http::keys::{url_of, Target};
