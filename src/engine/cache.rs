@@ -62,6 +62,16 @@ pub struct Lookup<V> {
     pub age: Duration,
 }
 
+impl<V: Value> Lookup<V> {
+    fn of(entry: &Stored<V>, source: Source) -> Self {
+        Self {
+            value: entry.value.clone(),
+            source,
+            age: entry.age(),
+        }
+    }
+}
+
 /// The read-through cache engine, usable without HTTP.
 ///
 /// Clones share one store and one set of flights. Concurrent callers of one
@@ -214,78 +224,69 @@ impl<V: Value> Cache<V> {
                 })
             })
         });
-        let lookup = |entry: &Arc<Stored<V>>, source| Lookup {
-            value: entry.value.clone(),
-            source,
-            age: entry.age(),
-        };
         let result = match engine.probe(key) {
             Probe::Fresh(entry) => {
                 if entry.claim_refresh(entry.age()) {
                     engine.refresh_ahead(*key, &entry, as_fill);
                 }
-                Ok(lookup(&entry, Source::Hit))
+                Ok(Lookup::of(&entry, Source::Hit))
             }
             // Past its L1 lifetime but still fresh: ask Redis, as for a miss.
             Probe::Stale(entry) if !entry.fresh_by_meta() => {
                 engine.refresh_in_background(*key, &entry, as_fill);
-                Ok(lookup(&entry, Source::Stale))
+                Ok(Lookup::of(&entry, Source::Stale))
             }
-            Probe::Stale(_) | Probe::Pass | Probe::Miss => {
-                // Waits on the origin: counted while it does (see `Caller`).
-                let _caller = engine.gate.caller();
-                let mut compute = Some(as_fill);
-                match engine.resolve(*key, &mut compute).await {
-                    Resolved::Value { entry, source } => Ok(lookup(&entry, source)),
-                    Resolved::Failed(e) => Err(e),
-                    Resolved::WaitTimedOut(permit) => match compute.take() {
-                        Some(compute) => {
-                            self.fallback(key, compute, Some(permit), OwnCall::WaitTimeout)
-                                .await
-                        }
-                        None => Err(Error::Aborted),
-                    },
-                    Resolved::Pass(_) => match compute.take() {
-                        Some(compute) => {
-                            self.fallback(key, compute, None, OwnCall::HitForPass).await
-                        }
-                        None => Err(Error::Aborted),
-                    },
-                    Resolved::Overloaded => match compute.take() {
-                        Some(compute) => {
-                            self.fallback(key, compute, None, OwnCall::Overloaded).await
-                        }
-                        None => Err(Error::Aborted),
-                    },
-                }
-            }
+            Probe::Stale(_) | Probe::Pass | Probe::Miss => self.miss(key, as_fill).await,
         };
-        match &result {
+        self.record(key, &result);
+        result
+    }
+
+    /// Nothing usable in memory: lead or follow the key's flight, or call
+    /// alone when the flight cannot serve this caller.
+    async fn miss(&self, key: &CacheKey, as_fill: impl Compute<V>) -> Result<Lookup<V>, Error> {
+        let engine = &self.engine;
+        // Waits on the origin: counted while it does (see `Caller`).
+        let _caller = engine.gate.caller();
+        let mut compute = Some(as_fill);
+        let (permit, why) = match engine.resolve(*key, &mut compute).await {
+            Resolved::Value { entry, source } => return Ok(Lookup::of(&entry, source)),
+            Resolved::Failed(e) => return Err(e),
+            Resolved::WaitTimedOut(permit) => (Some(permit), OwnCall::WaitTimeout),
+            Resolved::Pass(_) => (None, OwnCall::HitForPass),
+            Resolved::Overloaded => (None, OwnCall::Overloaded),
+        };
+        match compute.take() {
+            Some(compute) => self.fallback(key, compute, permit, why).await,
+            None => Err(Error::Aborted),
+        }
+    }
+
+    /// Count the call's outcome, and its key among the hot ones.
+    fn record(&self, key: &CacheKey, result: &Result<Lookup<V>, Error>) {
+        let engine = &self.engine;
+        match result {
             Ok(l) => engine.counters.record(l.source),
             Err(_) => engine.counters.record_error(),
         }
-        if let Some(hot) = &engine.hot {
-            // Only the digest is known here: the name is its hex.
-            hot.record(Measure::Requests, key, 1, Instant::now(), |out| {
-                out.push_hex(key)
-            });
-            match &result {
-                Ok(Lookup {
-                    source: Source::Stale,
-                    ..
-                }) => {
-                    hot.record_known(Measure::Stale, key, 1);
-                }
-                Ok(Lookup {
-                    source: Source::Bypass,
-                    ..
-                }) => {
-                    hot.record_known(Measure::Passes, key, 1);
-                }
-                _ => {}
-            }
+        let Some(hot) = &engine.hot else {
+            return;
+        };
+        // Only the digest is known here: the name is its hex.
+        hot.record(Measure::Requests, key, 1, Instant::now(), |out| {
+            out.push_hex(key)
+        });
+        match result {
+            Ok(Lookup {
+                source: Source::Stale,
+                ..
+            }) => hot.record_known(Measure::Stale, key, 1),
+            Ok(Lookup {
+                source: Source::Bypass,
+                ..
+            }) => hot.record_known(Measure::Passes, key, 1),
+            _ => {}
         }
-        result
     }
 
     async fn fallback(
