@@ -164,6 +164,7 @@
 #![cfg_attr(not(feature = "redis"), allow(rustdoc::broken_intra_doc_links))]
 
 mod engine;
+mod entry;
 mod error;
 mod hot;
 mod http;
@@ -181,10 +182,11 @@ pub mod metrics;
 mod store;
 
 // The everyday names: the HTTP layer, `Cache<V>`, their settings and errors.
+pub use engine::{Cache, CacheBuilder, Freshness, Lookup, OriginBreaker};
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-pub use engine::Json;
-pub use engine::{Cache, CacheBuilder, Freshness, Lookup, OriginBreaker, Value};
+pub use entry::Json;
+pub use entry::Value;
 pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
 pub use http::layer::{CacheLayer, CacheLayerBuilder};
 pub use http::route::RoutePolicy;

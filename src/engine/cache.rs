@@ -13,7 +13,7 @@ use super::config::EngineConfig;
 use super::flight::Flight;
 use super::purge_log::key_name;
 use super::resolve::{Engine, Resolved};
-use super::value::Value;
+use crate::entry::Value;
 use crate::error::{BoxError, BuildError, Error};
 use crate::hot::{HotKeys, Measure};
 use crate::key::CacheKey;

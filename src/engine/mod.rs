@@ -30,7 +30,6 @@
 mod cache;
 mod compute;
 mod config;
-pub(crate) mod envelope;
 mod fill;
 pub(crate) mod flight;
 mod gate;
@@ -46,7 +45,6 @@ mod refresh;
 mod remote;
 mod resolve;
 pub(crate) mod retained;
-mod value;
 
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{Compute, ComputeFuture, Copy, Fill, Work};
@@ -56,7 +54,3 @@ pub(crate) use flight::Joined;
 pub(crate) use gate::{Caller, Priority, Refusal};
 pub use gate::{OriginBreaker, OriginStatus};
 pub(crate) use resolve::{Engine, Resolved};
-pub(crate) use value::sealed::Internal;
-#[cfg(feature = "serde")]
-pub use value::Json;
-pub use value::Value;

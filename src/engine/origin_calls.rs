@@ -9,7 +9,7 @@ use super::compute::Fill;
 use super::config::EngineConfig;
 use super::gate::{OriginGate, Priority, Refusal};
 use super::resolve::Engine;
-use super::value::{Value, ValueMeta};
+use crate::entry::{Value, ValueMeta};
 use crate::error::Error;
 use crate::key::CacheKey;
 use crate::metrics::{Counters, Skipped};

@@ -17,7 +17,7 @@ use super::gate::{OriginGate, Priority};
 use super::origin_calls::origin_gate;
 use super::purge_log::key_name;
 use super::retained::RetainedStore;
-use super::value::Value;
+use crate::entry::Value;
 use crate::error::{BuildError, Error};
 use crate::hot::{HotKeyTable, Measure};
 use crate::key::CacheKey;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use http::Uri;
 use tower_layer::Layer;
 
-use crate::engine::Internal;
 use crate::engine::{EngineConfig, Flight, OriginStatus};
+use crate::entry::Internal;
 use crate::hot::HotKeys;
 pub use crate::http::builder::CacheLayerBuilder;
 use crate::http::keys::url_key;
