@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::compute::{Compute, ComputeFuture, Fill, FnCompute, Work};
 use super::config::EngineConfig;
 use super::flight::Flight;
+use super::gate::OriginBreaker;
 use super::purge_log::key_name;
 use super::resolve::{Engine, Resolved};
 use crate::entry::Value;
@@ -507,7 +508,7 @@ impl<V: Value> CacheBuilder<V> {
     /// panics, timeouts) callers get [`Error::OriginDown`] at once until a
     /// probe succeeds; see [`OriginBreaker`](crate::OriginBreaker).
     #[must_use]
-    pub fn origin_breaker(mut self, breaker: crate::OriginBreaker) -> Self {
+    pub fn origin_breaker(mut self, breaker: OriginBreaker) -> Self {
         self.config.breaker = breaker;
         self
     }
