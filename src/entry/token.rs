@@ -1,6 +1,7 @@
-//! The lease and fence token types: what a lease is known by and what a
-//! fenced write carries. Moved here from `lock` so the store can take them
-//! without importing the lock; the lock issues them.
+//! The lease and fence tokens: what a lease is known by, and what a fenced
+//! write carries. The engine and the lock make lease tokens, the
+//! store's scripts issue fence tokens, and all three pass both around.
+//! Imports nothing of the crate.
 
 use std::fmt;
 

@@ -5,11 +5,11 @@
 //! issued with it makes a late write from a lapsed leader harmless, because
 //! the store rejects any write older than the newest accepted one.
 //!
-//! Owns the lease and fence token types (this file), Redlock across N
-//! masters (`redlock`) and the lease watchdog (`watchdog`). Must not import
-//! `http` or `engine`. The store imports the two token types, since a fenced
-//! write carries a `FenceToken` and a release compares a `LeaseToken`; this
-//! file imports nothing of the store's, so that is no circle.
+//! Owns Redlock across N masters (`redlock`), the lease watchdog
+//! (`watchdog`) and the lease metrics (this file). The lease and fence
+//! token types are `entry`'s, below the store, which compares them too.
+//! Must not import `inspect`, `http` or `engine`, which stand above it
+//! (see `.ci/layers.sh`).
 
 pub(crate) mod redlock;
 pub(crate) mod watchdog;
