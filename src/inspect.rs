@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::engine::envelope::{
+use crate::entry::envelope::{
     decode_entry, encode_entry, entry_flags, EntryMeta, KEPT_OFFSET, MAGIC, VERSION,
 };
-use crate::engine::{Internal, Value};
+use crate::entry::{Internal, Value};
 use crate::error::DecodeError;
 use crate::http::response::{CachedResponse, FLAG_RESPONSE};
 use crate::key::CacheKey;

@@ -84,10 +84,17 @@
 //!
 //! ## Layout
 //!
-//! The modules follow the request flow, top to bottom; nothing below
-//! `http` imports it, and no two files import each other.
+//! The modules follow the request flow, top to bottom, and stand on
+//! floors: a module imports only modules on floors below its own, and no
+//! two files import each other (`.ci/layers.sh` checks both).
 //!
 //! ```text
+//! inspect → http → engine → lock → store → entry, hot → key, error, metrics
+//! ```
+//!
+//! ```text
+//! inspect.rs       diagnostics for the CLI: reads stored entries as the
+//!                  layer would, so it stands above http
 //! http/            everything that knows HTTP
 //!   layer.rs         CacheLayer (the public handle, purges)
 //!   builder.rs       CacheLayerBuilder: every setting, its bounds checked
@@ -127,11 +134,11 @@
 //!                    and waiting for another's fill, lead.rs the leader's
 //!                    write and copies, stale.rs stale replies
 //!   quorum_lease.rs  a key's lease on the Redlock quorum
-//!   gate/           the origin as a whole: the budget by priority, the
+//!   gate/            the origin as a whole: the budget by priority, the
 //!                    breaker, their cluster-wide half on Redis;
 //!                    origin_calls.rs how the engine's calls meet it
-//!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
-//!   value.rs (Value), envelope.rs (the stored bytes)
+//!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs
+//! lock/            Redlock and the lease watchdog
 //! store/           memory/ (embedded default and L1; stored.rs one entry,
 //!                  clock.rs its map,
 //!                  CLOCK eviction by weight), notice.rs (the purge
@@ -139,10 +146,12 @@
 //!                  and breaker, keys, Lua scripts as .lua files, fills,
 //!                  purge bus, the origin's cluster budget and shared
 //!                  breaker, cluster, Sentinel, TLS)
-//! lock/            Redlock and the lease watchdog
+//! entry/           what engine, lock and store share: value.rs (Value),
+//!                  envelope.rs (the stored bytes), token.rs (lease and
+//!                  fence tokens)
 //! hot/             hot keys: the top K per measure over a sliding window
 //!                  (Space-Saving, fixed memory); keys and names only
-//! key.rs, error.rs, metrics.rs, inspect.rs (diagnostics for the CLI)
+//! key.rs, error.rs, metrics/
 //! docs/            the sections of these crate docs below this map
 //! ```
 //!
@@ -169,6 +178,7 @@
 #![cfg_attr(not(feature = "redis"), allow(rustdoc::broken_intra_doc_links))]
 
 mod engine;
+mod entry;
 mod error;
 mod hot;
 mod http;
@@ -186,12 +196,14 @@ pub mod metrics;
 mod store;
 
 // The everyday names: the HTTP layer, `Cache<V>`, their settings and errors.
+pub use engine::{Cache, CacheBuilder, Freshness, Lookup, OriginBreaker};
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-pub use engine::Json;
-pub use engine::{Cache, CacheBuilder, Freshness, Lookup, OriginBreaker, Value};
+pub use entry::Json;
+pub use entry::Value;
 pub use error::{BoxError, BuildError, DecodeError, Error, StoreFailure, StoreFailureKind};
-pub use http::layer::{CacheLayer, CacheLayerBuilder};
+pub use http::builder::CacheLayerBuilder;
+pub use http::layer::CacheLayer;
 pub use http::route::RoutePolicy;
 pub use http::state::ReloadMode;
 pub use key::CacheKey;

@@ -242,7 +242,7 @@ async fn corrupt_entries_are_misses_and_are_overwritten() {
     }
 }
 
-/// A response entry around `payload` with a correct checksum (src/engine/envelope.rs, v3).
+/// A response entry around `payload` with a correct checksum (src/entry/envelope.rs, v3).
 fn sealed_response(payload: &[u8]) -> Vec<u8> {
     let mut v = b"HG\x03\x01".to_vec();
     for field in [0u64, 60_000, 0, 1, payload.len() as u64] {

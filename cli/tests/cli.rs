@@ -205,7 +205,7 @@ async fn inspect_corrupt_entry_is_a_problem() {
 
 /// A response entry in the current encoding with `payload` behind a correct
 /// checksum, as a buggy or hostile writer could store it (layout of
-/// src/engine/envelope.rs, v3; flag 1: the payload is a stored response).
+/// src/entry/envelope.rs, v3; flag 1: the payload is a stored response).
 fn sealed_entry(payload: &[u8]) -> Vec<u8> {
     let mut v = b"HG\x03\x01".to_vec();
     for field in [0u64, 60_000, 0, 1, payload.len() as u64] {

@@ -11,9 +11,10 @@ use tokio::time::Instant;
 use super::compute::{Compute, ComputeFuture, Fill, FnCompute, Work};
 use super::config::EngineConfig;
 use super::flight::Flight;
+use super::gate::OriginBreaker;
 use super::purge_log::key_name;
 use super::resolve::{Engine, Resolved};
-use super::value::Value;
+use crate::entry::Value;
 use crate::error::{BoxError, BuildError, Error};
 use crate::hot::{HotKeys, Measure};
 use crate::key::CacheKey;
@@ -508,7 +509,7 @@ impl<V: Value> CacheBuilder<V> {
     /// panics, timeouts) callers get [`Error::OriginDown`] at once until a
     /// probe succeeds; see [`OriginBreaker`](crate::OriginBreaker).
     #[must_use]
-    pub fn origin_breaker(mut self, breaker: crate::OriginBreaker) -> Self {
+    pub fn origin_breaker(mut self, breaker: OriginBreaker) -> Self {
         self.config.breaker = breaker;
         self
     }

@@ -1,12 +1,15 @@
-//! The engine's settings and their defaults. Plain data: no I/O, no state.
+//! The engine's settings and their defaults, plain data, and the origin
+//! gate they make (here, not beside the calls that use it, so that
+//! `resolve` and `origin_calls` do not import each other).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::gate::OriginBreaker;
+use super::gate::{OriginBreaker, OriginGate};
 use crate::error::BuildError;
 use crate::lock::redlock::Redlock;
-use crate::store::redis::RedisOptions;
+use crate::metrics::Counters;
+use crate::store::redis::{RedisOptions, RedisStore};
 
 #[derive(Debug, Clone)]
 pub(crate) struct EngineConfig {
@@ -135,3 +138,48 @@ pub(crate) const DEFAULT_REFRESH_AHEAD: f64 = 0.25;
 /// pool's usual size, and no more than the clients of a typical instance
 /// keep busy (see the crate docs, "The origin as a whole").
 pub(crate) const DEFAULT_ORIGIN_BUDGET: usize = 64;
+
+/// A permit in the cluster budget outlives the longest call by this much,
+/// then frees itself (its instance died holding it).
+#[cfg(feature = "redis")]
+const PERMIT_SLACK: Duration = Duration::from_secs(1);
+
+/// The gate for `config`: the instance's budget and breaker, shared
+/// through `remote` where the Redis options ask for it.
+pub(super) fn origin_gate(
+    config: &EngineConfig,
+    remote: Option<&Arc<RedisStore>>,
+    counters: &Counters,
+) -> OriginGate {
+    let queue = config.max_leaders.saturating_add(config.fallback_limit);
+    // A waited call queues up to max_wait, twice with a cluster budget,
+    // then runs up to the origin timeout.
+    let probe_limit = config
+        .max_wait()
+        .saturating_mul(2)
+        .saturating_add(config.origin_timeout);
+    let gate = OriginGate::new(
+        config.origin_budget,
+        queue,
+        config.max_wait(),
+        config.breaker,
+        probe_limit,
+        counters,
+    );
+    #[cfg(feature = "redis")]
+    if let (Some(remote), Some(opts)) = (remote, &config.redis) {
+        if opts.share_origin_breaker || opts.cluster_origin_budget.is_some() {
+            let shared = super::gate::Shared::new(
+                Arc::clone(remote),
+                opts.cluster_origin_budget,
+                opts.share_origin_breaker,
+                config.origin_timeout.saturating_add(PERMIT_SLACK),
+                config.breaker.max_backoff.saturating_mul(2),
+            );
+            return gate.with_shared(shared, counters);
+        }
+    }
+    #[cfg(not(feature = "redis"))]
+    let _ = remote;
+    gate
+}

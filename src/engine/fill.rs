@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::compute::{AlsoStored, Fill};
-use super::envelope::EntryMeta;
 use super::flight::Outcome;
 use super::purge_log::key_name;
 use super::resolve::Engine;
-use super::value::{Value, ValueMeta};
+use crate::entry::envelope::EntryMeta;
+use crate::entry::{Value, ValueMeta};
 use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};

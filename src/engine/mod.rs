@@ -1,5 +1,5 @@
 //! The read-through state machine, HTTP-agnostic: usable alone as
-//! [`Cache`]. Nothing here may import the HTTP layer.
+//! [`Cache`].
 //!
 //! ```text
 //! probe memory ── fresh ─► Hit
@@ -18,19 +18,23 @@
 //! - `resolve`: the shared state and the miss path, top to bottom.
 //! - `flight`: the in-process single flight.
 //! - `remote`: leading and waiting across instances (Redis);
-//!   `redlock`: the lease on a Redlock quorum.
+//!   `quorum_lease`: the lease on a Redlock quorum.
 //! - `gate`: the origin as a whole: every origin call's budget and the
 //!   breaker.
 //! - `fill`: putting outcomes into memory; `refresh`: background refreshes;
 //!   `outside_flight`: stores and purges outside any flight.
 //! - `purge_log`: purge generations; `retained`: copies kept past their
 //!   stale grace.
-//! - `value`: the [`Value`] trait; `envelope`: the stored entry's encoding.
+//!
+//! The [`Value`] trait and the stored entry's encoding are `entry`'s,
+//! below the store. Must not import `inspect` or `http`, which stand above
+//! it (see `.ci/layers.sh`).
+//!
+//! [`Value`]: crate::Value
 
 mod cache;
 mod compute;
 mod config;
-pub(crate) mod envelope;
 mod fill;
 pub(crate) mod flight;
 mod gate;
@@ -46,7 +50,6 @@ mod refresh;
 mod remote;
 mod resolve;
 pub(crate) mod retained;
-mod value;
 
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{AlsoStored, Compute, ComputeFuture, Fill, Work};
@@ -56,7 +59,3 @@ pub(crate) use flight::Joined;
 pub(crate) use gate::{Caller, Priority, Refusal};
 pub use gate::{OriginBreaker, OriginStatus};
 pub(crate) use resolve::{Engine, Resolved};
-pub(crate) use value::sealed::Internal;
-#[cfg(feature = "serde")]
-pub use value::Json;
-pub use value::Value;

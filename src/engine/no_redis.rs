@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::compute::{Fill, Work};
 use super::flight::{FlightHandle, Outcome};
 use super::resolve::Engine;
-use super::value::Value;
+use crate::entry::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 use crate::store::redis::RedisStore;

@@ -1,65 +1,18 @@
-//! How the engine's origin calls meet the gate ([`super::gate`]): building
-//! it from the settings, what a refusal becomes, a call's health, and the
-//! mark a failed fill leaves on the key's stored copy (its backoff).
+//! How the engine's origin calls meet the gate ([`super::gate`], built
+//! from the settings by `config::origin_gate`): what a refusal becomes, a
+//! call's health, and the mark a failed fill leaves on the key's stored
+//! copy (its backoff).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::compute::Fill;
-use super::config::EngineConfig;
-use super::gate::{OriginGate, Priority, Refusal};
+use super::gate::{Priority, Refusal};
 use super::resolve::Engine;
-use super::value::{Value, ValueMeta};
+use crate::entry::{Value, ValueMeta};
 use crate::error::Error;
 use crate::key::CacheKey;
-use crate::metrics::{Counters, Skipped};
+use crate::metrics::Skipped;
 use crate::store::memory::Probe;
-use crate::store::redis::RedisStore;
-
-/// A permit in the cluster budget outlives the longest call by this much,
-/// then frees itself (its instance died holding it).
-#[cfg(feature = "redis")]
-const PERMIT_SLACK: Duration = Duration::from_secs(1);
-
-/// The gate for `config`: the instance's budget and breaker, shared
-/// through `remote` where the Redis options ask for it.
-pub(super) fn origin_gate(
-    config: &EngineConfig,
-    remote: Option<&Arc<RedisStore>>,
-    counters: &Counters,
-) -> OriginGate {
-    let queue = config.max_leaders.saturating_add(config.fallback_limit);
-    // A waited call queues up to max_wait, twice with a cluster budget,
-    // then runs up to the origin timeout.
-    let probe_limit = config
-        .max_wait()
-        .saturating_mul(2)
-        .saturating_add(config.origin_timeout);
-    let gate = OriginGate::new(
-        config.origin_budget,
-        queue,
-        config.max_wait(),
-        config.breaker,
-        probe_limit,
-        counters,
-    );
-    #[cfg(feature = "redis")]
-    if let (Some(remote), Some(opts)) = (remote, &config.redis) {
-        if opts.share_origin_breaker || opts.cluster_origin_budget.is_some() {
-            let shared = super::gate::Shared::new(
-                Arc::clone(remote),
-                opts.cluster_origin_budget,
-                opts.share_origin_breaker,
-                config.origin_timeout.saturating_add(PERMIT_SLACK),
-                config.breaker.max_backoff.saturating_mul(2),
-            );
-            return gate.with_shared(shared, counters);
-        }
-    }
-    #[cfg(not(feature = "redis"))]
-    let _ = remote;
-    gate
-}
 
 impl<V: Value> Engine<V> {
     /// What a call the gate refused ends in, counted: a call somebody

@@ -12,7 +12,7 @@ use super::compute::{AlsoStored, Fill};
 use super::flight::Outcome;
 use super::purge_log::key_name;
 use super::resolve::{spawn_detached, Engine};
-use super::value::Value;
+use crate::entry::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 use crate::store::notice::{Notice, PurgeMode};

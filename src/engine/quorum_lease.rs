@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use super::envelope::decode_entry;
 use super::resolve::Engine;
-use super::value::Value;
+use crate::entry::envelope::decode_entry;
+use crate::entry::Value;
+use crate::entry::{FenceToken, LeaseToken};
 use crate::key::CacheKey;
 use crate::lock::watchdog::HeldLease;
-use crate::lock::{FenceToken, LeaseToken};
 use crate::store::redis::{RedisStore, RemoteLookup};
 
 impl<V: Value> Engine<V> {

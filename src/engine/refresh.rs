@@ -8,7 +8,7 @@ use super::compute::{Compute, Work};
 use super::flight::Role;
 use super::gate::{Priority, Ticket};
 use super::resolve::{spawn_detached, unrun, Engine};
-use super::value::Value;
+use crate::entry::Value;
 use crate::key::CacheKey;
 use crate::metrics::Skipped;
 use crate::store::memory::Stored;

@@ -11,13 +11,12 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::compute::{Compute, Fill, Work};
-use super::config::{EngineConfig, WAIT_MARGIN};
+use super::config::{origin_gate, EngineConfig, WAIT_MARGIN};
 use super::flight::{FlightHandle, FlightState, Flights, Joined, Outcome, Role};
 use super::gate::{OriginGate, Priority};
-use super::origin_calls::origin_gate;
 use super::purge_log::key_name;
 use super::retained::RetainedStore;
-use super::value::Value;
+use crate::entry::Value;
 use crate::error::{BuildError, Error};
 use crate::hot::{HotKeyTable, Measure};
 use crate::key::CacheKey;

@@ -15,8 +15,8 @@ use moka::sync::Cache as MokaCache;
 use moka::Expiry;
 use tokio::time::Instant;
 
-use super::envelope::EntryMeta;
-use super::value::Value;
+use crate::entry::envelope::EntryMeta;
+use crate::entry::Value;
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 

@@ -13,6 +13,8 @@ use crate::http::layer::CacheLayer;
 use crate::http::state::{HttpConfig, LayerState, MemoryBudget, ReloadMode, VARY_URL_BYTES};
 use crate::http::vary::VaryIndex;
 #[cfg(feature = "redis")]
+use crate::lock::redlock::Redlock;
+#[cfg(feature = "redis")]
 use crate::store::redis::RedisOptions;
 
 /// Builder for [`CacheLayer`]. Every wait and size has a bound by default.
@@ -20,6 +22,16 @@ use crate::store::redis::RedisOptions;
 pub struct CacheLayerBuilder {
     pub(super) engine: EngineConfig,
     pub(super) http: HttpConfig,
+}
+
+impl CacheLayer {
+    /// Configure a layer.
+    pub fn builder() -> CacheLayerBuilder {
+        CacheLayerBuilder {
+            engine: EngineConfig::default(),
+            http: HttpConfig::default(),
+        }
+    }
 }
 
 impl CacheLayerBuilder {
@@ -451,7 +463,7 @@ impl CacheLayerBuilder {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
-    pub fn redlock(mut self, redlock: crate::lock::redlock::Redlock) -> Self {
+    pub fn redlock(mut self, redlock: Redlock) -> Self {
         self.engine.redlock = Some(Arc::new(redlock));
         self
     }

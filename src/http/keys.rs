@@ -229,7 +229,11 @@ pub(crate) fn variant_key(base: &CacheKey, names: &[HeaderName], request: &Heade
 
 #[cfg(test)]
 mod tests {
-    use super::key_authority;
+    use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+    use super::{key_authority, variant_key};
+    use crate::http::vary::{stored_values, values_match};
+    use crate::key::CacheKey;
 
     /// The key keeps the port (the upstream is told it too) and drops userinfo.
     #[test]
@@ -238,5 +242,42 @@ mod tests {
         assert_eq!(key_authority(b"user:pw@example.com:1"), b"example.com:1");
         assert_eq!(key_authority(b"[::1]:3000"), b"[::1]:3000");
         assert_eq!(key_authority(b"plain"), b"plain");
+    }
+
+    /// A variant key and its stored values agree across equivalent requests.
+    #[test]
+    fn equivalent_requests_select_one_variant() {
+        let base = CacheKey::new("u");
+        let names = [header::ACCEPT_ENCODING, HeaderName::from_static("foo")];
+        let mut chrome = HeaderMap::new();
+        chrome.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("gzip, deflate, br, zstd"),
+        );
+        chrome.insert("foo", HeaderValue::from_static("1,2"));
+        let mut firefox = HeaderMap::new();
+        firefox.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("gzip, deflate, br"),
+        );
+        firefox.append("foo", HeaderValue::from_static("1"));
+        firefox.append("foo", HeaderValue::from_static(" 2"));
+        assert_eq!(
+            variant_key(&base, &names, &chrome),
+            variant_key(&base, &names, &firefox)
+        );
+        for name in &names {
+            let stored = stored_values(name, &chrome);
+            assert!(values_match(name, &firefox, &stored));
+        }
+        let mut curl = HeaderMap::new();
+        curl.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        let stored = stored_values(&header::ACCEPT_ENCODING, &chrome);
+        assert!(!values_match(&header::ACCEPT_ENCODING, &curl, &stored));
+        assert!(!values_match(
+            &header::ACCEPT_ENCODING,
+            &HeaderMap::new(),
+            &stored
+        ));
     }
 }

@@ -5,15 +5,14 @@ use std::sync::Arc;
 use http::Uri;
 use tower_layer::Layer;
 
-use crate::engine::Internal;
-use crate::engine::{EngineConfig, Flight, OriginStatus};
+use crate::engine::{Flight, OriginStatus};
+use crate::entry::Internal;
 use crate::hot::HotKeys;
-pub use crate::http::builder::CacheLayerBuilder;
 use crate::http::keys::url_key;
 use crate::http::purge::{AsUri, PurgeHandle, PurgeMode, PurgeTarget};
 use crate::http::route::RoutePolicy;
 use crate::http::service::CacheService;
-use crate::http::state::{HttpConfig, LayerState, VARY_URL_BYTES};
+use crate::http::state::{LayerState, VARY_URL_BYTES};
 use crate::key::CacheKey;
 use crate::metrics::Stats;
 
@@ -36,14 +35,6 @@ impl CacheLayer {
             .unwrap_or_else(|_| unreachable!("the default configuration is valid"))
     }
 
-    /// Configure a layer.
-    pub fn builder() -> CacheLayerBuilder {
-        CacheLayerBuilder {
-            engine: EngineConfig::default(),
-            http: HttpConfig::default(),
-        }
-    }
-
     /// Counters since the layer was built, across all routes.
     pub fn stats(&self) -> Stats {
         self.state.engine.counters.snapshot()
@@ -54,8 +45,8 @@ impl CacheLayer {
     /// passes, the top K of each in fixed memory (see [`HotKeys`] for the
     /// bounds). Each key is named by its axum route (`MatchedPath`) or its
     /// path, with `?…` for a query unless
-    /// [`hot_key_full_urls`](CacheLayerBuilder::hot_key_full_urls) is on.
-    /// Empty lists when [`hot_keys`](CacheLayerBuilder::hot_keys) is 0.
+    /// [`hot_key_full_urls`](crate::CacheLayerBuilder::hot_key_full_urls) is on.
+    /// Empty lists when [`hot_keys`](crate::CacheLayerBuilder::hot_keys) is 0.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -240,7 +231,7 @@ impl CacheLayer {
     }
 
     /// Bytes the layer holds in memory, as counted against
-    /// [`capacity_bytes`](CacheLayerBuilder::capacity_bytes): entries,
+    /// [`capacity_bytes`](crate::CacheLayerBuilder::capacity_bytes): entries,
     /// retained copies and the Vary index (after pending evictions run).
     /// Never above the capacity; a body held both as an entry and as a
     /// retained copy is counted twice, so the real use is at most this.
@@ -405,7 +396,7 @@ impl CacheLayer {
     /// detail=soft-purge`), so a purge of a hot URL does not make its
     /// requests wait. The bound is the entry's own stale window counted
     /// from the purge: the larger of its `stale-while-revalidate` and the
-    /// layer's [`grace`](CacheLayerBuilder::grace), and never past the end
+    /// layer's [`grace`](crate::CacheLayerBuilder::grace), and never past the end
     /// it already had. Past that, requests wait for the refresh as after a
     /// purge. An entry with no stale window (`must-revalidate`,
     /// `proxy-revalidate`, `s-maxage`, `no-cache`, or neither

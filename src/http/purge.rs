@@ -17,7 +17,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Uri};
 use tokio::sync::oneshot;
 
-use crate::engine::Internal;
+use crate::entry::Internal;
 use crate::error::StoreFailure;
 use crate::http::keys::{effective_uri, key_authority, request_authority, url_key};
 use crate::http::response::CachedResponse;

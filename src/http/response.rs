@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use crate::engine::{Internal, Value};
+use crate::entry::{Internal, Value};
 use crate::error::DecodeError;
 use crate::http::policy::StoredRules;
 use crate::http::CACHE_STATUS;

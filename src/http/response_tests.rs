@@ -1,7 +1,7 @@
 //! Unit tests of the stored response: its codec and its served head.
 
 use super::*;
-use crate::engine::envelope::{decode_entry, encode_entry, EntryMeta};
+use crate::entry::envelope::{decode_entry, encode_entry, EntryMeta};
 
 fn sample() -> CachedResponse {
     let mut headers = HeaderMap::new();

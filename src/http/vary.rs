@@ -297,7 +297,6 @@ fn lowercase_outside_quotes(bytes: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::keys::variant_key;
 
     fn form(name: &str, lines: &[&str]) -> Option<String> {
         let mut h = HeaderMap::new();
@@ -376,43 +375,6 @@ mod tests {
             form("foo", &[]),
             "present but empty is not absent"
         );
-    }
-
-    /// A variant key and its stored values agree across equivalent requests.
-    #[test]
-    fn equivalent_requests_select_one_variant() {
-        let base = CacheKey::new("u");
-        let names = [header::ACCEPT_ENCODING, HeaderName::from_static("foo")];
-        let mut chrome = HeaderMap::new();
-        chrome.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("gzip, deflate, br, zstd"),
-        );
-        chrome.insert("foo", HeaderValue::from_static("1,2"));
-        let mut firefox = HeaderMap::new();
-        firefox.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("gzip, deflate, br"),
-        );
-        firefox.append("foo", HeaderValue::from_static("1"));
-        firefox.append("foo", HeaderValue::from_static(" 2"));
-        assert_eq!(
-            variant_key(&base, &names, &chrome),
-            variant_key(&base, &names, &firefox)
-        );
-        for name in &names {
-            let stored = stored_values(name, &chrome);
-            assert!(values_match(name, &firefox, &stored));
-        }
-        let mut curl = HeaderMap::new();
-        curl.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
-        let stored = stored_values(&header::ACCEPT_ENCODING, &chrome);
-        assert!(!values_match(&header::ACCEPT_ENCODING, &curl, &stored));
-        assert!(!values_match(
-            &header::ACCEPT_ENCODING,
-            &HeaderMap::new(),
-            &stored
-        ));
     }
 
     /// Credentials are stored as a digest that still tells them apart.

@@ -16,9 +16,10 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::entry::{FenceToken, LeaseToken};
 use crate::error::{BoxError, BuildError, StoreFailure};
 use crate::key::CacheKey;
-use crate::lock::{self, LeaseToken};
+use crate::lock;
 use crate::store::redis::{RedisOptions, RedisStore, WriteMode};
 
 /// Why a lock operation failed.
@@ -567,7 +568,7 @@ impl FencedStore {
         let key = CacheKey::new(resource);
         let outcome = self
             .store
-            .write_unleased(&key, lock::FenceToken(fence), mode)
+            .write_unleased(&key, FenceToken(fence), mode)
             .await
             .map_err(|e| LockError::Store(StoreFailure::from(&e)))?;
         if !outcome.accepted {

@@ -9,9 +9,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::entry::LeaseToken;
 use crate::key::CacheKey;
 use crate::lock::redlock::{Redlock, RedlockLease};
-use crate::lock::LeaseToken;
 use crate::metrics::LeaseLost;
 use crate::store::redis::RedisStore;
 

@@ -2,11 +2,12 @@
 //! of a shared store, [`redis`] the shared store. Stores keep bytes and
 //! leases; they decide nothing about HTTP or freshness rules.
 //!
-//! Must not import `http`. What it imports from above, and why: lock's token
-//! types (a fenced write carries its `FenceToken`, a release its
-//! `LeaseToken`) and engine's `envelope` and `Value` (the stored bytes'
-//! format, checked before anything read is served); none of those files
-//! imports the store.
+//! The stored bytes' format (`entry::envelope`), the [`Value`] trait and
+//! the lease and fence tokens come from `entry`, below. Must not import
+//! `inspect`, `http`, `engine` or `lock`, which stand above it (see
+//! `.ci/layers.sh`).
+//!
+//! [`Value`]: crate::Value
 
 pub(crate) mod memory;
 pub(crate) mod notice;

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::budget::Budget;
 use super::{Priority, Refusal};
 use crate::engine::resolve::spawn_detached;
-use crate::lock::LeaseToken;
+use crate::entry::LeaseToken;
 use crate::metrics::Counters;
 use crate::store::redis::{ProbeReply, RedisStore};
 

@@ -10,15 +10,15 @@ use tokio::time::Instant;
 use futures_util::future::join_all;
 
 use crate::engine::compute::{AlsoStored, Fill, Work};
-use crate::engine::envelope::{encode_kept, EntryMeta};
 use crate::engine::fill::unstored;
 use crate::engine::flight::Outcome;
 use crate::engine::resolve::Engine;
-use crate::engine::value::{Value, ValueMeta};
+use crate::entry::envelope::{encode_kept, EntryMeta};
+use crate::entry::{FenceToken, LeaseToken};
+use crate::entry::{Value, ValueMeta};
 use crate::key::CacheKey;
 use crate::lock::redlock::{Redlock, RedlockLease};
 use crate::lock::watchdog::{HeldLease, Watchdog};
-use crate::lock::{FenceToken, LeaseToken};
 use crate::metrics::Source;
 use crate::store::redis::{GroupIndex, RedisStore, StoreError, WriteMode, WriteOutcome};
 

@@ -10,16 +10,16 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::compute::Work;
-use super::envelope::{decode_entry, EntryMeta, MAGIC, VERSION};
 use super::flight::{FlightHandle, Outcome};
 use super::gate::Priority;
 use super::quorum_lease::RedlockTry;
 use super::resolve::Engine;
-use super::value::{Value, ValueMeta};
+use crate::entry::envelope::{decode_entry, EntryMeta, MAGIC, VERSION};
+use crate::entry::{FenceToken, LeaseToken};
+use crate::entry::{Value, ValueMeta};
 use crate::hot::Measure;
 use crate::key::CacheKey;
 use crate::lock::watchdog::HeldLease;
-use crate::lock::{FenceToken, LeaseToken};
 use crate::metrics::Source;
 use crate::store::memory::{Probe, Stored};
 use crate::store::redis::{FillSubscription, RedisStore, RemoteLookup, Woken};
@@ -260,7 +260,7 @@ impl<V: Value> Engine<V> {
                 Some(Outcome::Value { entry, source })
             }
             Err(e) => {
-                super::envelope::report_corrupt(&key, &e);
+                crate::entry::envelope::report_corrupt(&key, &e);
                 self.counters.corrupt_entry();
                 d.skip_entry = true;
                 None

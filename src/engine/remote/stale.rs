@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::engine::envelope::{decode_entry, kept_of, EntryMeta};
 use crate::engine::resolve::Engine;
-use crate::engine::value::{Value, ValueMeta};
+use crate::entry::envelope::{decode_entry, kept_of, EntryMeta};
+use crate::entry::{Value, ValueMeta};
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 use crate::store::redis::{RedisStore, RemoteLookup};
@@ -31,7 +31,7 @@ impl<V: Value> Engine<V> {
         let stale_since = kept_of(&bytes).saturating_sub(hard_left);
         let decoded = decode_entry::<V>(bytes);
         if let Err(e) = &decoded {
-            crate::engine::envelope::report_corrupt(&key, e);
+            crate::entry::envelope::report_corrupt(&key, e);
             self.counters.corrupt_entry();
         }
         // As for a fresh entry no index lists: neither served

@@ -117,7 +117,7 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
-    use crate::engine::envelope::EntryMeta;
+    use crate::entry::envelope::EntryMeta;
     use crate::http::policy::StoredRules;
     use crate::key::CacheKey;
 

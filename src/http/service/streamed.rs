@@ -66,7 +66,7 @@ pub(super) fn stream_head(
         not_stored: None,
         served_head: Default::default(),
     };
-    let meta = crate::engine::envelope::EntryMeta::now(*fresh_for, *stale_for, 0);
+    let meta = crate::entry::envelope::EntryMeta::now(*fresh_for, *stale_for, 0);
     let usable = fresh_for.saturating_add(*stale_for);
     Some(Arc::new(Stored::new(
         value,

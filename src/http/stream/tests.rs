@@ -339,7 +339,7 @@ fn stream_for(key: CacheKey) -> Arc<Stream> {
     };
     let head = Arc::new(Stored::new(
         value,
-        crate::engine::envelope::EntryMeta::now(Default::default(), Default::default(), 0),
+        crate::entry::envelope::EntryMeta::now(Default::default(), Default::default(), 0),
         Default::default(),
         Default::default(),
         Default::default(),

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use clock::{ClockMap, Resident};
 
-use crate::engine::Value;
+use crate::entry::Value;
 use crate::key::CacheKey;
 
 mod clock;
@@ -253,7 +253,7 @@ impl<V: Value> MemoryStore<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::envelope::EntryMeta;
+    use crate::entry::envelope::EntryMeta;
     use bytes::Bytes;
 
     fn stored(fresh: u64, usable: u64) -> Arc<Stored<Bytes>> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::engine::envelope::EntryMeta;
+use crate::entry::envelope::EntryMeta;
 
 /// One entry as held in memory, with its deadlines on the local clock.
 #[derive(Debug)]

@@ -29,8 +29,8 @@ use super::error::StoreError;
 use super::purge_bus::{frame, listen, Listener, PurgeHandler};
 use super::scripts::{millis, INDEX_GROUP, PURGE_GROUP};
 use super::store::{GroupIndex, RedisStore};
+use crate::entry::FenceToken;
 use crate::key::CacheKey;
-use crate::lock::FenceToken;
 
 /// Members purged per batch: each batch is a few round trips under the reply
 /// timeout, so a group of any size never blocks Redis or trips the breaker.

@@ -11,8 +11,8 @@ use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 
 use super::scripts::{millis, EXTEND};
 use super::store::RedisStore;
+use crate::entry::LeaseToken;
 use crate::key::CacheKey;
-use crate::lock::LeaseToken;
 
 impl RedisStore {
     /// With [`lease_replicas`](crate::RedisOptions::lease_replicas): whether the lease `token`

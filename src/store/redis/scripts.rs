@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_redis::redis::{Script, Value as RedisValue};
 
-use crate::lock::FenceToken;
+use crate::entry::FenceToken;
 
 /// What one lookup-or-lease round trip found.
 #[derive(Debug)]

@@ -24,10 +24,10 @@ use super::scripts::{
 };
 use super::sentinel::watch_switches;
 use super::tls;
-use crate::engine::envelope::{FENCE_OFFSET, MAGIC, VERSION};
+use crate::entry::envelope::{FENCE_OFFSET, MAGIC, VERSION};
+use crate::entry::{FenceToken, LeaseToken};
 use crate::error::BuildError;
 use crate::key::CacheKey;
-use crate::lock::{FenceToken, LeaseToken};
 
 /// The payload of a fill notice that carries no entry: read it.
 pub(crate) const WAKE: &[u8] = b"wake";

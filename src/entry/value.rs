@@ -1,5 +1,6 @@
 //! The [`Value`] trait: what the engine can hold, and its impls for plain
-//! byte and string types. Knows nothing of HTTP or of any store.
+//! byte and string types. Knows nothing of HTTP or of any store; imports
+//! only `error` (the HTTP response implements it in `http`).
 
 use std::time::Duration;
 

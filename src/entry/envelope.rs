@@ -1,6 +1,9 @@
 //! The versioned binary envelope around every stored entry (magic, version,
 //! timing, fence, checksum) and [`EntryMeta`]. Decoding never panics; the
-//! payload inside is the [`Value`]'s own business.
+//! payload inside is the [`Value`]'s own business. The stores read the
+//! same offsets (the Lua scripts too), and the engine writes and reads
+//! whole entries: both take the format from here. Imports only `key` and
+//! `error`.
 
 #![allow(
     dead_code,
@@ -31,8 +34,9 @@ pub(crate) const VERSION: u8 = 4;
 pub(crate) const STALE_OFFSET: usize = 20;
 /// Where the shared store's keep time past freshness (u64 LE, milliseconds)
 /// sits: the stale window, or the `stale-if-error` window when that is
-/// longer (see `remote::lead::shared_lifetime`). The Lua lookup takes it off the
-/// entry's PTTL to tell fresh from stale, so this offset is part of the format.
+/// longer (see `engine::remote::lead::shared_lifetime`). The Lua lookup
+/// takes it off the entry's PTTL to tell fresh from stale, so this offset
+/// is part of the format.
 pub(crate) const KEPT_OFFSET: usize = 36;
 /// Where the fence token (u64 LE) sits: the fenced write reads it in Lua
 /// when the fence is gone, so this offset is part of the format.
