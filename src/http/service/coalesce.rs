@@ -28,8 +28,8 @@ use super::fields::hit_for_miss_permit;
 use super::miss_status::{MissStatus, Wants};
 use super::origin::OriginCall;
 use super::respond::{served_from_flight, StandIn, View};
+use super::returned::Handoff;
 use super::returned::Returns;
-use super::streamed::Handoff;
 use crate::http::keys::Target;
 
 /// Lead or follow the flight for `key`, then answer from its outcome.

@@ -8,7 +8,7 @@ use crate::engine::Resolved;
 use crate::http::response::CachedResponse;
 use crate::http::stream::Stream;
 
-use super::streamed::Handoff;
+use super::returned::Handoff;
 
 /// What a request in [`miss`](super::coalesce::miss) takes from its flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -33,7 +33,7 @@ pub(super) struct Initiator<S, ReqB, ResB, E> {
     /// ([`Returned`](super::returned::Returned)).
     pub(super) return_to: ReturnTo<S, ReqB, ResB, E>,
     /// Hand a 2xx or 3xx the cache will not store to this request as it
-    /// arrives ([`Handoff::Passed`](super::streamed::Handoff::Passed))
+    /// arrives ([`Handoff::Passed`](super::returned::Handoff::Passed))
     /// instead of buffering its body: set for a request under a pass
     /// marker, which nobody else waits on.
     pub(super) pass_unstored: bool,
@@ -141,7 +141,7 @@ impl<S, ReqB, ResB, E> OriginCall<S, ReqB, ResB, E> {
 
     /// With `on`, an initiated call whose answer, if it will not be stored
     /// and is no error, streams straight to its request
-    /// ([`Handoff::Passed`](super::streamed::Handoff::Passed)).
+    /// ([`Handoff::Passed`](super::returned::Handoff::Passed)).
     pub(super) fn passing_unstored(mut self, on: bool) -> Self {
         if let Some(i) = &mut self.initiator {
             i.pass_unstored = on;

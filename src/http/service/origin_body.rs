@@ -5,7 +5,8 @@
 use super::bounds::OriginBody;
 use super::fill::is_error;
 use super::returned::HandTo;
-use super::streamed::{join, stream_rest, Handoff, StreamStart};
+use super::returned::Handoff;
+use super::streamed::{join, stream_rest, StreamStart};
 use crate::engine::Fill;
 use crate::error::BoxError;
 use crate::http::body::CacheBody;

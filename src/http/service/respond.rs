@@ -21,7 +21,7 @@ use crate::key::CacheKey;
 use crate::metrics::Source;
 use crate::store::memory::Stored;
 
-use super::streamed::Handoff;
+use super::returned::Handoff;
 use crate::http::cache_status::{age_value, Detail, CACHE_STATUS};
 
 /// What a response is built for: HEAD or not, and the request's headers for

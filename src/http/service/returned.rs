@@ -3,10 +3,14 @@
 //! flight's outcome, which every waiter shares, comes from the engine; this
 //! is what only the request that made the call may hold.
 
-use http::Request;
+use std::sync::Arc;
+
+use http::{Request, Response};
 use tokio::sync::mpsc;
 
-use super::streamed::Handoff;
+use crate::http::body::CacheBody;
+use crate::http::cache_status::Detail;
+use crate::http::stream::{Stream, StreamReader};
 
 /// Every message a call sends; it sends at most two, so a channel of two
 /// never fills: a [`Spare`](Returned::Spare) as it starts, then a
@@ -24,6 +28,18 @@ pub(super) enum Returned<S, ReqB, ResB, E> {
     Handoff(Box<Handoff<ResB>>),
     /// The inner service's own error, as-is, for the request to return.
     Failed(Box<E>),
+}
+
+/// What the initiating request is handed before the flight's outcome.
+pub(super) enum Handoff<ResB> {
+    /// Too large to store and not shared: streamed to it alone.
+    TooLarge(Response<CacheBody<ResB>>),
+    /// A 2xx or 3xx that will not be stored, for a request under a pass
+    /// marker: streamed to it alone, unbuffered.
+    Passed(Response<CacheBody<ResB>>),
+    /// Its own reader of a fill streamed to every waiter, and the
+    /// `Cache-Status` detail (`too-large` when it will not be stored).
+    Streaming(Arc<Stream>, StreamReader, Detail),
 }
 
 /// At most one spare and one of a handoff or an error.

@@ -9,21 +9,19 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
-use http::Response;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::BoxError;
-use crate::http::body::CacheBody;
 use crate::http::cache_status::Detail;
 use crate::http::policy::{NotStored, ResponseVerdict};
 use crate::http::response::CachedResponse;
 use crate::http::state::LayerState;
-use crate::http::stream::{SharedBody, Stream, StreamReader, Writer};
+use crate::http::stream::{SharedBody, Stream, Writer};
 use crate::key::CacheKey;
 use crate::store::memory::Stored;
 
 use super::bounds::OriginBody;
-use super::returned::HandTo;
+use super::returned::{HandTo, Handoff};
 
 /// The frames a fill had read when it began to stream.
 pub(super) struct StreamStart {
@@ -266,18 +264,6 @@ async fn feed(shared: &SharedBody, data: Bytes) -> bool {
     shared.room().await;
     shared.push(data);
     !shared.abandoned()
-}
-
-/// What the initiating request is handed before the flight's outcome.
-pub(super) enum Handoff<ResB> {
-    /// Too large to store and not shared: streamed to it alone.
-    TooLarge(Response<CacheBody<ResB>>),
-    /// A 2xx or 3xx that will not be stored, for a request under a pass
-    /// marker: streamed to it alone, unbuffered.
-    Passed(Response<CacheBody<ResB>>),
-    /// Its own reader of a fill streamed to every waiter, and the
-    /// `Cache-Status` detail (`too-large` when it will not be stored).
-    Streaming(Arc<Stream>, StreamReader, Detail),
 }
 
 pub(super) fn join(mut chunks: VecDeque<Bytes>, total: usize) -> Bytes {
