@@ -50,6 +50,7 @@ mod refresh;
 mod remote;
 mod resolve;
 pub(crate) mod retained;
+mod spawn;
 
 pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
 pub(crate) use compute::{AlsoStored, Compute, ComputeFuture, Fill, Work};

@@ -16,6 +16,7 @@ use super::flight::{FlightHandle, FlightState, Flights, Joined, Outcome, Role};
 use super::gate::{OriginGate, Priority};
 use super::purge_log::key_name;
 use super::retained::RetainedStore;
+use super::spawn::spawn_detached;
 use crate::entry::Value;
 use crate::error::{BuildError, Error};
 use crate::hot::{HotKeyTable, Measure};
@@ -563,20 +564,5 @@ async fn settle<V: Value>(
             FlightState::Running => Err(Error::Aborted),
         },
         Err(_closed) => Err(Error::Aborted),
-    }
-}
-
-/// Spawn background work on the current runtime. The sync entry points
-/// (purge, invalidate, `Service::call`) may run outside one; then the work is
-/// skipped with a warning instead of panicking.
-pub(crate) fn spawn_detached<F>(what: &'static str, fut: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn(fut);
-        }
-        Err(_) => tracing::warn!(what, "no tokio runtime here: background work skipped"),
     }
 }

@@ -48,6 +48,7 @@ pub mod access_log;
 pub mod body;
 mod conn;
 pub mod forwarded;
+mod hot_keys;
 mod normalize;
 mod origin;
 use origin::{Origin, Upstream};

@@ -129,7 +129,7 @@ pub fn snapshot(cache: &CacheLayer, instance: &str, history: &History) -> Value 
         "entries": cache.entry_count(),
         "flights": flights,
         "history": history.to_json(),
-        "hot_keys": super::server::hot_keys_value(&cache.hot_keys()),
+        "hot_keys": super::hot_keys::value(&cache.hot_keys()),
     })
 }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::budget::Budget;
 use super::{Priority, Refusal};
-use crate::engine::resolve::spawn_detached;
+use crate::engine::spawn::spawn_detached;
 use crate::entry::LeaseToken;
 use crate::metrics::Counters;
 use crate::store::redis::{ProbeReply, RedisStore};
