@@ -93,8 +93,9 @@
 //! ```
 //!
 //! ```text
-//! inspect.rs       diagnostics for the CLI: reads stored entries as the
-//!                  layer would, so it stands above http
+//! inspect.rs       public read-only views of the Redis layout (the CLI's
+//!                  diagnostics read through them): reads stored entries
+//!                  as the layer would, so it stands above http
 //! http/            everything that knows HTTP
 //!   layer.rs         CacheLayer (the public handle, purges)
 //!   builder.rs       CacheLayerBuilder: every setting, its bounds checked
@@ -137,7 +138,8 @@
 //!   gate/            the origin as a whole: the budget by priority, the
 //!                    breaker, their cluster-wide half on Redis;
 //!                    origin_calls.rs how the engine's calls meet it
-//!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs
+//!   fill.rs, refresh.rs, outside_flight.rs, retained.rs, purge_log.rs,
+//!   spawn.rs (background work, a leaf)
 //! lock/            Redlock and the lease watchdog
 //! store/           memory/ (embedded default and L1; stored.rs one entry,
 //!                  clock.rs its map,
