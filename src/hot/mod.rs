@@ -266,13 +266,15 @@ mod tests {
     fn hot_keys_memory_is_fixed() {
         let table = HotKeyTable::new(DEFAULT_K, DEFAULT_WINDOW);
         let mut warm = 0;
+        // One instant for all: a slow run must not cross into the next
+        // half-window, whose fresh epoch is another size.
+        let now = Instant::now();
+        let long = "/x".repeat(200);
         for i in 0u64..1_000_000 {
             let key = CacheKey::new(i.to_le_bytes());
-            table.record(Measure::Requests, &key, 1, Instant::now(), |b| {
-                b.push_str(&"/x".repeat(200))
-            });
+            table.record(Measure::Requests, &key, 1, now, |b| b.push_str(&long));
             if i % 8 == 0 {
-                table.record_known(Measure::WaitedMs, &key, 5);
+                table.record(Measure::WaitedMs, &key, 5, now, |b| b.push_hex(&key));
             }
             if i == 5_000 {
                 warm = table.memory_bytes();
