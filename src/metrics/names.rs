@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use herdguard::metrics::names;
-//! assert_eq!(metric_names::REQUESTS, "herdguard_requests_total");
+//! assert_eq!(names::REQUESTS, "herdguard_requests_total");
 //! ```
 
 /// Answers, by `outcome`: hit, stale, miss, coalesced, bypass, error.
