@@ -65,6 +65,8 @@
 //! sentinel.rs    the primary as the sentinels name it, and their +switch-master
 //! breaker.rs     the circuit breaker
 //! error.rs       StoreError, ErrorClass, redacted error text
+//! options_coordination.rs  RedisOptions' settings for how instances work
+//!                together: leases, fill waits, the cluster's origin budget
 //! options.rs     RedisOptions: plain data, checked when a store is built
 //! tls.rs         rediss:// clients
 //! ```
@@ -77,6 +79,7 @@ mod eviction;
 mod fills;
 mod keys;
 mod options;
+mod options_coordination;
 mod origin;
 mod purge;
 mod purge_bus;
