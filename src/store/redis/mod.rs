@@ -60,7 +60,7 @@
 //! keys.rs        the key names of one entry
 //! connection.rs  the breaker and error handling every command goes through
 //! slots.rs       kept connections of one Redis or of the Sentinel primary, their connects
-//! fills.rs       fill notifications: waiter registry and its subscriber
+//! fills/         fill notifications: waiter registry, subscriber.rs its subscriber
 //! cluster.rs     the Redis Cluster connection
 //! sentinel.rs    the primary as the sentinels name it, and their +switch-master
 //! breaker.rs     the circuit breaker
