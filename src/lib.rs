@@ -99,6 +99,8 @@
 //! http/            everything that knows HTTP
 //!   layer.rs         CacheLayer (the public handle, purges)
 //!   builder.rs       CacheLayerBuilder: every setting, its bounds checked
+//!   origin_settings.rs  its settings of the origin calls (waits, caps,
+//!                    budget, breaker, refresh-ahead)
 //!   state.rs         what every clone and route layer shares
 //!   keys.rs          how HTTP names an entry: URL key, base and variant key
 //!   service/         the Tower service, one file per step:
