@@ -131,6 +131,7 @@
 //!   warnings.rs (the one WARN per route for answers without freshness)
 //! engine/          the HTTP-agnostic read-through state machine
 //!   cache.rs         the public Cache<V>
+//!   cache_builder.rs CacheBuilder: its settings, Cache::builder
 //!   resolve.rs       Engine::resolve: the miss path in reading order
 //!   flight.rs        the local single flight
 //!   remote/          across instances (Redis): mod.rs the lookup-or-lease
