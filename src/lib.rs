@@ -99,6 +99,8 @@
 //! http/            everything that knows HTTP
 //!   layer.rs         CacheLayer (the public handle, purges)
 //!   builder.rs       CacheLayerBuilder: every setting, its bounds checked
+//!   origin_settings.rs  its settings of the origin calls (waits, caps,
+//!                    budget, breaker, refresh-ahead)
 //!   state.rs         what every clone and route layer shares
 //!   keys.rs          how HTTP names an entry: URL key, base and variant key
 //!   service/         the Tower service, one file per step:
@@ -129,6 +131,7 @@
 //!   warnings.rs (the one WARN per route for answers without freshness)
 //! engine/          the HTTP-agnostic read-through state machine
 //!   cache.rs         the public Cache<V>
+//!   cache_builder.rs CacheBuilder: its settings, Cache::builder
 //!   resolve.rs       Engine::resolve: the miss path in reading order
 //!   flight.rs        the local single flight
 //!   remote/          across instances (Redis): mod.rs the lookup-or-lease

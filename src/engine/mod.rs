@@ -14,7 +14,7 @@
 //! The computation runs in a spawned task so a caller that goes away does not
 //! cancel it for everyone waiting on it.
 //!
-//! - `cache`: the public [`Cache`] API and its builder.
+//! - `cache`: the public [`Cache`] API; `cache_builder`: its builder.
 //! - `resolve`: the shared state and the miss path, top to bottom.
 //! - `flight`: the in-process single flight.
 //! - `remote`: leading and waiting across instances (Redis);
@@ -33,6 +33,7 @@
 //! [`Value`]: crate::Value
 
 mod cache;
+mod cache_builder;
 mod compute;
 mod config;
 mod fill;
@@ -52,7 +53,8 @@ mod resolve;
 pub(crate) mod retained;
 mod spawn;
 
-pub use cache::{Cache, CacheBuilder, Freshness, Lookup};
+pub use cache::{Cache, Freshness, Lookup};
+pub use cache_builder::CacheBuilder;
 pub(crate) use compute::{AlsoStored, Compute, ComputeFuture, Fill, Work};
 pub(crate) use config::EngineConfig;
 pub use flight::Flight;

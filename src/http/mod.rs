@@ -14,6 +14,7 @@ pub(crate) mod hot;
 pub(crate) mod keys;
 pub(crate) mod layer;
 pub(crate) mod numbers;
+mod origin_settings;
 pub(crate) mod policy;
 pub(crate) mod purge;
 pub(crate) mod range;

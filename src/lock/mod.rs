@@ -5,9 +5,9 @@
 //! issued with it makes a late write from a lapsed leader harmless, because
 //! the store rejects any write older than the newest accepted one.
 //!
-//! Owns Redlock across N masters (`redlock`), the lease watchdog
-//! (`watchdog`) and the lease metrics (this file). The lease and fence
-//! token types are `entry`'s, below the store, which compares them too.
+//! Owns Redlock across N masters (`redlock/`, its builder in
+//! `redlock/builder.rs`), the lease watchdog (`watchdog`) and the lease
+//! metrics (this file). The lease and fence token types are `entry`'s, below the store, which compares them too.
 //! Must not import `inspect`, `http` or `engine`, which stand above it
 //! (see `.ci/layers.sh`).
 

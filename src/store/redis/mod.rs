@@ -60,11 +60,13 @@
 //! keys.rs        the key names of one entry
 //! connection.rs  the breaker and error handling every command goes through
 //! slots.rs       kept connections of one Redis or of the Sentinel primary, their connects
-//! fills.rs       fill notifications: waiter registry and its subscriber
+//! fills/         fill notifications: waiter registry, subscriber.rs its subscriber
 //! cluster.rs     the Redis Cluster connection
 //! sentinel.rs    the primary as the sentinels name it, and their +switch-master
 //! breaker.rs     the circuit breaker
 //! error.rs       StoreError, ErrorClass, redacted error text
+//! options_coordination.rs  RedisOptions' settings for how instances work
+//!                together: leases, fill waits, the cluster's origin budget
 //! options.rs     RedisOptions: plain data, checked when a store is built
 //! tls.rs         rediss:// clients
 //! ```
@@ -77,6 +79,7 @@ mod eviction;
 mod fills;
 mod keys;
 mod options;
+mod options_coordination;
 mod origin;
 mod purge;
 mod purge_bus;
