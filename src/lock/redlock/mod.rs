@@ -214,21 +214,10 @@ impl Redlock {
 
     async fn try_once(&self, key: CacheKey) -> Option<RedlockLease> {
         let token = LeaseToken::random();
-        let start = Instant::now();
-        let votes = join_all(self.nodes.iter().map(|node| {
-            let token = &token;
-            async move {
-                matches!(
-                    tokio::time::timeout(self.node_timeout, node.try_lease(&key, token, self.ttl))
-                        .await,
-                    Ok(Ok(true))
-                )
-            }
-        }))
-        .await;
-        let granted = votes.iter().filter(|v| **v).count();
-        let validity = self.validity(start.elapsed());
-        if granted >= self.quorum && !validity.is_zero() {
+        let (start, held) = self
+            .vote(|node| node.try_lease(&key, &token, self.ttl))
+            .await;
+        if let Some(validity) = held {
             return Some(RedlockLease {
                 key,
                 token,
@@ -239,6 +228,31 @@ impl Redlock {
         // Failed or too late: leave nothing behind, anywhere.
         self.release_everywhere(&key, &token).await;
         None
+    }
+
+    /// Ask every node at once, each within the node timeout: when the vote
+    /// started, and how long the lease is valid if a quorum said yes in
+    /// time (`None`: too few, or too late).
+    async fn vote<'a, F, Fut, E>(&'a self, ask: F) -> (Instant, Option<Duration>)
+    where
+        F: Fn(&'a RedisStore) -> Fut,
+        Fut: Future<Output = Result<bool, E>>,
+    {
+        let start = Instant::now();
+        let votes = join_all(self.nodes.iter().map(|node| {
+            let asked = ask(node);
+            async move {
+                matches!(
+                    tokio::time::timeout(self.node_timeout, asked).await,
+                    Ok(Ok(true))
+                )
+            }
+        }))
+        .await;
+        let granted = votes.iter().filter(|v| **v).count();
+        let validity = self.validity(start.elapsed());
+        let held = granted >= self.quorum && !validity.is_zero();
+        (start, held.then_some(validity))
     }
 
     /// TTL − elapsed − (TTL × drift + 2 ms), floored at zero.
@@ -253,24 +267,12 @@ impl Redlock {
     /// [`LockError::Lost`] when fewer than a quorum still hold it; the
     /// deadline is then left as it was.
     pub async fn extend(&self, lease: &mut RedlockLease) -> Result<(), LockError> {
-        let start = Instant::now();
-        let votes = join_all(self.nodes.iter().map(|node| {
+        let (start, held) = {
             let lease = &*lease;
-            async move {
-                matches!(
-                    tokio::time::timeout(
-                        self.node_timeout,
-                        node.extend(&lease.key, &lease.token, self.ttl)
-                    )
-                    .await,
-                    Ok(Ok(true))
-                )
-            }
-        }))
-        .await;
-        let granted = votes.iter().filter(|v| **v).count();
-        let validity = self.validity(start.elapsed());
-        if granted >= self.quorum && !validity.is_zero() {
+            self.vote(|node| node.extend(&lease.key, &lease.token, self.ttl))
+                .await
+        };
+        if let Some(validity) = held {
             lease.deadline = start + validity;
             Ok(())
         } else {
