@@ -17,6 +17,7 @@ use axum::http::{StatusCode, Uri};
 use axum::Router;
 use herdguard::purge::Purged;
 use herdguard::{CacheLayer, RedisOptions};
+use support::logs::Logs;
 use support::origin::{cache_status, get_req, send};
 use support::sentinel::SentinelSet;
 use support::Vip;
@@ -120,36 +121,6 @@ async fn cold_burst_across_three_instances_calls_origin_once() {
         .await
         .unwrap();
     assert!(stored, "the entry is on the primary");
-}
-
-/// Everything logged on this thread while the guard lives, as text.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        let sink = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || sink.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
 }
 
 /// Sentinels that require their own ACL user and data nodes that require another: with each tier's credentials in its URL a cold burst costs 1 origin call and a second layer is served from Redis; with wrong data-node credentials the layer fails open as documented (200s from the origin, coalesced and then served from memory, `authentication failed` logged, nothing written), and no password is logged.

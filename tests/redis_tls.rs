@@ -6,48 +6,17 @@
 
 use herdguard_testkit as support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use herdguard::{CacheLayer, RedisOptions};
+use support::logs::Logs;
 use support::origin::{cache_status, get_req, send, Origin};
 use support::tls::{TlsRedisCluster, TlsRedisServer};
 
 const CACHEABLE: &[(&str, &str)] = &[("cache-control", "max-age=60")];
 const PASSWORD: &str = "pw-Zq81-hunter2";
 const WRONG: &str = "wrong-Xy93-pass";
-
-/// Everything logged on this thread while the guard lives, as text.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        let sink = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || sink.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 fn layer(options: RedisOptions) -> CacheLayer {
     CacheLayer::builder()

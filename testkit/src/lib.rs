@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod echo;
 pub mod faulty;
 mod link;
+pub mod logs;
 pub mod origin;
 pub mod proxy_process;
 pub mod sentinel;
